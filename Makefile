@@ -1,0 +1,54 @@
+# vllm-operator — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+VLLM_VENV := .venv-vllm
+TOOLS := .tools
+
+.PHONY: demo test lint unit integration e2e crds schemas bench venv test-deps vllm-venv tools clean
+
+$(BIN)/vllm-operator: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/vllm-operator
+
+## demo: create .venv, install, and run the main job (operator on the simulated cluster).
+demo: venv
+	$(BIN)/vllm-operator demo
+
+## test: install everything the tests need from scratch, then run all tiers (lint, unit, integration, e2e).
+test: venv test-deps
+	scripts/run-tiers.sh
+
+## System packages and binaries the integration/e2e tiers use (Prometheus, promtool, Lua, helm, vLLM on CPU).
+test-deps: venv
+	scripts/install-test-deps.sh
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+integration: venv
+	$(BIN)/pytest -q tests/integration
+
+e2e: venv
+	$(BIN)/pytest -q tests/e2e
+
+## crds / schemas: regenerate the generated artifacts (tests fail when they drift).
+crds: venv
+	$(BIN)/vllm-operator crd > crds/vllm-operator.dev_vllmdeployments.yaml
+	cp crds/vllm-operator.dev_vllmdeployments.yaml charts/vllm-operator/crds/ 2>/dev/null || true
+
+schemas: venv
+	$(BIN)/python -m vllm_operator.api.schemas operator/vllm_operator/api/schemas
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
