@@ -1,0 +1,98 @@
+"""The Plan: what the planner decided for one VLLMDeployment, as data (contract 3).
+
+Planning is pure and produces this object; rendering turns it into manifests; the operator, the CLI, the e2e harness
+and the GPU benchmark all read the same shape. `engineArgs` are exactly what follows `vllm serve MODEL` — each launcher
+prepends its own command — so a plan can be run anywhere without translation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+from vllm_operator.api.base import ApiModel
+from vllm_operator.api.router_config import RouterConfig
+
+Text = Annotated[str, StringConstraints(max_length=32768)]
+
+
+class KVBreakdown(ApiModel):
+    """Where the memory of one engine pod goes, in bytes (per GPU for tensor-parallel pools)."""
+
+    device_bytes: int = Field(ge=0, description="Usable memory of the device (or the pod's memory for CPU).")
+    utilization: float = Field(ge=0, le=1, description="--gpu-memory-utilization (1.0 for CPU).")
+    weights_bytes: int = Field(ge=0, description="Model weights.")
+    activation_bytes: int = Field(ge=0, description="Peak activations; grows with max_num_batched_tokens.")
+    non_torch_bytes: int = Field(ge=0, description="CUDA context, NCCL, allocator slack outside torch.")
+    cuda_graph_bytes: int = Field(ge=0, description="CUDA graph memory, where the engine version subtracts it.")
+    margin_bytes: int = Field(ge=0, description="Explicit safety margin of the overhead model.")
+
+
+class KVPlan(ApiModel):
+    """The KV cache the pool is planned to get."""
+
+    bytes_per_token: int = Field(ge=1, description="2 x layers x KV heads x head dim x dtype bytes (per GPU).")
+    budget_bytes: int = Field(ge=0, description="Bytes left for KV cache per GPU.")
+    planned_tokens: int = Field(ge=0, description="Tokens of KV cache the engine should report.")
+    concurrency_at_full_length: float = Field(ge=0, description="Sequences of maxModelLen tokens that fit.")
+    typical_sequence_tokens: int = Field(ge=1, description="A typical request's prompt + output for the class.")
+    concurrency_at_typical_length: float = Field(ge=0, description="Typical sequences that fit.")
+    breakdown: KVBreakdown = Field(description="The budget's inputs.")
+
+
+class Resources(ApiModel):
+    requests: dict[str, str] = Field(default_factory=dict, description="Container resource requests.")
+    limits: dict[str, str] = Field(default_factory=dict, description="Container resource limits.")
+
+
+class PoolPlan(ApiModel):
+    """One pool's plan."""
+
+    name: Text = Field(description="short or long.")
+    enabled: bool = Field(description="Whether the pool is deployed.")
+    replicas: int = Field(ge=0, description="Engine pods.")
+    external_autoscaler: bool = Field(description="Replicas are owned by an external autoscaler.")
+    max_model_len: int = Field(ge=1, description="--max-model-len.")
+    max_tokens: int = Field(ge=1, description="Engine-side max_tokens fuse.")
+    max_num_seqs: int = Field(ge=1, description="--max-num-seqs.")
+    max_num_batched_tokens: int = Field(ge=1, description="--max-num-batched-tokens.")
+    kv_cache_dtype: Text = Field(description="--kv-cache-dtype.")
+    gpu_memory_utilization: float | None = Field(default=None, description="--gpu-memory-utilization (GPU pools).")
+    prompt_range: tuple[int, int] = Field(description="[min, max) prompt tokens the router sends to this pool.")
+    model: Text = Field(description="What vLLM is told to load (repo id or /models path).")
+    served_model_name: Text = Field(description="--served-model-name.")
+    engine_args: list[Text] = Field(description="Arguments after `vllm serve MODEL`, each --flag=value or --flag.")
+    env: dict[str, str] = Field(default_factory=dict, description="Literal environment for the engine container.")
+    resources: Resources = Field(description="Engine container resources.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector (GPU product label).")
+    image: Text = Field(description="Engine image.")
+    kv: KVPlan = Field(description="KV cache plan.")
+    step_down_level: int = Field(ge=0, description="Step-down rung applied.")
+    kv_level: int = Field(default=0, ge=0, description="KVCacheTooSmall-path rung applied.")
+    warnings: list[Text] = Field(default_factory=list, description="Warnings for this pool.")
+
+
+class AcceleratorFacts(ApiModel):
+    """Facts about the accelerator a plan is made for (from the catalog, or resolved from node labels)."""
+
+    type: Text = Field(description="Catalog type, e.g. nvidia-l4-24gb, or cpu.")
+    count: int = Field(ge=1, description="GPUs per pod.")
+    memory_bytes: int = Field(ge=1, description="Usable memory per device (per pod for CPU).")
+    compute_capability: tuple[int, int] | None = Field(default=None, description="CUDA compute capability.")
+    product: Text | None = Field(default=None, description="GPU feature discovery product string.")
+    is_gpu: bool = Field(description="False for cpu.")
+
+
+class Plan(ApiModel):
+    """The full plan for one VLLMDeployment."""
+
+    name: Text = Field(description="VLLMDeployment name.")
+    namespace: Text = Field(description="VLLMDeployment namespace.")
+    workload_class: Text = Field(description="The workload class.")
+    engine_version: Text = Field(description="vLLM version the arguments are valid for.")
+    accelerator: AcceleratorFacts = Field(description="The accelerator planned for.")
+    pools: dict[str, PoolPlan] = Field(description="short and long.")
+    router: RouterConfig = Field(description="The router's configuration (router.json).")
+    warnings: list[Text] = Field(default_factory=list, description="Deployment-wide warnings.")
+    hash: Text = Field(description="Stable hash of everything above.")

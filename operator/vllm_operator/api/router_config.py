@@ -1,0 +1,94 @@
+"""RouterConfig: what the router reads from `router.json` in its ConfigMap (contract 5).
+
+Rendered by the planner from the same spec as the engine pools, so the router's length limits and max_tokens caps
+can never disagree with what the engines were started with. The router never talks to the operator; this file is its
+whole world.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+from vllm_operator.api.base import ApiModel
+from vllm_operator.api.spec import OverLimit
+
+Text = Annotated[str, StringConstraints(max_length=4096)]
+
+
+class TierConfig(ApiModel):
+    """A client tier with its max_tokens default and cap (defaultMaxTokens already filled)."""
+
+    name: Text = Field(description="Tier name; key of its API keys in the keys file.")
+    default_max_tokens: int = Field(ge=1, description="max_tokens used when a request omits it.")
+    max_tokens: int = Field(ge=1, description="Highest max_tokens a request of this tier may get.")
+
+
+class ServiceRef(ApiModel):
+    """The headless Service whose EndpointSlices list a pool's engine pods."""
+
+    namespace: Text = Field(description="Namespace of the Service.")
+    name: Text = Field(description="Name of the Service (EndpointSlices carry kubernetes.io/service-name=<name>).")
+    port: int = Field(ge=1, le=65535, description="Engine HTTP port.")
+
+
+class PoolRoute(ApiModel):
+    """One pool as the router sees it."""
+
+    enabled: bool = Field(description="Whether the pool exists; a disabled pool gets no traffic.")
+    max_model_len: int = Field(ge=1, description="Engine --max-model-len; prompt + max_tokens must fit.")
+    max_tokens: int = Field(ge=1, description="Engine-side fuse; the router never forwards more.")
+    service: ServiceRef | None = Field(default=None, description="Discover endpoints from this Service's slices.")
+    endpoints: list[Text] = Field(
+        default_factory=list, description="Static base URLs (http://host:port), used when service is unset.")
+
+
+class PoolRoutes(ApiModel):
+    short: PoolRoute = Field(description="The short-text pool.")
+    long: PoolRoute = Field(description="The long-text pool.")
+
+
+class TokenizerConfig(ApiModel):
+    """Where the router loads tokenizer.json from; with neither, it estimates conservatively."""
+
+    path: Text | None = Field(default=None, description="Directory holding tokenizer.json (mounted).")
+    hf_repo: Text | None = Field(default=None, description="Hugging Face repo to download tokenizer.json from.")
+    hf_revision: Text | None = Field(default=None, description="Revision of hfRepo.")
+    hf_token_file: Text | None = Field(default=None, description="File holding an HF token for gated repos.")
+
+
+class Timeouts(ApiModel):
+    """Seconds; 504 with an OpenAI-style body when one expires."""
+
+    connect_seconds: float = Field(gt=0, description="TCP connect to an engine.")
+    first_byte_seconds: float = Field(gt=0, description="Until the engine's first response byte.")
+    idle_seconds: float = Field(gt=0, description="Longest gap between streamed chunks.")
+    total_seconds: float = Field(gt=0, description="Whole request.")
+
+
+class HealthCheckConfig(ApiModel):
+    """Active /health polling and passive ejection of engine endpoints."""
+
+    interval_seconds: float = Field(default=2.0, gt=0, description="Seconds between /health polls per endpoint.")
+    timeout_seconds: float = Field(default=1.0, gt=0, description="Timeout of one /health poll.")
+
+
+class RouterConfig(ApiModel):
+    """The router's complete configuration (router.json)."""
+
+    model: Text = Field(description="Model name clients send and engines serve (--served-model-name).")
+    deployment: Text = Field(description="Name of the VLLMDeployment (metric label vllmdeployment).")
+    namespace: Text = Field(description="Namespace of the VLLMDeployment.")
+    prompt_length_threshold: int = Field(ge=1, description="Prompts with fewer tokens may go to the short pool.")
+    over_limit: OverLimit = Field(description="clamp or reject when max_tokens exceeds a cap.")
+    tiers: list[TierConfig] = Field(min_length=1, description="Tiers; the first is used without a (known) API key.")
+    pools: PoolRoutes = Field(description="Both pools' limits and endpoints.")
+    tokenizer: TokenizerConfig = Field(description="Tokenizer source for prompt counting.")
+    timeouts: Timeouts = Field(description="Timeouts towards engines.")
+    api_keys_dir: Text | None = Field(
+        default=None,
+        description="Directory of the mounted API-key Secret (file per tier, one key per line); unset = auth off.")
+    max_body_bytes: int = Field(ge=1024, description="Largest request body accepted (413 above).")
+    health: HealthCheckConfig = Field(default_factory=HealthCheckConfig, description="Endpoint health checking.")
+    port: int = Field(default=8080, ge=1, le=65535, description="Port the router listens on.")
