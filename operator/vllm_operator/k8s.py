@@ -1,0 +1,262 @@
+"""Kubernetes access for the operator: a small `KubeApi` Protocol and one implementation on the official client.
+
+The controller and the health loop only need a handful of verbs on a known set of kinds, so they talk to this
+Protocol rather than to a client library; tests hand them the same implementation pointed at the simulated cluster.
+The implementation builds its own `ApiClient` from a kubeconfig or the in-cluster service account (no module-level
+client) and runs the synchronous official client in a worker thread, so kopf's event loop never blocks on I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import urllib.parse
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import kubernetes.client
+import kubernetes.config
+
+from vllm_operator import constants
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A REST resource: how to build its URL."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+VLLM_DEPLOYMENTS = Resource(constants.GROUP, constants.VERSION, constants.PLURAL, constants.KIND)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+SERVICES = Resource("", "v1", "services", "Service")
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+PODS = Resource("", "v1", "pods", "Pod")
+EVENTS = Resource("", "v1", "events", "Event")
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+POD_MONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+PROMETHEUS_RULES = Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule")
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+                namespaced=False)
+
+# Every kind the operator renders as a child, keyed by (apiVersion, kind).
+CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
+    (r.api_version, r.kind): r
+    for r in (DEPLOYMENTS, SERVICES, CONFIGMAPS, SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PDBS, NETWORK_POLICIES,
+              POD_MONITORS, PROMETHEUS_RULES)
+}
+
+
+def resource_of(obj: Mapping[str, Any]) -> Resource:
+    """The Resource for a rendered child object (KeyError for kinds the operator does not manage)."""
+    return CHILD_RESOURCES[(str(obj["apiVersion"]), str(obj["kind"]))]
+
+
+class KubeError(Exception):
+    """An API call that failed; `status` is the HTTP status (0 for transport errors)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+class KubeApi(Protocol):
+    """The verbs the operator uses."""
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None: ...
+
+    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                   ) -> list[dict[str, Any]]: ...
+
+    async def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def patch(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+                    ) -> dict[str, Any]: ...
+
+    async def patch_status(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+                           ) -> dict[str, Any]: ...
+
+    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None: ...
+
+    async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
+
+    async def has_resource(self, group: str, version: str, plural: str) -> bool: ...
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ClientKubeApi:
+    """KubeApi over the official `kubernetes` client's REST layer."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, *, timeout: float = 30.0,
+                 component: str = constants.APP_NAME) -> None:
+        self._client = api_client
+        self._timeout = timeout
+        self._component = component
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None, context: str | None = None) -> ClientKubeApi:
+        """In-cluster service account when present, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            if kubeconfig is not None:
+                raise kubernetes.config.ConfigException("explicit kubeconfig")
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, context=context,
+                                               client_configuration=configuration)
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, path: str, query: Mapping[str, str] | None, body: Any,
+              content_type: str | None) -> tuple[int, Any]:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        if query:
+            path = f"{path}?{urllib.parse.urlencode(query)}"
+        method_, url, headers_, body_, post_ = self._client.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"])
+        try:
+            response = self._client.call_api(method_, url, headers_, body_, post_, _request_timeout=self._timeout)
+            response.read()
+        except kubernetes.client.ApiException as err:
+            raise KubeError(err.status or 0, str(err.reason), str(err.body)) from err
+        except Exception as err:  # urllib3 transport errors: connection refused, timeouts
+            raise KubeError(0, type(err).__name__, str(err)) from err
+        raw = response.data or b""
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            data = raw.decode(errors="replace")
+        if response.status >= 400:
+            message = data.get("message", "") if isinstance(data, dict) else str(data)
+            reason = data.get("reason", "") if isinstance(data, dict) else ""
+            raise KubeError(response.status, reason or str(response.reason), message)
+        return response.status, data
+
+    async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: Any = None,
+                       content_type: str | None = None) -> Any:
+        _, data = await asyncio.to_thread(self._call, method, path, query, body, content_type)
+        return data
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = await self._request("GET", res.path(namespace, name))
+        except KubeError as err:
+            if err.not_found:
+                return None
+            raise
+        return data
+
+    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                   ) -> list[dict[str, Any]]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        data = await self._request("GET", res.path(namespace), query=query)
+        items: list[dict[str, Any]] = data.get("items", []) if isinstance(data, dict) else []
+        for item in items:  # list items omit apiVersion/kind on a real server
+            item.setdefault("apiVersion", res.api_version)
+            item.setdefault("kind", res.kind)
+        return items
+
+    async def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = await self._request("POST", res.path(namespace), body=dict(body),
+                                                   content_type="application/json")
+        return data
+
+    async def patch(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+        data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), body=dict(patch),
+                                                   content_type="application/merge-patch+json")
+        return data
+
+    async def patch_status(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+                           ) -> dict[str, Any]:
+        data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name, "status"), body=dict(patch),
+                                                   content_type="application/merge-patch+json")
+        return data
+
+    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self._request("DELETE", res.path(namespace, name), body=body, content_type="application/json")
+        except KubeError as err:
+            if not err.not_found:
+                raise
+
+    async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = involved.get("metadata", {})
+        namespace = meta.get("namespace") or "default"
+        stamp = now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"), "name": meta.get("name"),
+                "namespace": namespace, "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self._component},
+            "reportingComponent": self._component,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._request("POST", EVENTS.path(namespace), body=event, content_type="application/json")
+
+    async def has_resource(self, group: str, version: str, plural: str) -> bool:
+        try:
+            data = await self._request("GET", f"/apis/{group}/{version}")
+        except KubeError as err:
+            if err.not_found:
+                return False
+            raise
+        resources = data.get("resources", []) if isinstance(data, dict) else []
+        return any(r.get("name") == plural for r in resources)
