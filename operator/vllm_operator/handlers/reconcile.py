@@ -1,0 +1,297 @@
+"""The one reconcile routine: spec -> plan -> manifests -> children + status. Used by the lifecycle handlers and,
+after a step-down, by the health loop (kopf does not fire update handlers for status-only changes).
+
+Order of work, and why:
+1. Resolve the accelerator (`auto` reads GPU feature discovery labels from nodes) and read the remediation state
+   from status — the planner is pure and gets both as inputs.
+2. Plan. A refusal (SpecError) sets SpecValid=False, posts one Warning event and returns *before touching any
+   child*: a bad edit never takes a working deployment down.
+3. Render and converge children by comparing spec-hash annotations (never rewriting an unchanged object), create
+   what is missing, adopt same-named orphans, delete owned children the plan no longer has. Replicas of a pool
+   owned by an external autoscaler are written only at creation.
+4. Patch status only when it changed, so a no-op resync makes zero writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_operator import constants
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts, Plan
+from vllm_operator.api.resource import VLLMDeployment, parse_resource
+from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
+from vllm_operator.api.status import VLLMDeploymentStatus
+from vllm_operator.handlers import conditions
+from vllm_operator.k8s import (
+    CHILD_RESOURCES,
+    DEPLOYMENTS,
+    NODES,
+    POD_MONITORS,
+    PROMETHEUS_RULES,
+    VLLM_DEPLOYMENTS,
+    KubeApi,
+    KubeError,
+    Resource,
+    now_rfc3339,
+    resource_of,
+)
+from vllm_operator.planning import RemediationState, plan
+from vllm_operator.planning.catalog import accelerator_from_node_labels
+from vllm_operator.rendering import render
+
+log = logging.getLogger(__name__)
+
+MONITORING_KINDS = {(POD_MONITORS.api_version, POD_MONITORS.kind), (PROMETHEUS_RULES.api_version,
+                                                                    PROMETHEUS_RULES.kind)}
+
+
+@dataclass
+class ReconcileOutcome:
+    """What one reconcile did."""
+
+    plan: Plan | None = None
+    spec_error: SpecError | None = None
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    status_patched: bool = False
+    status: VLLMDeploymentStatus | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.deleted)
+
+
+def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {"apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def child_selector(name: str) -> str:
+    return f"{constants.LABEL_DEPLOYMENT}={name},{constants.LABEL_NAME}={constants.APP_NAME}"
+
+
+def spec_hash(obj: Mapping[str, Any] | None) -> str | None:
+    if not obj:
+        return None
+    value = obj.get("metadata", {}).get("annotations", {}).get(constants.ANNOTATION_SPEC_HASH)
+    return str(value) if value is not None else None
+
+
+def is_owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []) or [])
+
+
+async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[AcceleratorFacts | None, str | None]:
+    """Catalog types resolve in the planner (None here); `auto` reads nodes the pools' nodeSelectors match.
+
+    With several GPU types matching, the one with the least memory wins: a plan that fits the smallest node fits
+    every node the scheduler may pick.
+    """
+    if spec.accelerator.type is not AcceleratorType.AUTO:
+        return None, None
+    selector: dict[str, str] = {}
+    for pool in (spec.pools.short, spec.pools.long) if spec.pools else ():
+        if pool and pool.node_selector:
+            selector.update(pool.node_selector)
+    label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or None
+    try:
+        nodes = await kube.list(NODES, None, label_selector)
+    except KubeError as err:
+        if err.status == 403:
+            raise SpecError("spec.accelerator.type", "auto needs read access to Nodes (the operator runs "
+                            "namespaced without the nodes ClusterRole); name the GPU type instead") from err
+        raise
+    candidates = []
+    for node in nodes:
+        labels = node.get("metadata", {}).get("labels", {}) or {}
+        facts = accelerator_from_node_labels(labels, spec.accelerator.count)
+        if facts is not None:
+            candidates.append((facts.memory_bytes, facts.type, facts))
+    if not candidates:
+        where = f" matching nodeSelector {label_selector}" if label_selector else ""
+        raise SpecError("spec.accelerator.type", f"auto: no node{where} carries GPU feature discovery labels "
+                        f"(nvidia.com/gpu.product) of a known GPU type; {len(nodes)} node(s) looked at")
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    chosen = candidates[0][2]
+    kinds = sorted({c[1] for c in candidates})
+    note = None if len(kinds) == 1 else (f"accelerator auto matched {', '.join(kinds)}; planned for "
+                                         f"{chosen.type}, the smallest")
+    return chosen, note
+
+
+async def _emit(kube: KubeApi, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        await kube.emit_event(obj, type_, reason, message)
+    except KubeError as err:  # an event that cannot be posted must not fail the reconcile
+        log.warning("Could not post event %s for %s: %s", reason, obj["metadata"]["name"], err)
+
+
+async def _patch_status(kube: KubeApi, obj: Mapping[str, Any], prev: VLLMDeploymentStatus | None,
+                        new: VLLMDeploymentStatus) -> bool:
+    before = prev.to_wire() if prev else {}
+    after = new.to_wire()
+    if before == after:
+        return False
+    meta = obj["metadata"]
+    await kube.patch_status(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"], {"status": after})
+    return True
+
+
+async def _existing_children(kube: KubeApi, namespace: str, name: str, monitoring: bool
+                             ) -> dict[tuple[str, str, str], dict[str, Any]]:
+    found: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for key, res in CHILD_RESOURCES.items():
+        if key in MONITORING_KINDS and not monitoring:
+            continue
+        for item in await kube.list(res, namespace, child_selector(name)):
+            found[(res.api_version, res.kind, item["metadata"]["name"])] = item
+    return found
+
+
+def _patch_body(desired: Mapping[str, Any], external_autoscaler_names: set[str]) -> dict[str, Any]:
+    body = {k: v for k, v in desired.items() if k not in {"status"}}
+    if desired["kind"] == DEPLOYMENTS.kind and desired["metadata"]["name"] in external_autoscaler_names:
+        body["spec"] = {k: v for k, v in desired["spec"].items() if k != "replicas"}
+    return body
+
+
+async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manifests: list[dict[str, Any]],
+                    monitoring: bool, outcome: ReconcileOutcome) -> dict[tuple[str, str, str], dict[str, Any]]:
+    meta = obj["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    existing = await _existing_children(kube, namespace, name, monitoring)
+    autoscaled = {m["metadata"]["name"] for m in manifests if m["kind"] == DEPLOYMENTS.kind
+                  and m["metadata"].get("labels", {}).get(constants.LABEL_POOL) in
+                  {p.name for p in the_plan.pools.values() if p.external_autoscaler}}
+    current: dict[tuple[str, str, str], dict[str, Any]] = {}
+    wanted: set[tuple[str, str, str]] = set()
+    for rendered in manifests:
+        res = resource_of(rendered)
+        key = (res.api_version, res.kind, rendered["metadata"]["name"])
+        wanted.add(key)
+        desired = {**rendered, "metadata": {**rendered["metadata"], "ownerReferences": [owner_reference(obj)]}}
+        have = existing.get(key)
+        label = f"{res.kind} {namespace}/{desired['metadata']['name']}"
+        if have is None:
+            try:
+                current[key] = await kube.create(res, namespace, desired)
+                outcome.created.append(label)
+                continue
+            except KubeError as err:
+                if not err.conflict:
+                    raise
+                have = await kube.get(res, namespace, desired["metadata"]["name"])  # an orphan: adopt it
+                if have is None:
+                    raise
+        if spec_hash(have) == spec_hash(desired) and is_owned_by(have, uid):
+            current[key] = have
+            continue
+        current[key] = await kube.patch(res, namespace, desired["metadata"]["name"],
+                                        _patch_body(desired, autoscaled))
+        outcome.updated.append(label)
+    for key, have in existing.items():
+        if key not in wanted and is_owned_by(have, uid):
+            res = CHILD_RESOURCES[(key[0], key[1])]
+            await kube.delete(res, namespace, key[2], uid=have["metadata"].get("uid"))
+            outcome.deleted.append(f"{res.kind} {namespace}/{key[2]}")
+    return current
+
+
+async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None
+                    ) -> ReconcileOutcome:
+    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring)."""
+    meta = obj["metadata"]
+    generation = meta.get("generation")
+    now = now_rfc3339()
+    outcome = ReconcileOutcome()
+    prev_status = _current_status(obj)
+    base_status = status if status is not None else prev_status
+    try:
+        resource: VLLMDeployment = parse_resource(dict(obj))
+        accelerator, note = await resolve_accelerator(kube, resource.spec)
+        the_plan = plan(resource.spec, accelerator, RemediationState.from_status(base_status),
+                        name=meta["name"], namespace=meta["namespace"])
+        if note:
+            the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, note]})
+    except SpecError as err:
+        outcome.spec_error = err
+        new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
+        was = conditions.get_condition(prev_status, constants.COND_SPEC_VALID)
+        now_cond = conditions.get_condition(new, constants.COND_SPEC_VALID)
+        if was is None or now_cond is None or was.message != now_cond.message:
+            await _emit(kube, obj, "Warning", "SpecInvalid", f"Refused the spec, children left as they were: {err}")
+            log.warning("Refused VLLMDeployment %s/%s: %s", meta["namespace"], meta["name"], err)
+        outcome.status = new
+        outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
+        return outcome
+    outcome.plan = the_plan
+    monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
+    manifests = [m for m in render(the_plan, resource.spec)
+                 if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
+    current = await _converge(kube, obj, the_plan, manifests, monitoring, outcome)
+    for verb, items in (("Created", outcome.created), ("Updated", outcome.updated), ("Deleted", outcome.deleted)):
+        for item in items:
+            log.info("%s %s for VLLMDeployment %s/%s", verb, item, meta["namespace"], meta["name"])
+            await _emit(kube, obj, "Normal", verb, f"{verb} {item}")
+    new = _status_from_children(base_status, the_plan, current, generation, now, monitoring)
+    outcome.status = new
+    outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
+    return outcome
+
+
+def _current_status(obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
+    raw = obj.get("status")
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    return VLLMDeploymentStatus.model_validate({k: v for k, v in raw.items() if not k.startswith("kopf")})
+
+
+def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
+                          children: Mapping[tuple[str, str, str], Mapping[str, Any]], generation: int | None,
+                          now: str, monitoring: bool) -> VLLMDeploymentStatus:
+    deployments: dict[str, Mapping[str, Any] | None] = {p: None for p in constants.POOLS}
+    router: Mapping[str, Any] | None = None
+    for (_, kind, _), child in children.items():
+        if kind != DEPLOYMENTS.kind:
+            continue
+        labels = child.get("metadata", {}).get("labels", {})
+        if labels.get(constants.LABEL_COMPONENT) == constants.COMPONENT_ROUTER:
+            router = child
+        elif labels.get(constants.LABEL_POOL) in deployments:
+            deployments[labels[constants.LABEL_POOL]] = child
+    status = conditions.with_plan(prev, the_plan, deployments, router, generation=generation, now=now)
+    metrics = conditions.get_condition(status, constants.COND_METRICS_AVAILABLE)
+    if not monitoring and (metrics is None or metrics.reason == "PrometheusOperatorMissing"):
+        status.conditions = conditions.set_condition(
+            status.conditions, constants.COND_METRICS_AVAILABLE, False, "PrometheusOperatorMissing",
+            "monitoring.coreos.com CRDs are not installed: PodMonitor and PrometheusRule were not created",
+            generation=generation, now=now)
+    return status
+
+
+async def refresh_status(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
+    """Cheap status refresh after an owned Deployment changed: replan (pure) and re-read Deployments only."""
+    meta = obj["metadata"]
+    prev = _current_status(obj)
+    try:
+        resource = parse_resource(dict(obj))
+        accelerator, _ = await resolve_accelerator(kube, resource.spec)
+        the_plan = plan(resource.spec, accelerator, RemediationState.from_status(prev), name=meta["name"],
+                        namespace=meta["namespace"])
+    except SpecError:
+        return False  # the spec is refused; the lifecycle handler owns that status
+    children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
+                for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
+    monitoring = conditions.get_condition(prev, constants.COND_METRICS_AVAILABLE)
+    has_monitoring = not (monitoring and monitoring.reason == "PrometheusOperatorMissing")
+    new = _status_from_children(prev, the_plan, children, meta.get("generation"), now_rfc3339(), has_monitoring)
+    return await _patch_status(kube, obj, prev, new)
+
+
+__all__ = ["ReconcileOutcome", "Resource", "reconcile", "refresh_status", "resolve_accelerator"]
