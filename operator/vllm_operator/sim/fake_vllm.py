@@ -321,6 +321,13 @@ def _sse(obj: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _token_chunk(head: Mapping[str, Any], chat: bool, text: str, finish: str | None) -> bytes:
+    """One streamed token as vLLM frames it (chat: a `delta`; completions: `text`)."""
+    piece: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
+    choice = {"index": 0, **piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    return _sse({**head, "choices": [choice]})
+
+
 class _Metrics:
     """The engine's counters and gauges; `overrides` pin a rendered value (gauges) or extra series."""
 
@@ -936,6 +943,7 @@ class FakeVllm:
         obj = "chat.completion.chunk" if chat else "text_completion"
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{ident:x}"
         head = {"id": rid, "object": obj, "created": created, "model": b.model}
+        mid: bytes | None = None
         try:
             for i in range(n_tokens):
                 delay = self.behaviour.ttft_s if i == 0 else self.behaviour.chunk_delay_s
@@ -955,39 +963,15 @@ class FakeVllm:
                 last = produced == n_tokens and failure != "drop_mid_stream"
                 chunks = []
                 if chat and i == 0:
-                    chunks.append(
-                        _sse(
-                            {
-                                **head,
-                                "choices": [
-                                    {
-                                        "index": 0,
-                                        "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None,
-                                        "finish_reason": None,
-                                    }
-                                ],
-                            }
-                        )
-                    )
-                if chat:
-                    choice: dict[str, Any] = {
-                        "index": 0,
-                        "delta": {"content": b.token_text},
-                        "logprobs": None,
-                        "finish_reason": reason if last else None,
-                    }
-                else:
-                    choice = {
-                        "index": 0,
-                        "text": b.token_text,
-                        "logprobs": None,
-                        "finish_reason": reason if last else None,
-                        "stop_reason": None,
-                    }
+                    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+                    chunks.append(_sse({**head, "choices": [{**role, "finish_reason": None, "stop_reason": None}]}))
                 if last:
-                    choice["stop_reason"] = None
-                chunks.append(_sse({**head, "choices": [choice]}))
+                    chunks.append(_token_chunk(head, chat, b.token_text, reason))
+                else:
+                    # Every token but the last is the same event: encode it once per request.
+                    if mid is None:
+                        mid = _token_chunk(head, chat, b.token_text, None)
+                    chunks.append(mid)
                 try:
                     await response.write(b"".join(chunks))
                 except ConnectionError:
