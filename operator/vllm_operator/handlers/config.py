@@ -1,0 +1,18 @@
+"""Operator-wide settings from the command line, handed to handlers through kopf's memo (no globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How this operator process runs."""
+
+    namespaces: tuple[str, ...] = ()  # empty = all namespaces (cluster-wide)
+    prometheus_url: str | None = None  # unset = metric-based diagnoses off, MetricsAvailable=False says so
+    health_enabled: bool = True
+    http_host: str = "0.0.0.0"  # /healthz and /metrics must be reachable by the kubelet and Prometheus
+    http_port: int = 8080  # 0 = do not serve /healthz and /metrics (tests)
+    health_interval_override: float | None = None  # seconds; tests shorten every deployment's interval
+    extra: dict[str, str] = field(default_factory=dict)

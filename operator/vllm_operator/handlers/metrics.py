@@ -1,0 +1,30 @@
+"""The operator's own Prometheus metrics, on a registry owned by one operator instance (tests run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+DEPLOYMENT_LABELS = ("vllmdeployment", "target_namespace", "pool")
+
+
+class OperatorMetrics:
+    """Counters named in the interfaces contract; label `target_namespace` survives the scrape's `namespace`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.reconciles = Counter("vllm_operator_reconciles", "Reconciles by result (changed, unchanged, refused).",
+                                  ["result"], registry=self.registry)
+        self.reconcile_errors = Counter("vllm_operator_reconcile_errors", "Reconciles that raised.",
+                                        registry=self.registry)
+        self.child_writes = Counter("vllm_operator_child_writes", "Child objects created, updated or deleted.",
+                                    ["verb", "kind"], registry=self.registry)
+        self.engine_restarts = Counter(
+            "vllm_operator_engine_restarts", "Engine container terminations the operator observed, by reason.",
+            [*DEPLOYMENT_LABELS, "reason"], registry=self.registry)
+        self.actions = Counter("vllm_operator_actions", "Health-loop actions taken.", [*DEPLOYMENT_LABELS, "action"],
+                               registry=self.registry)
+        self.step_down_level = Gauge("vllm_operator_step_down_level", "Current step-down rung per pool.",
+                                     DEPLOYMENT_LABELS, registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

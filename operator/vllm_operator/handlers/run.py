@@ -1,0 +1,128 @@
+"""`vllm-operator run`: start the kopf operator with our handlers, plus /healthz and /metrics.
+
+One active operator (the chart runs one replica with Recreate): kopf runs `standalone`, because kopf peering
+freezes operators of equal priority rather than electing one. The handlers are registered on a fresh registry per
+run, so tests and the demo can run operators in-process without sharing state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import kopf
+from aiohttp import web
+
+from vllm_operator.handlers import lifecycle
+from vllm_operator.handlers.config import OperatorConfig
+from vllm_operator.handlers.metrics import OperatorMetrics
+from vllm_operator.k8s import ClientKubeApi, KubeApi
+
+log = logging.getLogger(__name__)
+
+# Handler modules beside lifecycle that register themselves when present (the health loop).
+OPTIONAL_HANDLER_MODULES = ("vllm_operator.handlers.health",)
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    lifecycle.register(registry, config)
+    if config.health_enabled:
+        for name in OPTIONAL_HANDLER_MODULES:
+            module = importlib.import_module(name)
+            module.register(registry, config)
+    return registry
+
+
+async def serve_http(config: OperatorConfig, metrics: OperatorMetrics, ready: asyncio.Event) -> web.AppRunner:
+    """/healthz (200 once the operator is up) and /metrics on one port."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok" if ready.is_set() else "starting", status=200 if ready.is_set() else 503)
+
+    async def metrics_(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, config.http_host, config.http_port).start()
+    return runner
+
+
+async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
+                       stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None) -> None:
+    """Run until `stop_flag` is set (or forever). `kube` defaults to the environment's kubeconfig/in-cluster."""
+    own_kube = kube is None
+    kube_api: KubeApi = kube if kube is not None else ClientKubeApi.from_environment()
+    metrics = OperatorMetrics()
+    ready = ready_flag or asyncio.Event()
+    runner = await serve_http(config, metrics, ready) if config.http_port else None
+    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config)
+    try:
+        await kopf.operator(
+            registry=build_registry(config),
+            standalone=True,
+            clusterwide=not config.namespaces,
+            namespaces=config.namespaces,
+            memo=memo,
+            stop_flag=stop_flag,
+            ready_flag=ready,
+        )
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if own_kube and isinstance(kube_api, ClientKubeApi):
+            kube_api.close()
+
+
+def parse_args(argv: Sequence[str]) -> OperatorConfig:
+    parser = argparse.ArgumentParser(prog="vllm-operator run", description="Run the vllm-operator controller.")
+    parser.add_argument("--namespace", "-n", action="append", default=[],
+                        help="watch only this namespace (repeatable); default: all namespaces")
+    parser.add_argument("--all-namespaces", "-A", action="store_true", help="watch all namespaces (default)")
+    parser.add_argument("--standalone", action="store_true", default=True,
+                        help="no kopf peering; one active operator (always on, accepted for clarity)")
+    parser.add_argument("--prometheus-url", default=None,
+                        help="Prometheus base URL for metric-based diagnoses; unset turns them off")
+    parser.add_argument("--no-health", action="store_true", help="disable the health loop (lifecycle only)")
+    parser.add_argument("--port", type=int, default=8080, help="port for /healthz and /metrics (0 = off)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    args = parser.parse_args(list(argv))
+    if args.all_namespaces and args.namespace:
+        parser.error("--all-namespaces and --namespace are exclusive")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
+                          health_enabled=not args.no_health, http_port=args.port)
+
+
+def main(argv: Sequence[str]) -> int:
+    config = parse_args(argv)
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await run_operator(config, stop_flag=stop)
+
+    try:
+        asyncio.run(_main())
+    except KeyboardInterrupt:
+        return 130
+    log.info("Stopped the operator")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
