@@ -65,7 +65,7 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def _check_key(key: str, clause: str) -> str:
-    if not _KEY.match(key) or len(key.split("/")[-1]) > 63:
+    if not _KEY.match(key) or len(key.rsplit("/", maxsplit=1)[-1]) > 63:
         raise SelectorError(f"unable to parse requirement: invalid label key {key!r} in {clause!r}")
     return key
 

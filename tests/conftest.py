@@ -1,0 +1,3 @@
+"""Shared pytest wiring: fixture modules from tests/support are registered here."""
+
+pytest_plugins = ["tests.support.cluster"]
