@@ -15,4 +15,5 @@ class OperatorConfig:
     http_host: str = "0.0.0.0"  # /healthz and /metrics must be reachable by the kubelet and Prometheus
     http_port: int = 8080  # 0 = do not serve /healthz and /metrics (tests)
     health_interval_override: float | None = None  # seconds; tests shorten every deployment's interval
+    api_server: str | None = None  # log kopf in to this URL directly (the simulated cluster); None = kubeconfig
     extra: dict[str, str] = field(default_factory=dict)

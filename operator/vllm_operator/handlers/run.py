@@ -33,6 +33,13 @@ OPTIONAL_HANDLER_MODULES = ("vllm_operator.handlers.health",)
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     lifecycle.register(registry, config)
+    if config.api_server:
+        server = config.api_server
+
+        @kopf.on.login(registry=registry)
+        def _login(**_: object) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=server, insecure=True)
+
     if config.health_enabled:
         for name in OPTIONAL_HANDLER_MODULES:
             module = importlib.import_module(name)
