@@ -109,8 +109,8 @@ async def demo(examples_dir: Path, timeout: float) -> int:
     async with SimCluster(nodes=nodes_for(examples)) as cluster:
         kube = ClientKubeApi.from_environment(kubeconfig=str(cluster.kubeconfig))
         stop, ready = asyncio.Event(), asyncio.Event()
-        operator = asyncio.create_task(run_operator(OperatorConfig(http_port=0, api_server=cluster.url), kube, stop_flag=stop,
-                                                    ready_flag=ready))
+        config = OperatorConfig(http_port=0, api_server=cluster.url)
+        operator = asyncio.create_task(run_operator(config, kube, stop_flag=stop, ready_flag=ready))
         try:
             await asyncio.wait_for(ready.wait(), timeout)
             print(f"Simulated cluster at {cluster.url} with nodes: "
