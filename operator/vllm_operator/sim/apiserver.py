@@ -31,13 +31,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import apps, rendering
+from kmock._internal import apps, parsing, rendering
 
 from vllm_operator.sim import builtin, errors, patching, selectors
 from vllm_operator.sim.crds import CRD_RESOURCE, CustomResourceDefinition, parse_crd
@@ -159,7 +159,7 @@ class ApiServer(kmock.KubernetesEmulator):
         """The newest resourceVersion handed out (the cluster-wide counter, like etcd's revision)."""
         return self._rv
 
-    async def settled(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109 (a deadline, not a cancel scope)
+    async def settled(self, timeout: float = 5.0) -> None:
         """Wait until the garbage collector has nothing left to do (for tests that assert on cascades)."""
         async def wait() -> None:
             while True:
@@ -199,6 +199,54 @@ class ApiServer(kmock.KubernetesEmulator):
             record.namespace = record.name  # RBAC treats namespace objects as living in themselves
         self.request_log.append(record)
         return record
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """The aiohttp entry point; replaces kmock's to parse URLs as kube-apiserver does.
+
+        kmock's parser reads `/api/v1/namespaces` and `/api/v1/namespaces/x/status` as namespaced URLs and fails
+        or misroutes them; the real RequestInfo rules treat `namespaces/<name>/{status,finalize}` as the Namespace
+        resource itself.
+        """
+        body = await raw_request.read()
+        request = self._parse_request(raw_request, body)
+        self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except rendering.StreamingError as exc:  # an exception inside a watch stream after the headers went out
+            raw_response = exc.args[0]
+            cause = exc.__cause__ or exc
+            logger.error("Emulator failed inside a stream for %s: %r", raw_request.path, cause)
+            self._internal_errors.append(cause)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                error = ApiError(500, "InternalError", f"emulator bug: {cause!r}")
+                await raw_response.write(json.dumps({"type": "ERROR", "object": error.body()}).encode() + b"\n")
+                await raw_response.write_eof()
+            return cast(aiohttp.web.StreamResponse, raw_response)
+        except Exception as exc:
+            logger.exception("Emulator failed on %s %s", raw_request.method, raw_request.path)
+            self._internal_errors.append(exc)
+            return self._error_response(ApiError(500, "InternalError", f"emulator bug: {exc!r}"))
+
+    def _parse_request(self, raw_request: aiohttp.web.BaseRequest, body: bytes) -> rendering.Request:
+        text = body.decode("utf-8", errors="replace")
+        data: Any = None
+        if body:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = None
+        parsed = parse_api_path(raw_request.path)
+        method = kmock.method(raw_request.method)
+        query = dict(raw_request.query)
+        resource = None if parsed.group is None else kmock.resource(
+            group=parsed.group, version=parsed.version, plural=parsed.plural)
+        return rendering.Request(
+            id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
+            params=query, headers=dict(raw_request.headers), cookies=dict(raw_request.cookies),
+            data=data, body=body, text=text,
+            action=parsing.guess_k8s(parsed, method, query), resource=resource, namespace=parsed.namespace,
+            name=parsed.name, subresource=parsed.subresource,
+        )
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         record = self._record(request)
@@ -591,8 +639,8 @@ class ApiServer(kmock.KubernetesEmulator):
         group_plural = (res.group or "", res.plural or "")
         if self._has_status_subresource(res) and group_plural not in builtin.STATUS_KEPT_ON_CREATE:
             body.pop("status", None)
-            if group_plural in builtin.STATUS_ON_CREATE:
-                body["status"] = copy.deepcopy(builtin.STATUS_ON_CREATE[group_plural])
+            if self._crd_for(res) is None:  # typed built-ins always serialize their (empty) status struct
+                body["status"] = copy.deepcopy(builtin.STATUS_ON_CREATE.get(group_plural, {}))
         warnings: list[str] = []
         crd_def = self._crd_for(res)
         if crd_def is not None:
@@ -1227,6 +1275,28 @@ class ApiServer(kmock.KubernetesEmulator):
         since = int(request.params.get("since", "0") or 0)
         return {"records": [r.as_dict() for r in self.request_log.since(since)],
                 "next": self.request_log.next_seq}
+
+
+_NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
+
+
+def parse_api_path(path: str) -> parsing.ParsedPath:
+    """Split an API path into group/version/namespace/resource/name/subresource like apiserver's RequestInfo."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return parsing.ParsedPath()
+    namespace: str | None = None
+    if rest and rest[0] == "namespaces" and len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+        namespace = rest[1]
+        rest = rest[2:]
+    plural = rest[0] if rest else None
+    name = rest[1] if len(rest) > 1 else None
+    subresource = "/".join(rest[2:]) or None
+    return parsing.ParsedPath(group, version, plural, namespace, name, subresource)
 
 
 def _version_priority(version: str) -> tuple[int, int, int]:
