@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import kubernetes.client
 import kubernetes.config
 
-from vllm_operator import constants
+from vllm_operator import __version__, constants
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,14 @@ class ClientKubeApi:
 
     def __init__(self, api_client: kubernetes.client.ApiClient, *, timeout: float = 30.0,
                  component: str = constants.APP_NAME) -> None:
+        api_client.user_agent = f"{constants.APP_NAME}/{__version__}"  # tells our requests apart in audit logs
         self._client = api_client
         self._timeout = timeout
         self._component = component
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, context: str | None = None) -> ClientKubeApi:
+    def from_environment(cls, kubeconfig: str | None = None, context: str | None = None, *,
+                         timeout: float = 30.0) -> ClientKubeApi:
         """In-cluster service account when present, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
         configuration = kubernetes.client.Configuration()
         try:
@@ -145,7 +147,7 @@ class ClientKubeApi:
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config(config_file=kubeconfig, context=context,
                                                client_configuration=configuration)
-        return cls(kubernetes.client.ApiClient(configuration))
+        return cls(kubernetes.client.ApiClient(configuration), timeout=timeout)
 
     def close(self) -> None:
         self._client.close()
