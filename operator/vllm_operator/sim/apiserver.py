@@ -571,6 +571,8 @@ class ApiServer(kmock.KubernetesEmulator):
                         "apiVersion": f"{res.group}/{res.version}" if res.group else str(res.version),
                         "metadata": {"resourceVersion": str(max(cursor, self._rv))}}}
                 wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - now))
+                if bookmarks:
+                    wait = max(0.0, min(wait, next_bookmark - now))
                 async with history.changed:
                     if not history.after(cursor):
                         with contextlib.suppress(TimeoutError):
@@ -641,6 +643,9 @@ class ApiServer(kmock.KubernetesEmulator):
             body.pop("status", None)
             if self._crd_for(res) is None:  # typed built-ins always serialize their (empty) status struct
                 body["status"] = copy.deepcopy(builtin.STATUS_ON_CREATE.get(group_plural, {}))
+        if group_plural == ("", "namespaces"):
+            body.setdefault("spec", {})["finalizers"] = ["kubernetes"]  # namespace strategy's PrepareForCreate
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
         warnings: list[str] = []
         crd_def = self._crd_for(res)
         if crd_def is not None:
@@ -829,7 +834,7 @@ class ApiServer(kmock.KubernetesEmulator):
         """Store a changed object (new resourceVersion, MODIFIED event); finish deletions that were unblocked."""
         new["metadata"]["resourceVersion"] = str(self._next_rv())
         meta = new["metadata"]
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if meta.get("deletionTimestamp") and not self._finalizers_pending(res, new):
             await self._remove(res, key, new)
             return new
         self._objects[key].create(new)
@@ -842,6 +847,14 @@ class ApiServer(kmock.KubernetesEmulator):
                 "deletionTimestamp"):
             self._gc_wakeup.set()
         return new
+
+    @staticmethod
+    def _finalizers_pending(res: kmock.resource, obj: dict[str, Any]) -> bool:
+        if obj["metadata"].get("finalizers"):
+            return True
+        # A Namespace is also held by its spec.finalizers until the namespace controller empties it.
+        return (res.group or "", res.plural or "") == ("", "namespaces") and bool(
+            (obj.get("spec") or {}).get("finalizers"))
 
     async def _remove(self, res: kmock.resource, key: ObjKey, final: dict[str, Any]) -> None:
         """Delete for good: DELETED event with a fresh resourceVersion, wake the garbage collector."""
