@@ -1,0 +1,60 @@
+"""A rehearsal of a GPU call: session.py with the fake vLLM standing in for the engine.
+
+GPU calls are few and expensive, so the orchestration (start, wait for /health, capture /metrics, run each replica's
+share, stop, merge layouts, one archive) must work before a GPU is touched. Only the engine command differs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from tests.support.loadgen import GPU_BENCH
+
+TINY = (
+    "--duration 1 --short-rate 4 --short-arrival fixed --short-output 4:8 --long-prompt 600 --long-output 8 "
+    "--long-bursts 1 --long-burst-size 2 --long-first-burst 0.2 --tokens-per-word 1 --warmup 0"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_rehearsal_with_fake_engine(tmp_path: Path) -> None:
+    engine = f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --max-model-len 32768 --ttft-ms 5"
+    out = tmp_path / "results"
+    cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "long,short", "--plans", str(tmp_path),
+           "--out", str(out), "--site", "", "--port", str(free_port()), "--model", "fake-model",
+           "--engine-cmd", engine, "--loadgen-args", TINY, "--start-timeout", "60"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    session = json.loads((out / "session.json").read_text())
+    steps = {s["step"]: s for s in session["steps"]}
+    assert steps["long"]["run:unified-r0"] == steps["long"]["run:unified-r1"] == steps["long"]["run:split-long"] == 0
+    assert steps["short"]["run:split-short"] == 0
+    unified, split = session["layouts"]["unified"], session["layouts"]["split"]
+    # the two unified shares together are the whole schedule: 4 short + 2 long, half on each replica
+    assert (unified["short"]["ok"], unified["long"]["ok"]) == (4, 2)
+    assert (split["short"]["ok"], split["long"]["ok"]) == (4, 2)
+    assert unified["shares"] == ["unified-r0", "unified-r1"]
+    assert "unified-tuned" not in session["layouts"]
+    assert (out / "long" / "metrics-start.txt").read_text().count("vllm:cache_config_info{") == 1
+    with tarfile.open(tmp_path / "results.tar.xz") as tar:
+        names = set(tar.getnames())
+    assert {"results/session.json", "results/runs/split-short/raw.json", "results/long/engine.log"} <= names
+
+
+def test_unknown_step_is_refused(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "long,huge", "--plans", str(tmp_path),
+           "--out", str(tmp_path / "o")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "unknown steps ['huge']" in done.stderr
