@@ -1,0 +1,278 @@
+"""The Helm chart, rendered by the real helm binary: lint, schema, manifests valid for Kubernetes, what they promise.
+
+Each value set is a scenario platform teams run (cluster-wide, namespaced, with and without the node reader,
+monitoring on). Every rendered built-in manifest goes through kubernetes-validate in strict mode (unknown fields are
+errors) against the oldest Kubernetes the chart supports and the newest the validator knows; the PrometheusRule goes
+through promtool, which is what Prometheus itself would run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support.helm import CHART_DIR, by_kind, render, run_helm, template, values_file
+from tests.support.paths import CRD_FILE
+
+MONITORING_ON: dict[str, Any] = {
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "prometheusRule": {"enabled": True, "forMinutes": 5}},
+    "dashboards": {"enabled": True, "namespace": "grafana"},
+}
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "cluster-monitoring": {**MONITORING_ON, "operator": {"prometheusUrl": "http://prometheus-operated.mon:9090"}},
+    "namespaced": {"watch": {"mode": "namespaced", "namespaces": ["team-a", "team-b"]}},
+    "namespaced-no-node-reader": {"watch": {"mode": "namespaced", "namespaces": ["team-a"]},
+                                  "rbac": {"nodeReader": False}},
+    "namespaced-monitoring-tuned": {
+        **MONITORING_ON,
+        "watch": {"mode": "namespaced", "namespaces": ["llm"]},
+        "operator": {"prometheusUrl": "https://prom.example:9090", "health": False, "verbose": True, "port": 9100,
+                     "env": [{"name": "TZ", "value": "UTC"}]},
+        "image": {"repository": "registry.example/vllm-operator", "tag": "1.2.3", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "serviceAccount": {"name": "llm-operator", "annotations": {"example.com/role": "x"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "priorityClassName": "system-cluster-critical",
+        "podLabels": {"team": "platform"},
+        "fullnameOverride": "llm-op",
+    },
+    "no-rbac-no-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"},
+                      "metrics": {"service": {"enabled": False}}},
+}
+KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+BUILTIN_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1", "policy/v1", "networking.k8s.io/v1")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return {name: render(tmp_path_factory.mktemp(name), values) for name, values in VALUE_SETS.items()}
+
+
+def operator_container(docs: list[dict[str, Any]]) -> Mapping[str, Any]:
+    (deployment,) = by_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_helm_lint_passes(tmp_path: Path, name: str) -> None:
+    proc = run_helm(["lint", "--strict", str(CHART_DIR), "-f", str(values_file(tmp_path, VALUE_SETS[name]))])
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS, ids=[f"k8s-{v}" for v in KUBE_VERSIONS])
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_every_builtin_manifest_validates_strictly(rendered: dict[str, list[dict[str, Any]]], name: str,
+                                                   version: str) -> None:
+    docs = rendered[name]
+    builtin = [d for d in docs if d["apiVersion"] in BUILTIN_GROUPS]
+    assert builtin, "nothing rendered"
+    for doc in builtin:
+        kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError naming the field
+    others = {d["kind"] for d in docs if d["apiVersion"] not in BUILTIN_GROUPS}
+    assert others <= {"ServiceMonitor", "PrometheusRule"}, others
+
+
+def test_crd_ships_through_helm_crds_dir_unchanged(tmp_path: Path) -> None:
+    shown = run_helm(["show", "crds", str(CHART_DIR)]).stdout
+    assert yaml.safe_load(shown) == yaml.safe_load(CRD_FILE.read_text())
+    docs = render(tmp_path, {}, include_crds=True)
+    (crd,) = by_kind(docs, "CustomResourceDefinition")
+    kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
+    assert not by_kind(render(tmp_path, {}), "CustomResourceDefinition"), "the CRD must come only from crds/"
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_operator_deployment_is_one_recreated_nonroot_readonly_replica(rendered: dict[str, list[dict[str, Any]]],
+                                                                        name: str) -> None:
+    docs = rendered[name]
+    (deployment,) = by_kind(docs, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    container = operator_container(docs)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"]["memory"]
+    assert container["resources"]["limits"]["memory"]
+    (port,) = container["ports"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    assert pod["serviceAccountName"] == VALUE_SETS[name].get("serviceAccount", {}).get("name") or pod[
+        "serviceAccountName"].endswith("vllm-operator")
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_operator_args_are_accepted_by_the_real_cli(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    from vllm_operator.handlers.run import parse_args  # the operator's own parser, not a copy of its options
+
+    values = VALUE_SETS[name]
+    container = operator_container(rendered[name])
+    args = container["args"]
+    assert args[:2] == ["run", "--standalone"]
+    config = parse_args(args[1:])
+    assert config.namespaces == tuple(values.get("watch", {}).get("namespaces", []))
+    assert config.prometheus_url == (values.get("operator", {}).get("prometheusUrl") or None)
+    assert config.health_enabled == values.get("operator", {}).get("health", True)
+    assert config.http_port == container["ports"][0]["containerPort"] == values.get("operator", {}).get("port", 8080)
+
+
+def test_image_defaults_to_app_version(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert operator_container(rendered["defaults"])["image"] == f"ghcr.io/vllm-operator/operator:{chart['appVersion']}"
+    tuned = operator_container(rendered["namespaced-monitoring-tuned"])
+    assert tuned["image"] == "registry.example/vllm-operator:1.2.3"
+
+
+def rules_of(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(doc.get("rules") or [])
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_rbac_has_no_wildcards_and_no_secrets(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    for doc in rendered[name]:
+        for rule in rules_of(doc):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{doc['kind']} {doc['metadata']['name']}: wildcard in {key}"
+            assert "secrets" not in rule["resources"]
+            assert not {"bind", "escalate", "impersonate"} & set(rule["verbs"])
+
+
+def test_cluster_mode_is_one_clusterrole_bound_to_the_service_account(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["defaults"]
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    (role,) = by_kind(docs, "ClusterRole")
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "vllm-system"}]
+    resources = {r for rule in rules_of(role) for r in rule["resources"]}
+    assert {"nodes", "customresourcedefinitions", "vllmdeployments", "endpointslices"} <= resources
+
+
+@pytest.mark.parametrize("name", ["namespaced", "namespaced-no-node-reader"])
+def test_namespaced_mode_is_a_role_per_namespace(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    namespaces = VALUE_SETS[name]["watch"]["namespaces"]
+    roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
+    for binding in bindings:
+        assert binding["subjects"][0]["namespace"] == "vllm-system"
+    cluster_roles = by_kind(docs, "ClusterRole")
+    if VALUE_SETS[name].get("rbac", {}).get("nodeReader", True):
+        (reader,) = cluster_roles
+        assert rules_of(reader) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+        assert len(by_kind(docs, "ClusterRoleBinding")) == 1
+    else:
+        assert not cluster_roles and not by_kind(docs, "ClusterRoleBinding"), "no cluster-wide access at all"
+    (role,) = by_kind(docs, "Role")[:1]
+    cluster_rules = [r for r in rules_of(by_kind(rendered["defaults"], "ClusterRole")[0])
+                     if not {"nodes", "customresourcedefinitions"} & set(r["resources"])]
+    assert rules_of(role) == cluster_rules, "a namespaced Role grants exactly the cluster mode's namespaced rules"
+
+
+def test_no_rbac_and_existing_service_account(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["no-rbac-no-sa"]
+    assert {d["kind"] for d in docs} == {"Deployment"}
+    assert by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def test_service_monitor_selects_the_metrics_service(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["cluster-monitoring"]
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    (service,) = by_kind(docs, "Service")
+    labels = service["metadata"]["labels"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    (deployment,) = by_kind(docs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
+
+
+@pytest.mark.parametrize("name", ["cluster-monitoring", "namespaced-monitoring-tuned"])
+def test_prometheus_rule_passes_promtool(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path,
+                                         name: str) -> None:
+    (rule,) = by_kind(rendered[name], "PrometheusRule")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 4 rules found" in proc.stdout
+    (service,) = by_kind(rendered[name], "Service")
+    for item in rule["spec"]["groups"][0]["rules"]:
+        assert f'job="{service["metadata"]["name"]}"' in item["expr"], item["alert"]
+
+
+def test_dashboard_configmap_carries_the_dashboard_file(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    (cm,) = by_kind(rendered["cluster-monitoring"], "ConfigMap")
+    assert cm["metadata"]["namespace"] == "grafana"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(cm["data"]["vllm-deployment.json"])
+    assert shipped == json.loads((CHART_DIR / "dashboards" / "vllm-deployment.json").read_text())
+    assert not by_kind(rendered["defaults"], "ConfigMap"), "the dashboard is opt-in"
+
+
+TYPOS = {
+    "watch.namespace": ({"watch": {"mode": "namespaced", "namespace": ["a"], "namespaces": ["a"]}}, "'namespace'"),
+    "operator.prometheusURL": ({"operator": {"prometheusURL": "http://p:9090"}}, "'prometheusURL'"),
+    "serviceMonitor.enable": ({"metrics": {"serviceMonitor": {"enable": True}}}, "'enable'"),
+    "top-level replicas": ({"replicas": 2}, "'replicas'"),
+    "resources.limit": ({"resources": {"limit": {"memory": "1Gi"}}}, "'limit'"),
+    "watch.mode value": ({"watch": {"mode": "all", "namespaces": []}}, "/watch/mode"),
+    "namespaced without namespaces": ({"watch": {"mode": "namespaced", "namespaces": []}}, "/watch/namespaces"),
+    "cluster with namespaces": ({"watch": {"mode": "cluster", "namespaces": ["a"]}}, "/watch/namespaces"),
+    "namespace not a DNS label": ({"watch": {"mode": "namespaced", "namespaces": ["Team_A"]}}, "/watch/namespaces/0"),
+    "prometheusUrl without scheme": ({"operator": {"prometheusUrl": "prom:9090"}}, "/operator/prometheusUrl"),
+    "port as string": ({"operator": {"port": "8080"}}, "/operator/port"),
+}
+
+
+@pytest.mark.parametrize("values,needle", list(TYPOS.values()), ids=list(TYPOS))
+def test_values_schema_rejects_typos_naming_the_field(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
+    proc = template(tmp_path, values, check=False)
+    assert proc.returncode != 0, f"accepted: {values}"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert needle in proc.stderr, proc.stderr
+
+
+def test_service_monitor_without_service_is_refused(tmp_path: Path) -> None:
+    proc = template(tmp_path, {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
+                    check=False)
+    assert proc.returncode != 0
+    assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["defaults", "namespaced-no-node-reader"])
+def test_notes_say_where_auto_stands(tmp_path: Path, name: str) -> None:
+    proc = run_helm(["install", "vo", str(CHART_DIR), "--dry-run=client", "--namespace", "vllm-system",
+                     "-f", str(values_file(tmp_path, VALUE_SETS[name]))])
+    assert "kubectl apply --server-side -f" in proc.stdout
+    if name == "namespaced-no-node-reader":
+        assert "accelerator.type: auto is refused" in proc.stdout
+    else:
+        assert "every namespace" in proc.stdout
