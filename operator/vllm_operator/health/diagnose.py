@@ -1,0 +1,345 @@
+"""Diagnose, then act: the pure half that names what is wrong with each engine pod and each pool.
+
+`diagnose(snapshot, settings)` reads a `Snapshot` (pods from the API, series from Prometheus, with times) and
+returns a `Diagnosis`; it decides nothing. Each `State` documents the evidence it stands for, so an event that says
+"Stalled" can be traced to numbers. Causes win over symptoms: a pod in CrashLoopBackOff because vLLM ran out of GPU
+memory is EngineOOM, not CrashLooping, because the cause picks the remedy (the step-down ladder, not restarts).
+Metric-based states are only ever derived from fresh samples; when Prometheus is not configured, unreachable or
+stale, the pod or pool is MetricsUnavailable and nothing downstream may act destructively on it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm_operator.engine import exit_codes
+from vllm_operator.health.settings import HealthSettings
+from vllm_operator.health.snapshot import PodFacts, PodMetrics, Snapshot, Termination
+
+
+class State(enum.StrEnum):
+    """What a pod or pool is in. See `DESCRIPTIONS` for the evidence behind each."""
+
+    HEALTHY = "Healthy"
+    STARTING = "Starting"
+    ENGINE_OOM = "EngineOOM"
+    HOST_OOM_KILLED = "HostOOMKilled"
+    KV_CACHE_TOO_SMALL = "KVCacheTooSmall"
+    CRASH_LOOPING = "CrashLooping"
+    ENGINE_DEAD = "EngineDead"
+    STALLED = "Stalled"
+    RUNAWAY_GENERATION = "RunawayGeneration"
+    KV_PRESSURE = "KVPressure"
+    UNSCHEDULABLE = "Unschedulable"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+
+    @property
+    def description(self) -> str:
+        return DESCRIPTIONS[self]
+
+
+DESCRIPTIONS: Mapping[State, str] = {
+    State.HEALTHY: "Ready, running, and (where metrics are on) producing tokens whenever requests run.",
+    State.STARTING: "Created, pulling, loading the model or being replaced; no failure seen yet. Not available.",
+    State.ENGINE_OOM: "The engine ran out of accelerator memory: the wrapper's exit code 87 / termination reason "
+                      "EngineOOM (\"CUDA out of memory\", OutOfMemoryError) within the OOM window. Remedy: the "
+                      "step-down ladder after repeated OOM, not restarts (the kubelet restarts the container).",
+    State.HOST_OOM_KILLED: "The kernel killed the container for exceeding its memory limit (kubelet reason "
+                           "OOMKilled, exit 137): host RAM, not GPU memory. Raise the pod's memory limit.",
+    State.KV_CACHE_TOO_SMALL: "vLLM refused to start because one max_model_len sequence needs more KV cache than "
+                              "the memory left (exit code 89). Remedy: FP8 KV where allowed, then the opt-in lower "
+                              "maxModelLen — never less KV memory.",
+    State.CRASH_LOOPING: "The container keeps exiting for another reason (CrashLoopBackOff, or a non-zero exit "
+                         "the wrapper did not classify); the kubelet already restarts it.",
+    State.ENGINE_DEAD: "The engine core died (\"EngineCore encountered a fatal error\" or an unexpected exit 0, "
+                       "exit codes 88/86). The kubelet restarts the container; the loop records it.",
+    State.STALLED: "Ready and answering /health, with requests running for the whole stall window and zero new "
+                   "generation tokens, from fresh samples. Nothing else catches this: the operator deletes the pod "
+                   "(within the restart budget and the disruption floor).",
+    State.RUNAWAY_GENERATION: "The share of finished requests that stopped at max_tokens (finished_reason=length) "
+                              "over the window is above the alert level (default 20 %). Condition and event only.",
+    State.KV_PRESSURE: "Mean KV cache usage over the window is at or above the pressure level (default 95 %); "
+                       "preemptions likely. Condition and event only.",
+    State.UNSCHEDULABLE: "The scheduler cannot place the pod (PodScheduled=False, reason Unschedulable).",
+    State.METRICS_UNAVAILABLE: "No fresh samples for the pod or pool: Prometheus not configured, unreachable, the "
+                               "scrape target down, or samples older than the staleness limit. No destructive "
+                               "action is taken on a pod in this state.",
+}
+
+SEVERITY: tuple[State, ...] = (
+    State.ENGINE_OOM,
+    State.KV_CACHE_TOO_SMALL,
+    State.HOST_OOM_KILLED,
+    State.ENGINE_DEAD,
+    State.STALLED,
+    State.CRASH_LOOPING,
+    State.UNSCHEDULABLE,
+    State.RUNAWAY_GENERATION,
+    State.KV_PRESSURE,
+    State.METRICS_UNAVAILABLE,
+    State.STARTING,
+    State.HEALTHY,
+)
+"""Most severe first: a pool's primary state is the first of these present."""
+
+FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
+                            State.STALLED, State.CRASH_LOOPING, State.UNSCHEDULABLE})
+
+
+@dataclass(frozen=True)
+class TerminationEvent:
+    """A container termination, classified; `key` identifies it across checks (pod uid/container/number)."""
+
+    key: str
+    pod: str
+    state: State
+    exit_code: int | None
+    finished_at: float | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class PodDiagnosis:
+    pod: str
+    uid: str
+    pool: str
+    state: State
+    message: str
+    available: bool
+    """Counts toward the disruption floor: Ready, not being deleted, and not Stalled."""
+    metrics_fresh: bool
+    terminations: tuple[TerminationEvent, ...] = ()
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class PoolDiagnosis:
+    pool: str
+    state: State
+    """The most severe state present (see SEVERITY)."""
+    states: frozenset[State]
+    message: str
+    pods: tuple[PodDiagnosis, ...]
+    desired_replicas: int
+    max_unavailable: int
+    metrics_fresh: bool
+    """True when the pool's metric states rest on fresh samples of every Ready pod."""
+    length_share: float | None = None
+    finished: float | None = None
+    length_watch: bool = False
+    """Length share above the watch level (default 5 %) but not the alert level."""
+    kv_usage: float | None = None
+    """Highest per-pod mean KV usage over the window."""
+    preemptions: float | None = None
+    observed_kv_tokens: int | None = None
+    terminations: tuple[TerminationEvent, ...] = ()
+
+    @property
+    def available(self) -> int:
+        return sum(1 for p in self.pods if p.available)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    taken_at: float
+    pools: Mapping[str, PoolDiagnosis]
+    metrics_available: bool
+    metrics_reason: str
+    """PrometheusNotConfigured, PrometheusUnreachable, TargetsDown, Stale, or Scraped."""
+    metrics_message: str
+    notes: tuple[str, ...] = field(default=())
+
+
+def classify(term: Termination) -> State | None:
+    """The state a termination stands for; None for a clean or unclassified exit."""
+    if term.wrapper_reason == exit_codes.REASON_KV_CACHE_TOO_SMALL:
+        return State.KV_CACHE_TOO_SMALL
+    if term.wrapper_reason == exit_codes.REASON_ENGINE_OOM:
+        return State.ENGINE_OOM
+    if term.reason == "OOMKilled":
+        return State.HOST_OOM_KILLED
+    if term.wrapper_reason in {exit_codes.REASON_ENGINE_DEAD, exit_codes.REASON_UNEXPECTED_EXIT}:
+        return State.ENGINE_DEAD
+    if term.exit_code not in (None, 0):
+        return State.CRASH_LOOPING
+    return None
+
+
+def _describe_termination(term: Termination, state: State) -> str:
+    parts = [f"exit code {term.exit_code}" if term.exit_code is not None else "no exit code"]
+    if term.reason:
+        parts.append(f"reason {term.reason}")
+    lines = term.message.strip().splitlines()
+    text = term.detail or (lines[0] if lines else "")
+    if text:
+        parts.append(text[:200])
+    return f"{state.value}: " + ", ".join(parts)
+
+
+def _recent_terminations(pod: PodFacts, now: float, horizon_s: float) -> tuple[TerminationEvent, ...]:
+    events = []
+    for term in pod.terminations:
+        state = classify(term)
+        if state is None:
+            continue
+        if term.finished_at is not None and now - term.finished_at > horizon_s:
+            continue
+        events.append(TerminationEvent(key=term.key(pod.uid, pod.container_name), pod=pod.name, state=state,
+                                       exit_code=term.exit_code, finished_at=term.finished_at,
+                                       detail=_describe_termination(term, state)))
+    return tuple(events)
+
+
+def _fresh(m: PodMetrics | None, now: float, settings: HealthSettings) -> bool:
+    return (m is not None and m.up is True and m.last_sample_at is not None
+            and now - m.last_sample_at <= settings.stale_after_s)
+
+
+def _is_stalled(pod: PodFacts, m: PodMetrics, now: float, settings: HealthSettings) -> bool:
+    running_long_enough = pod.started_at is not None and now - pod.started_at >= settings.stall_s
+    return (running_long_enough and m.running is not None and m.running > 0 and m.running_min is not None
+            and m.running_min > 0 and m.generated is not None and m.generated <= 0 and (m.samples or 0) >= 2)
+
+
+def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, now: float,
+                 settings: HealthSettings) -> PodDiagnosis:
+    """One pod's state (see module docstring for the order of evidence)."""
+    horizon = max(settings.oom_window_s, settings.stall_s)
+    terms = _recent_terminations(pod, now, horizon)
+    fresh = metrics_on and _fresh(metrics, now, settings)
+
+    def out(state: State, message: str, available: bool = False) -> PodDiagnosis:
+        return PodDiagnosis(pod=pod.name, uid=pod.uid, pool=pod.pool, state=state, message=message,
+                            available=available, metrics_fresh=fresh, terminations=terms, deleting=pod.deleting)
+
+    if pod.deleting:
+        return out(State.STARTING, f"pod {pod.name} is being deleted")
+    if pod.unschedulable is not None:
+        return out(State.UNSCHEDULABLE, f"pod {pod.name} cannot be scheduled: {pod.unschedulable}")
+    serving = pod.ready and pod.current_termination is None and pod.waiting_reason is None
+    if not serving:
+        if terms:
+            latest = max(terms, key=lambda t: t.finished_at or 0.0)
+            suffix = f" (waiting: {pod.waiting_reason})" if pod.waiting_reason else ""
+            return out(latest.state, f"pod {pod.name}: {latest.detail}{suffix}")
+        if pod.waiting_reason == "CrashLoopBackOff":
+            return out(State.CRASH_LOOPING, f"pod {pod.name} is in CrashLoopBackOff after "
+                                            f"{pod.restart_count} restarts")
+        detail = pod.waiting_reason or ("not ready" if pod.phase == "Running" else pod.phase)
+        return out(State.STARTING, f"pod {pod.name} is starting ({detail})")
+    if not metrics_on:
+        return out(State.HEALTHY, f"pod {pod.name} is ready (metrics off)", available=True)
+    if metrics is None or not fresh:
+        why = ("no series in Prometheus" if metrics is None else
+               "scrape target down" if metrics.up is not True else
+               "no engine samples" if metrics.last_sample_at is None else
+               f"newest sample {now - metrics.last_sample_at:.0f}s old (limit {settings.stale_after_s:.0f}s)")
+        return out(State.METRICS_UNAVAILABLE, f"pod {pod.name} is ready but has no fresh metrics: {why}",
+                   available=True)
+    assert metrics is not None
+    if _is_stalled(pod, metrics, now, settings):
+        return out(State.STALLED, f"pod {pod.name}: {metrics.running:.0f} requests running for "
+                                  f"{settings.stall_s:.0f}s with 0 new generation tokens")
+    return out(State.HEALTHY, f"pod {pod.name} is ready", available=True)
+
+
+def _pool_metric_states(pool: str, pods: tuple[PodDiagnosis, ...], snap: Snapshot, settings: HealthSettings
+                        ) -> tuple[set[State], dict[str, object], list[str]]:
+    states: set[State] = set()
+    facts: dict[str, object] = {}
+    notes: list[str] = []
+    metrics = snap.metrics
+    if metrics is None or metrics.error is not None:
+        return states, facts, notes
+    pm = metrics.pools.get(pool)
+    if pm is not None and pm.finished is not None and pm.finished_length is not None:
+        facts["finished"] = pm.finished
+        if pm.finished >= settings.min_finished and pm.finished > 0:
+            share = pm.finished_length / pm.finished
+            facts["length_share"] = share
+            if share > settings.length_share_alert:
+                states.add(State.RUNAWAY_GENERATION)
+                notes.append(f"{share:.0%} of {pm.finished:.0f} finished requests hit max_tokens over "
+                             f"{settings.window_s:.0f}s (alert above {settings.length_share_alert:.0%})")
+            elif share > settings.length_share_watch:
+                facts["length_watch"] = True
+                notes.append(f"{share:.0%} of {pm.finished:.0f} finished requests hit max_tokens over "
+                             f"{settings.window_s:.0f}s (watch above {settings.length_share_watch:.0%})")
+    fresh_pods = [metrics.pods[p.pod] for p in pods if p.metrics_fresh and p.pod in metrics.pods]
+    usages = [m.kv_usage_avg for m in fresh_pods if m.kv_usage_avg is not None]
+    if usages:
+        facts["kv_usage"] = max(usages)
+        if max(usages) >= settings.kv_pressure:
+            states.add(State.KV_PRESSURE)
+            preempt = sum(m.preemptions or 0.0 for m in fresh_pods)
+            notes.append(f"KV cache usage averaged {max(usages):.0%} over {settings.window_s:.0f}s "
+                         f"(pressure at {settings.kv_pressure:.0%}), {preempt:.0f} preemptions")
+    preemptions = [m.preemptions for m in fresh_pods if m.preemptions is not None]
+    if preemptions:
+        facts["preemptions"] = sum(preemptions)
+    kv_tokens = [m.kv_cache_tokens for m in fresh_pods if m.kv_cache_tokens is not None]
+    if kv_tokens:
+        facts["observed_kv_tokens"] = min(kv_tokens)
+    return states, facts, notes
+
+
+def diagnose(snap: Snapshot, settings: HealthSettings) -> Diagnosis:
+    """Diagnose every pod and pool of one VLLMDeployment from one snapshot."""
+    now = snap.taken_at
+    metrics = snap.metrics
+    metrics_on = metrics is not None and metrics.error is None
+    pools: dict[str, PoolDiagnosis] = {}
+    for name, facts in snap.pools.items():
+        pods = tuple(diagnose_pod(p, metrics.pods.get(p.name) if metrics_on and metrics else None, metrics_on,
+                                  now, settings) for p in snap.pods_of(name))
+        states = {p.state for p in pods}
+        metric_states, mfacts, notes = _pool_metric_states(name, pods, snap, settings)
+        states |= metric_states
+        serving = [p for p in pods if p.state in {State.HEALTHY, State.METRICS_UNAVAILABLE, State.STALLED}]
+        fresh = metrics_on and bool(serving) and all(p.metrics_fresh for p in serving)
+        if not metrics_on:
+            states.add(State.METRICS_UNAVAILABLE)
+        if not pods:
+            states.add(State.STARTING if facts.desired_replicas > 0 else State.HEALTHY)
+        terms = tuple(t for p in pods for t in p.terminations)
+        # A termination inside the OOM window marks the pool even when the pod is serving again: it is not stable.
+        states |= {t.state for t in terms}
+        primary = next(s for s in SEVERITY if s in states) if states else State.HEALTHY
+        messages = [p.message for p in pods if p.state not in {State.HEALTHY}] + notes
+        messages += [f"pod {p.pod} recovered from {t.detail}" for p in pods if p.state is State.HEALTHY
+                     for t in p.terminations]
+        message = "; ".join(messages) if messages else (
+            f"pool {name}: {sum(1 for p in pods if p.available)}/{facts.desired_replicas} pods available")
+        pools[name] = PoolDiagnosis(
+            pool=name, state=primary, states=frozenset(states), message=message, pods=pods,
+            desired_replicas=facts.desired_replicas, max_unavailable=facts.max_unavailable, metrics_fresh=fresh,
+            length_share=_float(mfacts.get("length_share")), finished=_float(mfacts.get("finished")),
+            length_watch=bool(mfacts.get("length_watch", False)), kv_usage=_float(mfacts.get("kv_usage")),
+            preemptions=_float(mfacts.get("preemptions")),
+            observed_kv_tokens=_int(mfacts.get("observed_kv_tokens")), terminations=terms)
+    reason, message = _metrics_summary(snap, pools)
+    return Diagnosis(taken_at=now, pools=pools, metrics_available=reason == "Scraped", metrics_reason=reason,
+                     metrics_message=message)
+
+
+def _metrics_summary(snap: Snapshot, pools: Mapping[str, PoolDiagnosis]) -> tuple[str, str]:
+    m = snap.metrics
+    if m is None:
+        return "PrometheusNotConfigured", "no Prometheus URL configured: metric-based diagnoses are off"
+    if m.error is not None:
+        return "PrometheusUnreachable", f"Prometheus query failed: {m.error}"
+    blind = [p for pool in pools.values() for p in pool.pods if p.state is State.METRICS_UNAVAILABLE]
+    if blind:
+        return ("TargetsDown" if any("target down" in p.message or "no series" in p.message for p in blind)
+                else "Stale"), "; ".join(p.message for p in blind[:5])
+    return "Scraped", "fresh samples for every ready engine pod"
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) else None

@@ -1,0 +1,80 @@
+"""The health loop's knobs with their defaults, resolved once from `spec.remediation`.
+
+Every window and threshold is configurable (seconds in tests, minutes in production). The defaults live here, as
+data, so the diagnosis, the policy, the rendered alerts and the README quote one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_operator.api.spec import RemediationSpec
+
+DEFAULT_INTERVAL_S = 30
+DEFAULT_WINDOW_S = 600
+DEFAULT_STALL_S = 120
+DEFAULT_LENGTH_SHARE_WATCH = 0.05
+DEFAULT_LENGTH_SHARE_ALERT = 0.20
+DEFAULT_KV_PRESSURE = 0.95
+DEFAULT_OOM_COUNT = 2
+DEFAULT_OOM_WINDOW_S = 900
+DEFAULT_RESTART_BUDGET = 3
+DEFAULT_BUDGET_WINDOW_S = 3600
+MIN_FINISHED_FOR_SHARE = 10
+"""Fewer finished requests than this in the window: the length share is not judged (one truncated request of two
+is not a runaway)."""
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Resolved remediation settings (all durations in seconds)."""
+
+    enabled: bool = True
+    interval_s: float = DEFAULT_INTERVAL_S
+    window_s: float = DEFAULT_WINDOW_S
+    stall_s: float = DEFAULT_STALL_S
+    length_share_watch: float = DEFAULT_LENGTH_SHARE_WATCH
+    length_share_alert: float = DEFAULT_LENGTH_SHARE_ALERT
+    kv_pressure: float = DEFAULT_KV_PRESSURE
+    oom_count: int = DEFAULT_OOM_COUNT
+    oom_window_s: float = DEFAULT_OOM_WINDOW_S
+    restart_budget: int = DEFAULT_RESTART_BUDGET
+    budget_window_s: float = DEFAULT_BUDGET_WINDOW_S
+    step_down: bool = True
+    step_up_after_s: float | None = None
+    allow_lower_max_model_len: bool = False
+    reset_token: str | None = None
+    min_finished: int = MIN_FINISHED_FOR_SHARE
+
+    @property
+    def stale_after_s(self) -> float:
+        """Metric samples older than this are stale: no decision rests on them."""
+        return max(15.0, 2.0 * self.interval_s)
+
+
+def resolve(spec: RemediationSpec | None, *, interval_override: float | None = None) -> HealthSettings:
+    """Defaults filled in; `interval_override` (operator flag, tests) replaces every deployment's interval."""
+    r = spec or RemediationSpec()
+    t = r.thresholds
+    interval = interval_override if interval_override is not None else (r.interval_seconds or DEFAULT_INTERVAL_S)
+
+    def pick(value: float | int | None, default: float | int) -> float:
+        return float(default if value is None else value)
+
+    return HealthSettings(
+        enabled=r.enabled is not False,
+        interval_s=float(interval),
+        window_s=pick(t.window_seconds if t else None, DEFAULT_WINDOW_S),
+        stall_s=pick(t.stall_seconds if t else None, DEFAULT_STALL_S),
+        length_share_watch=pick(t.length_share_warn if t else None, DEFAULT_LENGTH_SHARE_WATCH),
+        length_share_alert=pick(t.length_share_alert if t else None, DEFAULT_LENGTH_SHARE_ALERT),
+        kv_pressure=pick(t.kv_usage_pressure if t else None, DEFAULT_KV_PRESSURE),
+        oom_count=int(pick(t.oom_count if t else None, DEFAULT_OOM_COUNT)),
+        oom_window_s=pick(t.oom_window_seconds if t else None, DEFAULT_OOM_WINDOW_S),
+        restart_budget=int(pick(r.restart_budget, DEFAULT_RESTART_BUDGET)),
+        budget_window_s=pick(r.budget_window_seconds, DEFAULT_BUDGET_WINDOW_S),
+        step_down=r.step_down is not False,
+        step_up_after_s=None if r.step_up_after_seconds is None else float(r.step_up_after_seconds),
+        allow_lower_max_model_len=bool(r.allow_lower_max_model_len),
+        reset_token=r.reset_token,
+    )

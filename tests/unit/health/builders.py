@@ -1,0 +1,94 @@
+"""Pod JSON and snapshots for the health tables: real Pod shapes, so `pod_facts` is exercised too."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vllm_operator import constants
+from vllm_operator.engine import exit_codes
+from vllm_operator.health.snapshot import (
+    MetricsSnapshot,
+    PodMetrics,
+    PoolFacts,
+    PoolMetrics,
+    Snapshot,
+    format_time,
+    pod_facts,
+)
+
+NOW = 1_800_000_000.0
+
+
+def ts(ago: float) -> str:
+    return format_time(NOW - ago)
+
+
+def term(code: int, reason: str = "Error", *, ago: float = 30, wrapper: str | None = None,
+         detail: str = "") -> dict[str, Any]:
+    msg = json.dumps({"reason": wrapper, "exitCode": code, "detail": detail}) if wrapper else ""
+    return {"exitCode": code, "reason": reason, "message": msg, "startedAt": ts(ago + 60), "finishedAt": ts(ago)}
+
+
+OOM = term(exit_codes.ENGINE_OOM, wrapper=exit_codes.REASON_ENGINE_OOM,
+           detail="torch.OutOfMemoryError: CUDA out of memory")
+KV = term(exit_codes.KV_CACHE_TOO_SMALL, wrapper=exit_codes.REASON_KV_CACHE_TOO_SMALL,
+          detail="2.0 GiB needed, 1.1 GiB left")
+DEAD = term(exit_codes.ENGINE_DEAD, wrapper=exit_codes.REASON_ENGINE_DEAD,
+            detail="EngineCore encountered a fatal error")
+HOST_OOM = term(137, "OOMKilled")
+ERROR = term(1)
+
+
+def pod(name: str, pool: str = "short", *, ready: bool = True, started_ago: float | None = 3600,
+        restarts: int = 0, waiting: str | None = None, last: dict[str, Any] | None = None,
+        terminated: dict[str, Any] | None = None, unschedulable: bool = False, deleting: bool = False,
+        phase: str | None = None) -> dict[str, Any]:
+    state: dict[str, Any]
+    if terminated is not None:
+        state = {"terminated": terminated}
+    elif waiting is not None:
+        state = {"waiting": {"reason": waiting}}
+    elif started_ago is not None:
+        state = {"running": {"startedAt": ts(started_ago)}}
+    else:
+        state = {"waiting": {"reason": "ContainerCreating"}}
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                       "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]
+    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "namespace": "ns", "creationTimestamp": ts(7200),
+                            "labels": {constants.LABEL_POOL: pool, constants.LABEL_DEPLOYMENT: "d"}}
+    if deleting:
+        meta["deletionTimestamp"] = ts(1)
+    status: dict[str, Any] = {"phase": phase or ("Pending" if unschedulable else "Running"), "conditions": conditions}
+    if not unschedulable:
+        status["containerStatuses"] = [{"name": "engine", "ready": ready, "restartCount": restarts, "state": state,
+                                        "lastState": {"terminated": last} if last else {}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
+
+
+def busy(pod_name: str, pool: str = "short", **over: Any) -> PodMetrics:
+    """Fresh, healthy metrics: requests running and tokens flowing."""
+    values: dict[str, Any] = {"up": True, "last_sample_at": NOW - 1, "running": 3.0, "running_min": 1.0,
+                              "generated": 500.0, "samples": 10, "kv_usage": 0.3, "kv_usage_avg": 0.3,
+                              "preemptions": 0.0, "kv_cache_tokens": 65536}
+    values.update(over)
+    return PodMetrics(pod=pod_name, pool=pool, **values)
+
+
+def stalled(pod_name: str, pool: str = "short", **over: Any) -> PodMetrics:
+    return busy(pod_name, pool, **{"generated": 0.0, "running": 2.0, "running_min": 2.0, **over})
+
+
+def snapshot(pods: list[dict[str, Any]], metrics: dict[str, PodMetrics] | None = None, *,
+             pools: dict[str, PoolMetrics] | None = None, error: str | None = None, prometheus: bool = True,
+             replicas: dict[str, int] | None = None, max_unavailable: int = 1) -> Snapshot:
+    facts = [pod_facts(p) for p in pods]
+    wanted = replicas or {"short": sum(1 for f in facts if f.pool == "short") or 1}
+    m = None
+    if prometheus:
+        m = MetricsSnapshot(fetched_at=NOW, error=error, pods=metrics or {}, pools=pools or {})
+    return Snapshot(namespace="ns", deployment="d", taken_at=NOW,
+                    pools={n: PoolFacts(n, r, max_unavailable) for n, r in wanted.items()},
+                    pods=tuple(facts), metrics=m)

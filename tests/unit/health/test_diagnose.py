@@ -1,0 +1,149 @@
+"""diagnose(): snapshots -> states, as a table. Each row names the evidence that must lead to the state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.unit.health.builders import (
+    DEAD,
+    ERROR,
+    HOST_OOM,
+    KV,
+    NOW,
+    OOM,
+    busy,
+    pod,
+    snapshot,
+    stalled,
+    term,
+)
+from vllm_operator.health.diagnose import DESCRIPTIONS, State, classify, diagnose
+from vllm_operator.health.settings import HealthSettings
+from vllm_operator.health.snapshot import PodMetrics, PoolMetrics, pod_facts
+
+S = HealthSettings(stall_s=60, window_s=120, oom_window_s=900, interval_s=2)
+
+
+@dataclass
+class Row:
+    pods: list[dict[str, Any]]
+    metrics: dict[str, PodMetrics] = field(default_factory=dict)
+    expect_pod: State | None = None
+    expect_pool: State | None = None
+    kw: dict[str, Any] = field(default_factory=dict)
+
+
+ROWS = {
+    "healthy-busy": Row([pod("a")], {"a": busy("a")}, State.HEALTHY, State.HEALTHY),
+    "healthy-idle-no-requests": Row([pod("a")], {"a": busy("a", running=0.0, running_min=0.0, generated=0.0)},
+                                    State.HEALTHY, State.HEALTHY),
+    "starting-container-creating": Row([pod("a", ready=False, started_ago=None)], {}, State.STARTING, State.STARTING),
+    "starting-loading-model": Row([pod("a", ready=False, started_ago=20)], {}, State.STARTING, State.STARTING),
+    "engine-oom-restarting": Row([pod("a", ready=False, started_ago=5, restarts=1, last=OOM)], {},
+                                 State.ENGINE_OOM, State.ENGINE_OOM),
+    "engine-oom-crashloop-cause-wins": Row([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=4, last=OOM)],
+                                           {}, State.ENGINE_OOM, State.ENGINE_OOM),
+    "engine-oom-still-terminated": Row([pod("a", ready=False, terminated=OOM)], {}, State.ENGINE_OOM,
+                                       State.ENGINE_OOM),
+    "engine-oom-by-exit-code-only": Row([pod("a", ready=False, started_ago=5, restarts=1, last=term(87))], {},
+                                        State.ENGINE_OOM, State.ENGINE_OOM),
+    "old-oom-then-healthy": Row([pod("a", restarts=1, last=term(87, ago=5000))], {"a": busy("a")},
+                                State.HEALTHY, State.HEALTHY),
+    "recent-oom-but-ready-again": Row([pod("a", started_ago=100, restarts=1, last=OOM)], {"a": busy("a")},
+                                      State.HEALTHY, State.ENGINE_OOM),
+    "host-oom-killed": Row([pod("a", ready=False, started_ago=5, restarts=1, last=HOST_OOM)], {},
+                           State.HOST_OOM_KILLED, State.HOST_OOM_KILLED),
+    "kv-cache-too-small": Row([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=2, last=KV)], {},
+                              State.KV_CACHE_TOO_SMALL, State.KV_CACHE_TOO_SMALL),
+    "engine-dead": Row([pod("a", ready=False, started_ago=5, restarts=1, last=DEAD)], {}, State.ENGINE_DEAD,
+                       State.ENGINE_DEAD),
+    "unexpected-exit-zero-is-dead": Row([pod("a", ready=False, started_ago=5, restarts=1, last=term(86))], {},
+                                        State.ENGINE_DEAD, State.ENGINE_DEAD),
+    "crashloop-generic": Row([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=5,
+                                  last=term(1, ago=5000))], {}, State.CRASH_LOOPING, State.CRASH_LOOPING),
+    "error-exit-restarting": Row([pod("a", ready=False, started_ago=5, restarts=1, last=ERROR)], {},
+                                 State.CRASH_LOOPING, State.CRASH_LOOPING),
+    "unschedulable": Row([pod("a", ready=False, unschedulable=True)], {}, State.UNSCHEDULABLE, State.UNSCHEDULABLE),
+    "stalled": Row([pod("a")], {"a": stalled("a")}, State.STALLED, State.STALLED),
+    "stalled-but-container-too-young": Row([pod("a", started_ago=30)], {"a": stalled("a")}, State.HEALTHY,
+                                           State.HEALTHY),
+    "stalled-needs-requests-whole-window": Row([pod("a")], {"a": stalled("a", running_min=0.0)}, State.HEALTHY,
+                                               State.HEALTHY),
+    "stalled-needs-two-samples": Row([pod("a")], {"a": stalled("a", samples=1)}, State.HEALTHY, State.HEALTHY),
+    "stalled-unknown-increase-is-not-stalled": Row([pod("a")], {"a": stalled("a", generated=None)}, State.HEALTHY,
+                                                   State.HEALTHY),
+    "stale-samples-never-stalled": Row([pod("a")], {"a": stalled("a", last_sample_at=NOW - 300)},
+                                       State.METRICS_UNAVAILABLE, State.METRICS_UNAVAILABLE),
+    "target-down-never-stalled": Row([pod("a")], {"a": stalled("a", up=False)}, State.METRICS_UNAVAILABLE,
+                                     State.METRICS_UNAVAILABLE),
+    "no-series": Row([pod("a")], {}, State.METRICS_UNAVAILABLE, State.METRICS_UNAVAILABLE),
+    "prometheus-unreachable-stalled-hidden": Row([pod("a")], {"a": stalled("a")}, State.HEALTHY,
+                                                 State.METRICS_UNAVAILABLE, {"error": "connection refused"}),
+    "prometheus-not-configured": Row([pod("a")], {}, State.HEALTHY, State.METRICS_UNAVAILABLE,
+                                     {"prometheus": False}),
+    "deleting-pod": Row([pod("a", deleting=True)], {"a": busy("a")}, State.STARTING, State.STARTING),
+    "kv-pressure": Row([pod("a")], {"a": busy("a", kv_usage_avg=0.97)}, State.HEALTHY, State.KV_PRESSURE),
+    "kv-below-pressure": Row([pod("a")], {"a": busy("a", kv_usage_avg=0.90)}, State.HEALTHY, State.HEALTHY),
+    "runaway-generation": Row([pod("a")], {"a": busy("a")}, State.HEALTHY, State.RUNAWAY_GENERATION,
+                              {"pools": {"short": PoolMetrics(finished=100, finished_length=25)}}),
+    "length-share-watch-only": Row([pod("a")], {"a": busy("a")}, State.HEALTHY, State.HEALTHY,
+                                   {"pools": {"short": PoolMetrics(finished=100, finished_length=10)}}),
+    "length-share-too-few-requests": Row([pod("a")], {"a": busy("a")}, State.HEALTHY, State.HEALTHY,
+                                         {"pools": {"short": PoolMetrics(finished=4, finished_length=4)}}),
+    "oom-outranks-stalled-neighbour": Row([pod("a", ready=False, started_ago=5, restarts=1, last=OOM), pod("b")],
+                                          {"b": stalled("b")}, State.ENGINE_OOM, State.ENGINE_OOM),
+}
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_diagnose_table(row: Row) -> None:
+    snap = snapshot(row.pods, row.metrics, **row.kw)
+    diag = diagnose(snap, S)
+    pool = diag.pools["short"]
+    assert pool.pods[0].state is row.expect_pod, pool.pods[0].message
+    assert pool.state is row.expect_pool, pool.message
+
+
+def test_every_state_is_documented() -> None:
+    assert set(DESCRIPTIONS) == set(State)
+    assert all(len(s.description) > 40 for s in State)
+
+
+def test_length_watch_flag_and_share() -> None:
+    snap = snapshot([pod("a")], {"a": busy("a")}, pools={"short": PoolMetrics(finished=100, finished_length=10)})
+    pool = diagnose(snap, S).pools["short"]
+    assert pool.length_watch and pool.length_share == pytest.approx(0.10)
+
+
+def test_observed_kv_tokens_taken_from_fresh_pods() -> None:
+    snap = snapshot([pod("a"), pod("b")], {"a": busy("a", kv_cache_tokens=50000), "b": busy("b")})
+    assert diagnose(snap, S).pools["short"].observed_kv_tokens == 50000
+
+
+def test_metrics_condition_reasons() -> None:
+    assert diagnose(snapshot([pod("a")], {"a": busy("a")}), S).metrics_reason == "Scraped"
+    assert diagnose(snapshot([pod("a")], {}, prometheus=False), S).metrics_reason == "PrometheusNotConfigured"
+    assert diagnose(snapshot([pod("a")], {}, error="timeout"), S).metrics_reason == "PrometheusUnreachable"
+    assert diagnose(snapshot([pod("a")], {"a": busy("a", up=False)}), S).metrics_reason == "TargetsDown"
+    assert diagnose(snapshot([pod("a")], {"a": busy("a", last_sample_at=NOW - 999)}), S).metrics_reason == "Stale"
+
+
+def test_termination_keys_survive_the_restart() -> None:
+    """The same termination read while the container is terminated and after the kubelet restarted it."""
+    before = pod_facts(pod("a", ready=False, terminated=OOM, restarts=0))
+    after = pod_facts(pod("a", ready=False, started_ago=2, restarts=1, last=OOM))
+    assert before.current_termination and after.last_termination
+    assert before.current_termination.key("u", "engine") == after.last_termination.key("u", "engine")
+
+
+@pytest.mark.parametrize(("raw", "expect"), [
+    (OOM, State.ENGINE_OOM), (KV, State.KV_CACHE_TOO_SMALL), (HOST_OOM, State.HOST_OOM_KILLED),
+    (DEAD, State.ENGINE_DEAD), (ERROR, State.CRASH_LOOPING), (term(0, "Completed"), None),
+], ids=["oom", "kv", "host-oom", "dead", "error", "clean"])
+def test_classify(raw: dict[str, Any], expect: State | None) -> None:
+    facts = pod_facts(pod("a", ready=False, started_ago=2, restarts=1, last=raw))
+    assert facts.last_termination is not None
+    assert classify(facts.last_termination) is expect
