@@ -1,0 +1,236 @@
+"""The engine Deployment of one pool: vLLM under the operator's entrypoint wrapper.
+
+The container runs `vllm-operator engine -- vllm serve MODEL` with the plan's engine arguments as `args`, unchanged
+and in the plan's order (contract 3): the wrapper (`vllm_operator.engine`) starts `vllm serve`, watches its log, and
+turns an engine death or a CUDA OOM — which vLLM reports with exit code 0 — into a distinct exit code and a JSON
+termination message at the default `terminationMessagePath` (`/dev/termination-log`). `FallbackToLogsOnError` keeps the
+log tail as the message when the wrapper itself could not write one. `$(POD_IP)` in the arguments is expanded by the
+kubelet from the downward-API variable, which is listed first so later variables may reference it too.
+
+Probe timings (all HTTP `GET /health` on the `http` port; vLLM answers it only after the model is loaded, so a TCP
+probe would pass too early):
+
+- startup: period 10 s, timeout 5 s, failureThreshold 60 on GPU pools (10 minutes: weights load, torch.compile and
+  CUDA-graph capture of an 8B model take 1-4 minutes on current GPUs, larger models more) and 120 on CPU pools (20
+  minutes: CPU pods load and warm up much more slowly, and the test clusters run them on two shared cores). When the
+  weights come from the Hub, one more period per 2 GiB of weights is added for the download (about 200 MB/s, a
+  conservative figure for a node's egress), so a 70B model is not killed half-way through its download. Liveness and
+  readiness do not run until the startup probe has passed, so none of this delays detection later on.
+- readiness: period 5 s, timeout 3 s, failureThreshold 3: an engine whose /health fails for 15 s leaves the headless
+  Service (and so the router's EndpointSlice view) quickly; it comes back after one success.
+- liveness: period 15 s, timeout 5 s, failureThreshold 4: a restart only after a full minute of failed checks. A restart
+  throws away every in-flight request and minutes of warm-up, and a busy engine (a 32K-token prefill, a burst of
+  detokenisation) can answer /health late without being broken; readiness already takes such a pod out of rotation. A
+  dead engine core makes vLLM exit by itself within seconds (the kubelet restarts it); liveness is only for a hung
+  API server, so it is laxer than readiness on purpose.
+
+Strategy: GPU pools roll with `maxSurge: 0, maxUnavailable: 1` — there is no spare GPU for a surge pod, and a surge
+pod would sit Pending until the rollout deadline. CPU pools surge one pod first (`maxSurge: 1, maxUnavailable: 0`):
+memory is usually there, and capacity never dips. `progressDeadlineSeconds` covers the longest startup probe window,
+so a slow but healthy model load is not reported as a failed rollout.
+
+Volumes: `/dev/shm` is a memory-backed emptyDir (PyTorch and NCCL use shared memory between vLLM's processes; the
+container runtime's 64 MiB default is too small), sized 2 GiB per GPU (1 GiB on CPU, where it counts against the pod's
+memory limit). The model lives under `/models`: a PersistentVolumeClaim mounted read-only when `model.source.pvc` is
+set, otherwise an emptyDir holding the Hugging Face cache (`HF_HOME=/models/.cache`), which a restarted container
+reuses, so a crash does not mean a second download. The emptyDir has no size limit on purpose: exceeding one evicts
+the pod, and a checkpoint's size on disk is not known exactly before the download.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from vllm_operator import constants, names
+from vllm_operator.api.plan import Plan, PoolPlan
+from vllm_operator.api.spec import PoolSpec, VLLMDeploymentSpec
+from vllm_operator.rendering import common
+
+CONTAINER = "engine"
+PORT_NAME = "http"
+HEALTH_PATH = "/health"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+HF_CACHE = f"{constants.MODELS_MOUNT}/.cache"
+ENGINE_COMMAND = ("vllm-operator", "engine", "--", "vllm", "serve")
+
+SHM_VOLUME = "dshm"
+MODEL_VOLUME = "models"
+SHM_GIB_PER_GPU = 2
+SHM_GIB_CPU = 1
+
+# Probe timings; the module docstring says why.
+STARTUP_PERIOD_S = 10
+STARTUP_TIMEOUT_S = 5
+STARTUP_FAILURES_GPU = 60
+STARTUP_FAILURES_CPU = 120
+DOWNLOAD_GIB_PER_PERIOD = 2
+READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, "successThreshold": 1}
+LIVENESS = {"periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4, "successThreshold": 1}
+PROGRESS_DEADLINE_MARGIN_S = 600
+
+GPU_TOLERATION = {"key": constants.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def pool_spec(spec: VLLMDeploymentSpec, pool: str) -> PoolSpec:
+    """The spec's overrides for one pool (empty when the spec leaves the pool to the class profile)."""
+    found = getattr(spec.pools, pool, None) if spec.pools is not None else None
+    return found if isinstance(found, PoolSpec) else PoolSpec()
+
+
+def from_hub(spec: VLLMDeploymentSpec) -> bool:
+    return spec.model.source is None or spec.model.source.pvc is None
+
+
+def startup_failure_threshold(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> int:
+    base = STARTUP_FAILURES_GPU if plan.accelerator.is_gpu else STARTUP_FAILURES_CPU
+    if not from_hub(spec):
+        return base
+    weights_gib = pool.kv.breakdown.weights_bytes * (plan.accelerator.count if plan.accelerator.is_gpu else 1) / 2**30
+    return base + math.ceil(weights_gib / DOWNLOAD_GIB_PER_PERIOD)
+
+
+def http_probe(**timing: int) -> dict[str, Any]:
+    return {"httpGet": {"path": HEALTH_PATH, "port": PORT_NAME, "scheme": "HTTP"}, **timing}
+
+
+def env(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[dict[str, Any]]:
+    """Environment, lowest precedence first: the plan's literals, the model source's (HF_HOME, HF_TOKEN), the spec's
+    own env entries; POD_IP always comes from the downward API, because `--host=$(POD_IP)` depends on it."""
+    merged: dict[str, dict[str, Any]] = {k: {"value": v} for k, v in pool.env.items()}
+    if from_hub(spec):
+        merged["HF_HOME"] = {"value": HF_CACHE}
+        hub = spec.model.source.hugging_face if spec.model.source is not None else None
+        if hub is not None and hub.token_secret_ref is not None:
+            ref = hub.token_secret_ref
+            merged["HF_TOKEN"] = {"valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    for var in pool_spec(spec, pool.name).env or []:
+        if var.secret_key_ref is not None:
+            ref = var.secret_key_ref
+            merged[var.name] = {"valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        else:
+            merged[var.name] = {"value": var.value or ""}
+    merged["POD_IP"] = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}
+    return common.env_list(merged, first=("POD_IP",))
+
+
+def resources(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> dict[str, dict[str, str]]:
+    """The spec's extra resources under the plan's (the plan's memory and GPU count are what the KV math assumed).
+    GPUs are requested under limits only: for extended resources the request equals the limit."""
+    extra = pool_spec(spec, pool.name).resources
+    requests = {**((extra.requests if extra else None) or {}), **pool.resources.requests}
+    limits = {**((extra.limits if extra else None) or {}), **pool.resources.limits}
+    if plan.accelerator.is_gpu:
+        limits[constants.GPU_RESOURCE] = str(plan.accelerator.count)
+        requests.pop(constants.GPU_RESOURCE, None)
+    out: dict[str, dict[str, str]] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def volumes(plan: Plan, spec: VLLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts) for /dev/shm and /models."""
+    shm_gib = SHM_GIB_PER_GPU * plan.accelerator.count if plan.accelerator.is_gpu else SHM_GIB_CPU
+    vols: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    pvc = spec.model.source.pvc if spec.model.source is not None else None
+    if pvc is not None:
+        vols.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
+        mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT, "readOnly": True})
+    else:
+        vols.append({"name": MODEL_VOLUME, "emptyDir": {}})
+        mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT})
+    return vols, mounts
+
+
+def tolerations(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[dict[str, Any]]:
+    """The spec's tolerations plus, for GPU pools, the usual `nvidia.com/gpu` NoSchedule taint of GPU node pools
+    (order does not matter to the scheduler, so they are sorted; duplicates are dropped)."""
+    items = [t.to_wire() for t in pool_spec(spec, pool.name).tolerations or []]
+    if plan.accelerator.is_gpu:
+        items.append(dict(GPU_TOLERATION))
+    unique = {common.canonical_json(t): t for t in items}
+    return [unique[k] for k in sorted(unique)]
+
+
+def plan_summary(plan: Plan, pool: PoolPlan) -> str:
+    """A one-line JSON summary of the pool's plan for `kubectl get -o yaml` readers."""
+    return common.canonical_json({
+        "engineVersion": plan.engine_version,
+        "kvCacheDtype": pool.kv_cache_dtype,
+        "kvLevel": pool.kv_level,
+        "maxModelLen": pool.max_model_len,
+        "maxNumBatchedTokens": pool.max_num_batched_tokens,
+        "maxNumSeqs": pool.max_num_seqs,
+        "maxTokens": pool.max_tokens,
+        "plannedKVTokens": pool.kv.planned_tokens,
+        "stepDownLevel": pool.step_down_level,
+    })
+
+
+def pod_labels(plan: Plan, pool: PoolPlan) -> dict[str, str]:
+    low, high = pool.prompt_range
+    return {**common.pool_labels(plan, pool.name), constants.LABEL_CONTEXT_RANGE: f"{low}-{high}"}
+
+
+def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> common.Manifest:
+    """The engine Deployment of one (enabled) pool."""
+    gpu = plan.accelerator.is_gpu
+    vols, mounts = volumes(plan, spec)
+    failures = startup_failure_threshold(plan, pool, spec)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": pool.image,
+        "command": [*ENGINE_COMMAND, pool.model],
+        "args": list(pool.engine_args),
+        "env": env(plan, pool, spec),
+        "ports": [{"name": PORT_NAME, "containerPort": constants.ENGINE_PORT, "protocol": "TCP"}],
+        "resources": resources(plan, pool, spec),
+        "volumeMounts": mounts,
+        "startupProbe": http_probe(periodSeconds=STARTUP_PERIOD_S, timeoutSeconds=STARTUP_TIMEOUT_S,
+                                   failureThreshold=failures, successThreshold=1),
+        "readinessProbe": http_probe(**READINESS),
+        "livenessProbe": http_probe(**LIVENESS),
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.engine is not None and spec.engine.image_pull_policy is not None:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "enableServiceLinks": False,
+        "volumes": vols,
+    }
+    selector = {**(pool_spec(spec, pool.name).node_selector or {}), **pool.node_selector}
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    tols = tolerations(plan, pool, spec)
+    if tols:
+        pod_spec["tolerations"] = tols
+    if spec.engine is not None and spec.engine.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.engine.image_pull_secrets]
+    strategy = ({"maxSurge": 0, "maxUnavailable": 1} if gpu else {"maxSurge": 1, "maxUnavailable": 0})
+    name = names.pool(plan.name, pool.name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": common.metadata(plan, name, common.pool_labels(plan, pool.name),
+                                    {constants.ANNOTATION_PLAN_SUMMARY: plan_summary(plan, pool)}),
+        "spec": {
+            "replicas": pool.replicas,
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": STARTUP_PERIOD_S * failures + PROGRESS_DEADLINE_MARGIN_S,
+            "selector": {"matchLabels": common.engine_selector(plan, pool.name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": strategy},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels(plan, pool),
+                    "annotations": {"kubectl.kubernetes.io/default-container": CONTAINER},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
