@@ -30,6 +30,7 @@ from vllm_operator.api.spec import OverLimit
 
 # Refusal reasons (the `reason` label of the refusal counter) and clamp causes (the `cap` label of the clamp counter).
 REASON_BAD_MAX_TOKENS: Final = "invalid_max_tokens"
+REASON_INVALID: Final = "invalid_request"
 REASON_TIER_CAP: Final = "tier_cap"
 REASON_POOL_CAP: Final = "pool_cap"
 REASON_PROMPT_TOO_LONG: Final = "prompt_too_long"

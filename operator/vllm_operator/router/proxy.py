@@ -1,0 +1,449 @@
+"""The forwarding path of `/v1/chat/completions` and `/v1/completions`.
+
+Per request: auth → content type → size → JSON → fields → prompt count → decision (decide.py) → body rewrite
+(max_tokens, and `stream_options.include_usage` so that completion tokens can be counted) → least-loaded healthy
+endpoint → forward → pass the answer back (SSE event by event, never buffered whole) while reading `finish_reason`
+and `usage` out of it.
+
+Timeouts (all answer 504 with an OpenAI-style body; once a stream has started, the 504 is sent as a final SSE
+`data: {"error": ...}` event, since the status line is gone):
+* connect: TCP connect to an engine; the endpoint is ejected and the request fails over to another one.
+* first byte: streamed requests only — until the first body chunk (queueing + prefill). vLLM answers a non-streamed
+  request only when generation has finished, so there only the total timeout applies.
+* idle: longest gap between two streamed chunks.
+* total: the whole request, from its arrival at the router.
+
+Failover: a request goes to another endpoint when it could not be delivered (connect error or timeout, connection
+dropped before any answer) or when the engine answered 5xx before anything reached the client; at most
+MAX_ATTEMPTS endpoints are tried, so one request that makes engines fail cannot eject a whole pool for longer than
+one health-check interval.
+
+A client that goes away cancels the handler (aiohttp `handler_cancellation`), which closes the upstream connection,
+and vLLM aborts a request whose connection closed — the engine stops generating. The router counts that choice as
+finished_reason `abort` (vLLM itself does not count disconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+
+from vllm_operator import constants
+from vllm_operator.api.router_config import RouterConfig
+from vllm_operator.router.auth import Auth
+from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
+from vllm_operator.router.metrics import RouterMetrics
+from vllm_operator.router.tokens import Count, TokenCounter, extract_prompt
+from vllm_operator.router.upstreams import CAUSE_5XX, CAUSE_CONNECT, Endpoint, Pool
+
+log = logging.getLogger(__name__)
+
+HEADER_PROMPT_TOKENS: Final = "x-vllm-operator-prompt-tokens"
+HEADER_COUNT_METHOD: Final = "x-vllm-operator-prompt-tokens-method"
+HEADER_POOL: Final = "x-vllm-operator-pool"
+HEADER_MAX_TOKENS: Final = "x-vllm-operator-max-tokens"
+MAX_ATTEMPTS: Final = 3
+THREAD_COUNT_BYTES: Final = 32 * 1024
+"""Prompts longer than this are tokenized in a worker thread, so one long prompt does not stall the loop."""
+_JSON: Final = "application/json"
+_FINISH = re.compile(rb'"finish_reason":\s*"(\w+)"')
+_USAGE = re.compile(rb'"usage":\s*\{')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_FORWARD_HEADERS: Final = ("x-request-id", "traceparent", "tracestate")
+
+
+def error_response(refusal: Refusal, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(status=refusal.status, body=json.dumps(refusal.body()).encode(), content_type=_JSON,
+                        headers=headers)
+
+
+def _bad(message: str, param: str | None = None, status: int = 400, code: str = "invalid_value") -> Refusal:
+    return Refusal(status, message, REASON_INVALID, param=param, code=code)
+
+
+class _Retry(Exception):
+    """This endpoint could not take the request; try another one."""
+
+    def __init__(self, kind: str, status: int | None = None, body: bytes = b"", content_type: str = _JSON) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+class _Timeout(Exception):
+    def __init__(self, which: str, seconds: float) -> None:
+        super().__init__(which)
+        self.which = which
+        self.seconds = seconds
+
+    def refusal(self) -> Refusal:
+        return Refusal(504, f"The engine did not answer within the router's {self.which} timeout of "
+                       f"{self.seconds:g} s.", f"timeout_{self.which.replace('-', '_')}", code="upstream_timeout",
+                       type="timeout_error")
+
+
+class _Prepared:
+    __slots__ = ("body", "chat", "client_usage", "count", "route", "stream")
+
+    def __init__(self, chat: bool, stream: bool, client_usage: bool, route: Route, count: Count, body: bytes):
+        self.chat = chat
+        self.stream = stream
+        self.client_usage = client_usage
+        self.route = route
+        self.count = count
+        self.body = body
+
+
+class _Outcome:
+    """What was learnt from one answer, for the metrics."""
+
+    __slots__ = ("completion_tokens", "finish", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.finish: list[bytes] = []
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+
+    def scan(self, data: bytes) -> None:
+        if b'"finish_reason"' in data:
+            self.finish.extend(_FINISH.findall(data))
+        if b'"usage"' in data and _USAGE.search(data):
+            p, c = _PROMPT_TOKENS.search(data), _COMPLETION_TOKENS.search(data)
+            if p:
+                self.prompt_tokens = int(p.group(1))
+            if c:
+                self.completion_tokens = int(c.group(1))
+
+
+class Router:
+    """Handlers for the two model endpoints; owns nothing but references."""
+
+    def __init__(self, config: RouterConfig, counter: TokenCounter, auth: Auth, pools: Mapping[str, Pool],
+                 metrics: RouterMetrics, session: aiohttp.ClientSession) -> None:
+        self.config = config
+        self.limits = Limits.from_config(config)
+        self.counter = counter
+        self.auth = auth
+        self.pools = pools
+        self.metrics = metrics
+        self.session = session
+        t = config.timeouts
+        self.connect_s, self.first_byte_s, self.idle_s, self.total_s = (
+            t.connect_seconds, t.first_byte_seconds, t.idle_seconds, t.total_seconds)
+        self.client_timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_seconds,
+                                                    sock_connect=t.connect_seconds)
+        self.retry_after = str(max(1, math.ceil(config.health.interval_seconds)))
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    # ------------------------------------------------------------------------------------------------ prepare
+
+    async def _prepare(self, request: web.Request, chat: bool) -> _Prepared | Refusal:
+        tier = self.auth.tier_for(request.headers.get("Authorization"))
+        if isinstance(tier, Refusal):
+            return tier
+        if request.content_type != _JSON:
+            return _bad(f"Content-Type must be {_JSON}, got {request.headers.get('Content-Type', 'none')!r}",
+                        status=415, code="unsupported_media_type")
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            return _bad(f"request body of {length} bytes exceeds the limit of {limit} bytes", status=413,
+                        code="request_too_large")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _bad(f"request body exceeds the limit of {limit} bytes", status=413, code="request_too_large")
+        try:
+            body = json.loads(raw)
+        except ValueError as err:
+            return _bad(f"request body is not valid JSON: {err}")
+        if not isinstance(body, dict):
+            return _bad(f"request body must be a JSON object, got {type(body).__name__}")
+        model = body.get("model")
+        if model is None:
+            return _bad("'model' is a required field", param="model")
+        if model != self.config.model:
+            return Refusal(404, f"The model `{model}` does not exist.", REASON_INVALID, param="model",
+                           code="model_not_found", type="NotFoundError")
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            return _bad(f"'stream' must be a boolean, got {stream!r}", param="stream")
+        prompt = extract_prompt(chat, body)
+        if isinstance(prompt, Refusal):
+            return prompt
+        requested, refusal = requested_max_tokens(body)
+        if refusal is not None:
+            return refusal
+        limits, param = self.limits, "messages" if chat else "prompt"
+
+        def decide_at(n: int) -> Decision:
+            return decide(n, requested, tier, limits, prompt_param=param)
+
+        if self.counter.has_tokenizer and sum(map(len, prompt.texts)) > THREAD_COUNT_BYTES:
+            decision, count = await asyncio.to_thread(self.counter.settle, prompt, decide_at)
+        else:
+            decision, count = self.counter.settle(prompt, decide_at)
+        self.metrics.token_counts.labels(count.method).inc()
+        if isinstance(decision, Refusal):
+            return decision
+        keys = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None] or ["max_tokens"]
+        for key in keys:
+            body[key] = decision.max_tokens
+        client_usage = False
+        if stream:
+            options = body.get("stream_options")
+            client_usage = isinstance(options, dict) and options.get("include_usage") is True
+            if not client_usage:
+                body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        out = json.dumps(body, separators=(",", ":")).encode()
+        return _Prepared(chat, bool(stream), client_usage, decision, count, out)
+
+    def _choose_pool(self, route: Route) -> str:
+        """The decided pool, or the long one when the short pool has nobody healthy and the long pool can take it."""
+        name = route.pool
+        if name == constants.POOL_SHORT and self.pools[name].healthy_count == 0:
+            long = self.limits.long
+            if long.enabled and self.pools[long.name].healthy_count > 0 and route.max_tokens <= long.max_tokens:
+                self.metrics.pool_fallbacks.inc()
+                return long.name
+        return name
+
+    # ------------------------------------------------------------------------------------------------ serve
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        start = time.perf_counter()
+        endpoint = "chat" if chat else "completions"
+        prepared = await self._prepare(request, chat)
+        if isinstance(prepared, Refusal):
+            self.metrics.refusals.labels(prepared.reason).inc()
+            self.metrics.requests.labels("none", endpoint, str(prepared.status)).inc()
+            return error_response(prepared)
+        route = prepared.route
+        pool_name = self._choose_pool(route)
+        for cap in route.clamps:
+            self.metrics.clamps.labels(pool_name, cap).inc()
+        headers = {
+            HEADER_POOL: pool_name,
+            HEADER_PROMPT_TOKENS: str(prepared.count.tokens),
+            HEADER_COUNT_METHOD: prepared.count.method,
+            HEADER_MAX_TOKENS: str(route.max_tokens),
+        }
+        upstream_headers = {"Content-Type": _JSON}
+        for name in _FORWARD_HEADERS:
+            value = request.headers.get(name)
+            if value is not None:
+                upstream_headers[name] = value
+        self.metrics.overhead.observe(time.perf_counter() - start)
+        in_flight = self.metrics.in_flight.labels(pool_name)
+        in_flight.inc()
+        status = 0
+        try:
+            response = await self._forward(request, prepared, self.pools[pool_name], headers, upstream_headers,
+                                           start)
+            status = response.status
+            return response
+        except asyncio.CancelledError:
+            status = 499
+            self.metrics.client_disconnects.labels(pool_name).inc()
+            raise
+        finally:
+            in_flight.dec()
+            self.metrics.requests.labels(pool_name, endpoint, str(status)).inc()
+            self.metrics.duration.labels(pool_name).observe(time.perf_counter() - start)
+
+    async def _forward(self, request: web.Request, prepared: _Prepared, pool: Pool, headers: dict[str, str],
+                       upstream_headers: dict[str, str], start: float) -> web.StreamResponse:
+        tried: list[Endpoint] = []
+        last: _Retry | None = None
+        deadline = asyncio.get_running_loop().time() + self.total_s - (time.perf_counter() - start)
+        while len(tried) < MAX_ATTEMPTS:
+            endpoint = pool.pick(tried)
+            if endpoint is None:
+                break
+            if tried:
+                self.metrics.failovers.labels(pool.name).inc()
+            tried.append(endpoint)
+            endpoint.outstanding += 1
+            try:
+                return await self._attempt(request, prepared, pool, endpoint, headers, upstream_headers, start,
+                                           deadline)
+            except _Retry as retry:
+                last = retry
+                self.metrics.upstream_errors.labels(pool.name, retry.kind).inc()
+                pool.eject(endpoint, CAUSE_5XX if retry.status else CAUSE_CONNECT)
+            except _Timeout as timeout:
+                self.metrics.upstream_errors.labels(pool.name, f"timeout_{timeout.which.replace('-', '_')}").inc()
+                if timeout.which == "connect":
+                    pool.eject(endpoint, CAUSE_CONNECT)
+                    last = _Retry("timeout_connect")
+                    continue
+                return error_response(timeout.refusal(), headers)
+            finally:
+                endpoint.outstanding -= 1
+        if last is not None and last.status is not None:  # every try answered 5xx: pass the engine's answer on
+            return web.Response(status=last.status, body=last.body, headers={**headers,
+                                                                             "Content-Type": last.content_type})
+        if last is not None and last.kind == "timeout_connect":
+            return error_response(_Timeout("connect", self.connect_s).refusal(), headers)
+        refusal = Refusal(503, f"No healthy endpoint in the {pool.name} pool"
+                          + (f" ({len(tried)} tried)" if tried else "") + "; retry later.",
+                          "no_healthy_endpoint", code="no_healthy_endpoint", type="service_unavailable")
+        return error_response(refusal, {**headers, "Retry-After": self.retry_after})
+
+    async def _attempt(self, request: web.Request, prepared: _Prepared, pool: Pool, endpoint: Endpoint,
+                       headers: dict[str, str], upstream_headers: dict[str, str], start: float,
+                       deadline: float) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        url = endpoint.url + request.path
+        first_byte_deadline = min(deadline, loop.time() + self.first_byte_s) if prepared.stream else deadline
+        try:
+            async with asyncio.timeout_at(first_byte_deadline):
+                upstream = await self.session.post(url, data=prepared.body, headers=upstream_headers,
+                                                   timeout=self.client_timeout)
+        except aiohttp.ConnectionTimeoutError as err:
+            raise _Timeout("connect", self.connect_s) from err
+        except TimeoutError as err:
+            which = "first-byte" if first_byte_deadline < deadline else "total"
+            raise _Timeout(which, self.first_byte_s if which == "first-byte" else self.total_s) from err
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+            log.info("Could not deliver a request to %s (%s)", endpoint.url, err)
+            raise _Retry("connect" if isinstance(err, aiohttp.ClientConnectorError) else "disconnected") from err
+        try:
+            if upstream.status >= 500:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        body = await upstream.read()
+                except (TimeoutError, aiohttp.ClientError):
+                    body = b""
+                raise _Retry("status_5xx", upstream.status, body, upstream.content_type or _JSON)
+            if prepared.stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
+                return await self._relay_stream(request, prepared, pool, upstream, headers, start,
+                                                first_byte_deadline, deadline)
+            return await self._relay_whole(prepared, pool, upstream, headers, start, deadline)
+        finally:
+            upstream.close()
+
+    async def _relay_whole(self, prepared: _Prepared, pool: Pool, upstream: aiohttp.ClientResponse,
+                           headers: dict[str, str], start: float, deadline: float) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await upstream.read()
+        except TimeoutError as err:
+            raise _Timeout("total", self.total_s) from err
+        except aiohttp.ClientError:
+            self.metrics.upstream_errors.labels(pool.name, "disconnected").inc()
+            self.metrics.finished.labels(pool.name, "error").inc()
+            return error_response(Refusal(502, "The engine closed the connection before its answer was complete.",
+                                          "upstream_disconnected", code="upstream_disconnected",
+                                          type="upstream_error"), headers)
+        self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
+        if upstream.status == 200:
+            outcome = _Outcome()
+            outcome.scan(body)
+            self._account(pool.name, prepared, outcome, None)
+        return web.Response(status=upstream.status, body=body,
+                            headers={**headers, "Content-Type": upstream.headers.get("Content-Type", _JSON)})
+
+    async def _relay_stream(self, request: web.Request, prepared: _Prepared, pool: Pool,
+                            upstream: aiohttp.ClientResponse, headers: dict[str, str], start: float,
+                            first_byte_deadline: float, deadline: float) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        response = web.StreamResponse(status=200, headers={
+            **headers, "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+            "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        outcome = _Outcome()
+        pending = b""
+        first = True
+        ended_by: str | None = None
+        try:
+            async with asyncio.timeout_at(first_byte_deadline) as timer:
+                while True:
+                    data = await upstream.content.readany()
+                    if not data:
+                        break
+                    if first:
+                        first = False
+                        self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
+                    timer.reschedule(min(deadline, loop.time() + self.idle_s))
+                    pending += data
+                    cut = pending.rfind(b"\n\n")
+                    if cut < 0:
+                        continue
+                    events, pending = pending[: cut + 2], pending[cut + 2 :]
+                    outcome.scan(events)
+                    if not prepared.client_usage and b'"usage"' in events:
+                        events = _drop_usage_events(events)
+                    if events:
+                        await response.write(events)
+        except TimeoutError:
+            now = loop.time()
+            which = "total" if now >= deadline - 0.001 else ("first-byte" if first else "idle")
+            seconds = {"total": self.total_s, "first-byte": self.first_byte_s, "idle": self.idle_s}[which]
+            self.metrics.upstream_errors.labels(pool.name, f"timeout_{which.replace('-', '_')}").inc()
+            ended_by = "error"
+            await _write_quietly(response, b"data: " + json.dumps(_Timeout(which, seconds).refusal().body()).encode()
+                                 + b"\n\n")
+        except aiohttp.ClientError:
+            self.metrics.upstream_errors.labels(pool.name, "disconnected").inc()
+            ended_by = "error"
+        except (ConnectionError, RuntimeError):  # the client went away while we wrote
+            self.metrics.client_disconnects.labels(pool.name).inc()
+            ended_by = "abort"
+        except asyncio.CancelledError:
+            self._account(pool.name, prepared, outcome, "abort")
+            raise
+        if pending and ended_by is None:
+            outcome.scan(pending)
+            await _write_quietly(response, pending)
+        self._account(pool.name, prepared, outcome, ended_by)
+        await _write_eof_quietly(response)
+        return response
+
+    def _account(self, pool: str, prepared: _Prepared, outcome: _Outcome, ended_by: str | None) -> None:
+        m = self.metrics
+        reasons = outcome.finish or ([ended_by.encode()] if ended_by else [])
+        for reason in reasons:
+            m.finished.labels(pool, reason.decode()).inc()
+        prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else prepared.count.tokens
+        m.prompt_tokens.labels(pool).inc(prompt)
+        if outcome.completion_tokens is not None:
+            m.completion_tokens.labels(pool).inc(outcome.completion_tokens)
+
+
+def _drop_usage_events(events: bytes) -> bytes:
+    """Remove the usage-only event the router asked for and the client did not (its `choices` are empty)."""
+    kept = []
+    for event in events.split(b"\n\n"):
+        if event and _USAGE.search(event) and re.search(rb'"choices":\s*\[\s*\]', event):
+            continue
+        kept.append(event)
+    return b"\n\n".join(kept)
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write(data)
+
+
+async def _write_eof_quietly(response: web.StreamResponse) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write_eof()

@@ -1,0 +1,304 @@
+"""Engine endpoints per pool: who is healthy, who gets the next request, and how the set is kept current.
+
+Why least-outstanding-requests: engine requests vary from milliseconds to minutes, so round robin piles new work
+onto an engine that is still busy with long generations; the number of requests the router has in flight to each
+endpoint is known exactly and costs nothing to track.
+
+Health is both passive and active (contract 6): a connect error or a 5xx answer ejects an endpoint at once, and a
+poller GETs `/health` on every endpoint each `health.intervalSeconds` — a 200 re-admits an ejected one, anything else
+ejects a healthy one. New endpoints start healthy: with discovery they come from EndpointSlices, which list only pods
+that passed their readiness probe; static ones are polled right away.
+
+Discovery (`SliceWatcher`) lists and watches the pool Service's EndpointSlices (`kubernetes.io/service-name=<svc>`)
+through the Kubernetes API with plain aiohttp — the official client's watch is synchronous and would need a thread
+per pool, while a watch is just a streamed GET. Credentials come from the official client's config loaders
+(in-cluster service account, else kubeconfig) once at start; the service-account token is re-read on every
+(re)connect, as the kubelet rotates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import ssl
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+import aiohttp
+
+from vllm_operator.api.router_config import ServiceRef
+from vllm_operator.router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
+CAUSE_CONNECT: Final = "connect"
+CAUSE_5XX: Final = "status_5xx"
+CAUSE_HEALTH: Final = "health_check"
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Endpoint:
+    url: str
+    pool: str
+    healthy: bool = True
+    outstanding: int = 0
+    ejected_at: float | None = None
+    ejection_cause: str | None = None
+
+
+class Pool:
+    """The endpoints of one pool and the choice between them."""
+
+    def __init__(self, name: str, metrics: RouterMetrics) -> None:
+        self.name = name
+        self.metrics = metrics
+        self.endpoints: dict[str, Endpoint] = {}
+        self._turn = 0
+        self.synced = False
+
+    def set_endpoints(self, urls: Iterable[str]) -> None:
+        """Replace the set of endpoints, keeping the state (health, in-flight counts) of those that stay."""
+        wanted = list(dict.fromkeys(urls))
+        old = self.endpoints
+        self.endpoints = {url: old.get(url) or Endpoint(url, self.name) for url in wanted}
+        added = [u for u in wanted if u not in old]
+        removed = [u for u in old if u not in self.endpoints]
+        if added or removed:
+            log.info("Updated pool %s endpoints: added %s, removed %s", self.name, added, removed)
+        self.synced = True
+        self.metrics.endpoints_discovered.labels(self.name).set(1)
+        self._publish()
+
+    def _publish(self) -> None:
+        healthy = sum(1 for e in self.endpoints.values() if e.healthy)
+        self.metrics.endpoints.labels(self.name, "healthy").set(healthy)
+        self.metrics.endpoints.labels(self.name, "ejected").set(len(self.endpoints) - healthy)
+
+    @property
+    def healthy_count(self) -> int:
+        return sum(1 for e in self.endpoints.values() if e.healthy)
+
+    def pick(self, exclude: Iterable[Endpoint] = ()) -> Endpoint | None:
+        """The healthy endpoint with the fewest requests in flight (rotating among ties), or None."""
+        best: Endpoint | None = None
+        candidates = [e for e in self.endpoints.values() if e.healthy and e not in exclude]
+        if not candidates:
+            return None
+        n = len(candidates)
+        start = self._turn % n
+        self._turn += 1
+        for i in range(n):
+            e = candidates[(start + i) % n]
+            if best is None or e.outstanding < best.outstanding:
+                best = e
+        return best
+
+    def eject(self, endpoint: Endpoint, cause: str) -> None:
+        if not endpoint.healthy:
+            return
+        endpoint.healthy = False
+        endpoint.ejected_at = time.monotonic()
+        endpoint.ejection_cause = cause
+        self.metrics.ejections.labels(self.name, cause).inc()
+        log.warning("Ejected endpoint %s of pool %s (%s)", endpoint.url, self.name, cause)
+        self._publish()
+
+    def readmit(self, endpoint: Endpoint) -> None:
+        if endpoint.healthy:
+            return
+        endpoint.healthy = True
+        endpoint.ejected_at = None
+        endpoint.ejection_cause = None
+        self.metrics.readmissions.labels(self.name).inc()
+        log.info("Re-admitted endpoint %s of pool %s after a healthy /health", endpoint.url, self.name)
+        self._publish()
+
+
+class HealthChecker:
+    """Polls GET /health on every endpoint of the given pools."""
+
+    def __init__(self, pools: Iterable[Pool], session: aiohttp.ClientSession, *, interval: float,
+                 timeout: float) -> None:
+        self.pools = list(pools)
+        self.session = session
+        self.interval = interval
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def check(self, pool: Pool, endpoint: Endpoint) -> None:
+        try:
+            async with self.session.get(endpoint.url + "/health", timeout=self.timeout) as response:
+                await response.read()
+                ok = response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ok = False
+        if endpoint.url not in pool.endpoints:  # removed while we asked
+            return
+        if ok:
+            pool.readmit(endpoint)
+        else:
+            pool.eject(endpoint, CAUSE_HEALTH)
+
+    async def poll_once(self) -> None:
+        checks = [self.check(p, e) for p in self.pools for e in list(p.endpoints.values())]
+        if checks:
+            await asyncio.gather(*checks)
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval)
+
+
+# ----------------------------------------------------------------------------------------- EndpointSlice discovery
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeAccess:
+    """Where the API server is and how to authenticate, from the official client's loaders."""
+
+    host: str
+    ssl: ssl.SSLContext | bool
+    token: Callable[[], str | None]
+
+    def headers(self) -> dict[str, str]:
+        token = self.token()
+        return {"Authorization": token} if token else {}
+
+
+def kube_access(kubeconfig: str | None = None) -> KubeAccess:
+    """In-cluster service account when running in a pod (and no kubeconfig is given), else the kubeconfig."""
+    import os
+
+    import kubernetes.client
+    import kubernetes.config
+
+    cfg = kubernetes.client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=cfg)
+    context: ssl.SSLContext | bool = False
+    if cfg.host.startswith("https"):
+        if cfg.verify_ssl:
+            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+        else:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cfg.cert_file:
+            context.load_cert_chain(cfg.cert_file, cfg.key_file)
+
+    def token() -> str | None:
+        value = cfg.get_api_key_with_prefix("authorization")  # runs the refresh hook (in-cluster token rotation)
+        return str(value) if value else None
+
+    return KubeAccess(host=cfg.host.rstrip("/"), ssl=context, token=token)
+
+
+def slice_urls(slices: Iterable[Mapping[str, Any]], default_port: int) -> list[str]:
+    """Base URLs of the ready endpoints in EndpointSlices (ready unset counts as ready, as the API defines)."""
+    urls: list[str] = []
+    for item in slices:
+        if item.get("addressType", "IPv4") not in {"IPv4", "IPv6", "FQDN"}:
+            continue
+        port = default_port
+        ports = item.get("ports") or []
+        if ports:
+            named = [p for p in ports if p.get("name") == "http"] or ports
+            port = int(named[0].get("port") or default_port)
+        for endpoint in item.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready") is False or conditions.get("terminating") is True:
+                continue
+            for address in (endpoint.get("addresses") or [])[:1]:
+                host = f"[{address}]" if ":" in address else address
+                urls.append(f"http://{host}:{port}")
+    return sorted(set(urls))
+
+
+class SliceWatcher:
+    """Keeps a Pool's endpoints equal to the ready endpoints of its Service's EndpointSlices (list, then watch)."""
+
+    def __init__(self, pool: Pool, service: ServiceRef, access: KubeAccess, session: aiohttp.ClientSession, *,
+                 retry_seconds: float = 1.0) -> None:
+        self.pool = pool
+        self.service = service
+        self.access = access
+        self.session = session
+        self.retry_seconds = retry_seconds
+        self.slices: dict[str, Mapping[str, Any]] = {}
+        self.path = f"/apis/discovery.k8s.io/v1/namespaces/{service.namespace}/endpointslices"
+        self.selector = f"{SERVICE_NAME_LABEL}={service.name}"
+
+    def _apply(self) -> None:
+        self.pool.set_endpoints(slice_urls(self.slices.values(), self.service.port))
+
+    async def _list(self) -> str:
+        params = {"labelSelector": self.selector}
+        async with self.session.get(self.access.host + self.path, params=params, headers=self.access.headers(),
+                                    ssl=self.access.ssl, timeout=aiohttp.ClientTimeout(total=30)) as response:
+            if response.status != 200:
+                raise RuntimeError(f"listing EndpointSlices {self.selector} in {self.service.namespace} answered "
+                                   f"{response.status}: {(await response.text())[:200]}")
+            body = await response.json()
+        self.slices = {item["metadata"]["name"]: item for item in body.get("items") or []}
+        self._apply()
+        return str(body.get("metadata", {}).get("resourceVersion") or "")
+
+    async def _watch(self, resource_version: str) -> None:
+        params = {"labelSelector": self.selector, "watch": "true", "allowWatchBookmarks": "true",
+                  "timeoutSeconds": "300"}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        async with self.session.get(self.access.host + self.path, params=params, headers=self.access.headers(),
+                                    ssl=self.access.ssl,
+                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=330)
+                                    ) as response:
+            if response.status != 200:
+                raise RuntimeError(f"watching EndpointSlices answered {response.status}")
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":  # e.g. 410 Expired: relist
+                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                if kind == "BOOKMARK":
+                    continue
+                name = obj.get("metadata", {}).get("name")
+                if not name:
+                    continue
+                if kind == "DELETED":
+                    self.slices.pop(name, None)
+                else:
+                    self.slices[name] = obj
+                self._apply()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                resource_version = await self._list()
+                while True:  # a watch that ends normally (timeoutSeconds) resumes from the last list
+                    await self._watch(resource_version)
+                    resource_version = await self._list()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("Lost the EndpointSlice watch for Service %s/%s (%s); relisting in %.1fs",
+                            self.service.namespace, self.service.name, err, self.retry_seconds)
+                await asyncio.sleep(self.retry_seconds)
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
