@@ -315,14 +315,17 @@ def _reset(status: VLLMDeploymentStatus, token: str, now: str, decision: Decisio
                                  f"Reset token {token!r}: cleared step-down rungs and restart budgets"))
 
 
+QUIET_REASONS = frozenset({"Idle", "Healthy", "NoData", "LengthShareNormal", "KVUsageNormal", "Scraped"})
+
+
 def _transition_events(before: list[Condition], after: list[Condition], decision: Decision) -> None:
     old = {c.type: c for c in before}
     for cond in after:
         prev = old.get(cond.type)
         if prev is not None and prev.status == cond.status and prev.reason == cond.reason:
             continue
-        if prev is None and cond.status is not ConditionStatus.TRUE:
-            continue  # a condition appearing as False/Unknown is not news
+        if prev is None and cond.reason in QUIET_REASONS:
+            continue  # a condition appearing in its normal state is not news
         warn = cond.status is ConditionStatus.TRUE and cond.type in {
             constants.COND_RUNAWAY, constants.COND_KV_PRESSURE, constants.COND_DEGRADED}
         warn = warn or (cond.type == constants.COND_METRICS_AVAILABLE and cond.status is ConditionStatus.FALSE)
