@@ -55,6 +55,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _SERVER_META = ("uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
                 "deletionGracePeriodSeconds", "selfLink", "managedFields")
 SIM_PREFIX = "/_sim"
+_JSON_TYPES = frozenset({"", "application/json", "application/yaml", "*/*"})
 
 
 def now_rfc3339(offset_s: float = 0.0) -> str:
@@ -194,6 +195,7 @@ class ApiServer(kmock.KubernetesEmulator):
             user_agent=request.headers.get("User-Agent", ""),
             content_type=raw_ct.split(";")[0].strip(),
             field_manager=request.params.get("fieldManager", ""),
+            query=request.url.query_string,
         )
         if record.resource == "namespaces" and record.group == "" and record.name:
             record.namespace = record.name  # RBAC treats namespace objects as living in themselves
@@ -222,6 +224,10 @@ class ApiServer(kmock.KubernetesEmulator):
                 await raw_response.write(json.dumps({"type": "ERROR", "object": error.body()}).encode() + b"\n")
                 await raw_response.write_eof()
             return cast(aiohttp.web.StreamResponse, raw_response)
+        except kmock.KubernetesError as exc:  # kmock's own refusals (unknown endpoints, undeclared groups)
+            return self._error_response(ApiError(exc.status, "NotFound" if exc.status == 404 else "InternalError",
+                                                 "the server could not find the requested resource"
+                                                 if exc.status == 404 else str(exc.message), {}))
         except Exception as exc:
             logger.exception("Emulator failed on %s %s", raw_request.method, raw_request.path)
             self._internal_errors.append(exc)
@@ -305,6 +311,10 @@ class ApiServer(kmock.KubernetesEmulator):
         if lookup not in self.resources:
             raise errors.no_route()
         method = str(request.method.value).upper()
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if request.body and method in ("POST", "PUT") and content_type not in _JSON_TYPES:
+            # protobuf and CBOR are not served; clients (client-go/kubectl) fall back to JSON on 415
+            raise errors.unsupported_media_type(content_type, ["application/json", "application/yaml"])
         sub = request.subresource or ""
         params = dict(request.params)
         try:

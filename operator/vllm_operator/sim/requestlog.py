@@ -32,6 +32,7 @@ class RequestRecord:
     user_agent: str
     content_type: str = ""
     field_manager: str = ""
+    query: str = ""
     status: int = 0
     fault: str = ""
     started: float = field(default_factory=time.time)
