@@ -50,11 +50,13 @@ LADDER_KV = "kv"
 
 @dataclass(frozen=True)
 class LadderView:
-    """What the planner's ladders allow for one pool: `memory[i]` describes the move from rung i to i+1 (so its
-    length is the highest rung); `kv` likewise for the KVCacheTooSmall path (empty when nothing is allowed)."""
+    """What the planner's ladders (planning.ladder) allow next for one pool, computed from the plan in effect:
+    `(level, what moving there changes)`, or None when no rung that changes anything is left. Rungs that would
+    change nothing (FP8 on a GPU that refuses it, a value at its floor) are skipped by the planner, so the next
+    level may be more than one above the current one."""
 
-    memory: tuple[str, ...] = ()
-    kv: tuple[str, ...] = ()
+    next_memory: tuple[int, str] | None = None
+    next_kv: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,11 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
     if new_kv:
         if not settings.step_down:
             out.notes.append(f"pool {pool}: KV cache too small, step-down disabled")
-        elif step.kv_level < len(ladder.kv):
-            rung = ladder.kv[step.kv_level]
-            change = RungChange(pool, LADDER_KV, step.kv_level, step.kv_level + 1, rung)
-            step.history = _record(step, step.kv_level + 1, rung, "KVCacheTooSmall at start-up", stamp)
-            step.kv_level += 1
+        elif ladder.next_kv is not None:
+            level, rung = ladder.next_kv
+            change = RungChange(pool, LADDER_KV, step.kv_level, level, rung)
+            step.history = _record(step, level, f"KV: {rung}", "KVCacheTooSmall at start-up", stamp)
+            step.kv_level = level
             decision.rung_changes.append(change)
             decision.actions.append((pool, "kv_step"))
             decision.events.append(Event("Warning", "SteppedKVPath",
@@ -214,12 +216,12 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
     if len(budget.oom_events) >= settings.oom_count:
         if not settings.step_down:
             out.notes.append(f"pool {pool}: {len(budget.oom_events)} engine OOMs, step-down disabled")
-        elif step.level < len(ladder.memory):
-            rung = ladder.memory[step.level]
+        elif ladder.next_memory is not None:
+            level, rung = ladder.next_memory
             reason = f"EngineOOM x{len(budget.oom_events)} in {settings.oom_window_s:.0f}s"
-            change = RungChange(pool, LADDER_MEMORY, step.level, step.level + 1, rung)
-            step.history = _record(step, step.level + 1, rung, reason, stamp)
-            step.level += 1
+            change = RungChange(pool, LADDER_MEMORY, step.level, level, rung)
+            step.history = _record(step, level, rung, reason, stamp)
+            step.level = level
             budget.oom_events = []
             decision.rung_changes.append(change)
             decision.actions.append((pool, "step_down"))
@@ -274,7 +276,8 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
     since = parse_time(st.stable_since)
     if (stable and since is not None and settings.step_up_after_s is not None and step.level > 0
             and now - since >= settings.step_up_after_s and settings.enabled):
-        rung = ladder.memory[step.level - 1] if step.level - 1 < len(ladder.memory) else f"rung {step.level}"
+        done = [r.rung for r in step.history if r.level == step.level and not r.rung.startswith(("undo", "KV"))]
+        rung = done[-1] if done else f"rung {step.level}"
         change = RungChange(pool, LADDER_MEMORY, step.level, step.level - 1, f"undo: {rung}")
         reason = f"stable for {now - since:.0f}s (step up after {settings.step_up_after_s:.0f}s)"
         step.history = _record(step, step.level - 1, f"undo: {rung}", reason, stamp)

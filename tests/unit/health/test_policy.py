@@ -23,9 +23,8 @@ from vllm_operator.health.snapshot import PodMetrics, format_time
 
 S = HealthSettings(stall_s=60, window_s=120, oom_window_s=900, interval_s=2, restart_budget=3,
                    budget_window_s=3600, oom_count=2)
-LADDER = {"short": LadderView(memory=("gpu-memory-utilization 0.90->0.85", "max-num-batched-tokens 8192->4096",
-                                      "max-num-seqs 256->128"),
-                              kv=("kv-cache-dtype auto->fp8",))}
+LADDER = {"short": LadderView(next_memory=(1, "gpu-memory-utilization 0.9->0.85"),
+                              next_kv=(1, "kv-cache-dtype auto->fp8"))}
 
 
 def status_with(**pool: Any) -> VLLMDeploymentStatus:
@@ -149,7 +148,7 @@ def test_repeated_oom_steps_down_one_rung_and_asks_for_reconcile() -> None:
     assert [(c.ladder, c.from_level, c.to_level) for c in d.rung_changes] == [(LADDER_MEMORY, 0, 1)]
     assert d.reconcile_needed
     assert short(d).step_down.level == 1
-    assert short(d).step_down.history[-1].rung == "gpu-memory-utilization 0.90->0.85"
+    assert short(d).step_down.history[-1].rung == "gpu-memory-utilization 0.9->0.85"
     assert short(d).restart_budget.oom_events == []
     assert d.status.step_down_level == 1
     assert ("short", "step_down") in d.actions
@@ -165,7 +164,7 @@ def test_oom_from_before_the_last_rung_does_not_count() -> None:
 def test_ladder_exhausted() -> None:
     step = StepDownStatus(level=3)
     status = status_with(step_down=step, restart_budget=RestartBudgetStatus(oom_events=[ago(300)]))
-    d = run([oom_pod("a", 1)], status=status)
+    d = run([oom_pod("a", 1)], status=status, ladders={"short": LadderView(next_memory=None)})
     assert d.rung_changes == [] and short(d).step_down.level == 3
     assert cond(d, constants.COND_REMEDIATING) == ("False", "NothingLeftToTry")
 
@@ -187,7 +186,7 @@ def test_kv_cache_too_small_takes_the_kv_path_once() -> None:
 
 def test_kv_path_exhausted_names_the_opt_in() -> None:
     d = run([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=1, last=KV)],
-            ladders={"short": LadderView(memory=("x",), kv=())})
+            ladders={"short": LadderView(next_memory=(1, "x"), next_kv=None)})
     assert d.rung_changes == []
     assert any("allowLowerMaxModelLen" in e.message for e in d.events)
 
@@ -195,7 +194,10 @@ def test_kv_path_exhausted_names_the_opt_in() -> None:
 # --------------------------------------------------------------------------- stable, step-up, reset
 def test_stable_since_set_and_step_up_after_the_period() -> None:
     settings = HealthSettings(**{**S.__dict__, "step_up_after_s": 600})
-    step = StepDownStatus(level=2, history=[{"level": 2, "rung": "x", "reason": "y", "time": ago(5000)}])
+    step = StepDownStatus(level=2, history=[{"level": 1, "rung": "gpu-memory-utilization 0.9->0.85", "reason": "y",
+                                             "time": ago(6000)},
+                                            {"level": 2, "rung": "max-num-batched-tokens 8192->4096", "reason": "y",
+                                             "time": ago(5000)}])
     d = run([pod("a")], {"a": busy("a")}, status_with(step_down=step), settings=settings)
     assert short(d).stable_since == format_time(NOW) and d.rung_changes == []
     d = run([pod("a")], {"a": busy("a")}, status_with(step_down=step, stable_since=ago(700)), settings=settings)
