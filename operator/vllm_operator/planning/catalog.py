@@ -1,0 +1,394 @@
+"""Facts the planner sizes against: GPUs (memory, compute capability, node labels, KV dtypes) and models.
+
+Everything here is data with its source noted, so a wrong number is a one-line fix with a reason, and the planner's
+arithmetic never hides a constant. Three kinds of facts:
+
+* **GPU types** (`GPUS`): the memory CUDA reports as the device's total (`torch.cuda.mem_get_info()[1]`, the figure
+  vLLM multiplies by `--gpu-memory-utilization`) — not the marketing size and not nvidia-smi's MiB, which include
+  memory the driver reserves. The GPU feature discovery (GFD) product strings identify the type on a node
+  (`nvidia.com/gpu.product` is NVML's device name with spaces replaced by '-').
+* **KV cache dtypes** (`KV_DTYPE_TABLE`): per vLLM attention backend and compute capability, which `--kv-cache-dtype`
+  values work. The planner turns that into default / allowed on request / refused for a GPU (`kv_dtype_verdict`).
+* **Models** (`MODELS`): the architecture numbers KV math needs, keyed case-insensitively by Hugging Face id, with
+  base-model ids as aliases. A Hugging Face `config.json` (`facts_from_hf_config`) or the spec's `model.facts` stand
+  in for a model outside the catalog.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_operator import constants
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts
+from vllm_operator.api.spec import KVCacheDtype, ModelFacts, WeightsDtype
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GPUs
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuType:
+    """One catalog GPU type."""
+
+    name: str
+    usable_gib: float
+    compute_capability: tuple[int, int]
+    products: tuple[str, ...]
+    source: str
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.usable_gib * GIB)
+
+
+# Usable memory = total device memory as CUDA reports it (torch.cuda.mem_get_info()[1]; also the "X GiB total
+# capacity" in PyTorch's OOM message). Sources: H200 measured here (shared/gpu/README.md, 139.8 GiB visible);
+# the others from PyTorch OOM messages and `nvidia-smi --query-gpu=memory.total` (MiB, minus ~0.5 GiB the driver
+# keeps) as quoted in public vLLM/PyTorch issue threads. Compute capability: NVIDIA's CUDA GPUs table.
+GPUS: tuple[GpuType, ...] = (
+    GpuType("nvidia-t4-16gb", 14.6, (7, 5), ("Tesla-T4", "NVIDIA-T4"),
+            "PyTorch OOM messages on T4 report 14.58-14.75 GiB total capacity; the lower figure is kept"),
+    GpuType("nvidia-a10g-24gb", 22.0, (8, 6), ("NVIDIA-A10G",),
+            "nvidia-smi 23028 MiB; PyTorch reports ~22.0-22.2 GiB total capacity (AWS g5)"),
+    GpuType("nvidia-l4-24gb", 22.0, (8, 9), ("NVIDIA-L4",),
+            "nvidia-smi 23034 MiB; PyTorch reports ~22.0 GiB total capacity (GCP g2)"),
+    GpuType("nvidia-l40s-48gb", 44.4, (8, 9), ("NVIDIA-L40S",),
+            "nvidia-smi 46068 MiB; PyTorch reports ~44.4 GiB total capacity"),
+    GpuType("nvidia-a100-40gb", 39.4, (8, 0),
+            ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB", "A100-SXM4-40GB", "A100-PCIE-40GB"),
+            "nvidia-smi 40960 MiB; PyTorch reports 39.4-39.6 GiB total capacity; the lower figure is kept"),
+    GpuType("nvidia-a100-80gb", 79.2, (8, 0),
+            ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "NVIDIA-A100-PCIE-80GB", "A100-SXM4-80GB"),
+            "nvidia-smi 81920 MiB; PyTorch reports ~79.2 GiB total capacity"),
+    GpuType("nvidia-h100-80gb", 79.2, (9, 0),
+            ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-SXM5-80GB"),
+            "nvidia-smi 81559 MiB; PyTorch reports 79.1-79.2 GiB total capacity"),
+    GpuType("nvidia-h200-141gb", 139.8, (9, 0), ("NVIDIA-H200", "NVIDIA-H200-NVL"),
+            "measured on the project's H200 with vLLM 0.26: 139.8 GiB visible (shared/gpu/README.md)"),
+)
+GPUS_BY_NAME: dict[str, GpuType] = {g.name: g for g in GPUS}
+
+# GFD appends these to the product name when a GPU is time-sliced / shared; the memory is still the whole card's.
+_PRODUCT_SUFFIXES = ("-SHARED",)
+
+
+def gpu_type(name: str) -> GpuType:
+    """The catalog entry for a GPU type name; SpecError for anything else."""
+    try:
+        return GPUS_BY_NAME[name]
+    except KeyError:
+        known = ", ".join(g.name for g in GPUS)
+        raise SpecError("spec.accelerator.type", f"unknown GPU type {name!r} (known: {known}, cpu, auto)") from None
+
+
+def gpu_type_for_product(product: str) -> GpuType | None:
+    """Match a GFD `nvidia.com/gpu.product` value (case-insensitively) to a catalog type; MIG slices match nothing."""
+    wanted = product.strip().upper()
+    for suffix in _PRODUCT_SUFFIXES:
+        wanted = wanted.removesuffix(suffix)
+    if "-MIG-" in wanted:
+        return None  # a MIG slice has a fraction of the card's memory: not a catalog type
+    for gpu in GPUS:
+        if any(p.upper() == wanted for p in gpu.products):
+            return gpu
+    return None
+
+
+def gpu_facts(gpu: GpuType, count: int, product: str | None = None) -> AcceleratorFacts:
+    return AcceleratorFacts(type=gpu.name, count=count, memory_bytes=gpu.usable_bytes,
+                            compute_capability=gpu.compute_capability, product=product or gpu.products[0],
+                            is_gpu=True)
+
+
+def cpu_facts(memory_gib: float) -> AcceleratorFacts:
+    return AcceleratorFacts(type="cpu", count=1, memory_bytes=int(memory_gib * GIB), compute_capability=None,
+                            product=None, is_gpu=False)
+
+
+def accelerator_from_node_labels(labels: Mapping[str, str], count: int) -> AcceleratorFacts | None:
+    """Resolve `accelerator.type: auto` from a node's GPU feature discovery labels; None if not a catalog GPU.
+
+    The catalog's usable memory is used, not `nvidia.com/gpu.memory` (nvidia-smi's MiB include what the driver
+    keeps). When the labels carry a compute capability that contradicts the catalog, the node is not trusted (None).
+    """
+    product = labels.get(constants.GFD_PRODUCT)
+    if not product:
+        return None
+    gpu = gpu_type_for_product(product)
+    if gpu is None:
+        return None
+    major, minor = labels.get(constants.GFD_COMPUTE_MAJOR), labels.get(constants.GFD_COMPUTE_MINOR)
+    if major is not None and minor is not None:
+        try:
+            if (int(major), int(minor)) != gpu.compute_capability:
+                return None
+        except ValueError:
+            return None
+    return gpu_facts(gpu, count, product=product)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KV cache dtypes per attention backend and compute capability
+# ---------------------------------------------------------------------------------------------------------------------
+
+class AttentionBackend(enum.StrEnum):
+    """vLLM attention backends that decide which KV dtypes a GPU can store (`--attention-backend`)."""
+
+    FLASH_ATTN = "FLASH_ATTN"
+    FLASHINFER = "FLASHINFER"
+    TRITON_ATTN = "TRITON_ATTN"
+    CPU_ATTN = "CPU_ATTN"
+
+
+class KVVerdict(enum.StrEnum):
+    """What the planner does with a KV dtype on a GPU."""
+
+    DEFAULT = "default"        # the GPU's default backend stores it natively; profiles may pick it on their own
+    ON_REQUEST = "on-request"  # works (vLLM picks another backend or emulates), only when the spec asks for it
+    REFUSED = "refused"        # no backend can run it on this GPU
+
+
+_BF16_FP16 = frozenset({"auto", "bfloat16", "float16"})
+_FP8_E4M3 = frozenset({"fp8", "fp8_e4m3"})
+_FP8_ALL = _FP8_E4M3 | {"fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class BackendKVRule:
+    """Dtypes one backend stores in a range of compute capabilities [min_cc, max_cc]."""
+
+    backend: AttentionBackend
+    min_cc: tuple[int, int]
+    max_cc: tuple[int, int]
+    dtypes: frozenset[str]
+    source: str
+
+
+# Read off vLLM 0.33.0 (shared/notes/vllm.md, "KV cache and memory"): FlashAttention stores fp8/fp8_e4m3 only with
+# FA3 on SM90/SM100 and never e5m2; FlashInfer (SM 8.0-12.1) adds e5m2; Triton attention stores every fp8 flavour on
+# any GPU. bfloat16 needs SM80 or newer in hardware (vLLM casts bf16 models to fp16 on a T4).
+KV_DTYPE_TABLE: tuple[BackendKVRule, ...] = (
+    BackendKVRule(AttentionBackend.FLASH_ATTN, (8, 0), (8, 9), _BF16_FP16, "FA2: no fp8 KV"),
+    BackendKVRule(AttentionBackend.FLASH_ATTN, (9, 0), (10, 3), _BF16_FP16 | _FP8_E4M3, "FA3: fp8/e4m3, never e5m2"),
+    BackendKVRule(AttentionBackend.FLASH_ATTN, (11, 0), (12, 1), _BF16_FP16, "FA2 on newer consumer parts"),
+    BackendKVRule(AttentionBackend.FLASHINFER, (8, 0), (12, 1), _BF16_FP16 | _FP8_ALL, "FlashInfer: all fp8"),
+    BackendKVRule(AttentionBackend.TRITON_ATTN, (7, 0), (7, 9), frozenset({"auto", "float16"}) | _FP8_ALL,
+                  "Triton before SM80: no bf16 hardware"),
+    BackendKVRule(AttentionBackend.TRITON_ATTN, (8, 0), (12, 1), _BF16_FP16 | _FP8_ALL, "Triton: fp8 on any GPU"),
+    BackendKVRule(AttentionBackend.CPU_ATTN, (0, 0), (0, 0), _BF16_FP16 | {"fp8"},
+                  "CPU: fp8 only with AVX512/AMX"),
+)
+
+# Hardware FP8 (Ada SM89, Hopper SM90 and newer): where a class profile may choose FP8 KV on its own.
+NATIVE_FP8_MIN_CC = (8, 9)
+
+
+def default_backend(cc: tuple[int, int] | None) -> AttentionBackend:
+    """The backend vLLM picks for a model-dtype KV cache: FlashAttention from SM80, Triton below, CPU without GPU."""
+    if cc is None:
+        return AttentionBackend.CPU_ATTN
+    return AttentionBackend.FLASH_ATTN if cc >= (8, 0) else AttentionBackend.TRITON_ATTN
+
+
+def backend_supports(backend: AttentionBackend, cc: tuple[int, int] | None, dtype: str) -> bool:
+    key = cc if cc is not None else (0, 0)
+    if cc is not None and backend is AttentionBackend.CPU_ATTN:
+        return False
+    if cc is None and backend is not AttentionBackend.CPU_ATTN:
+        return False
+    return any(rule.backend is backend and rule.min_cc <= key <= rule.max_cc and dtype in rule.dtypes
+               for rule in KV_DTYPE_TABLE)
+
+
+def kv_dtype_verdict(cc: tuple[int, int] | None, dtype: KVCacheDtype | str,
+                     backend: AttentionBackend | None = None) -> KVVerdict:
+    """Classify a KV dtype for a device (cc None = CPU), optionally for an explicitly chosen backend."""
+    value = str(dtype)
+    if cc is None and backend is None and value in _FP8_ALL:
+        # CPU attention stores fp8 only on AVX512/AMX hosts, which the planner cannot see: opt-in only.
+        return KVVerdict.ON_REQUEST if backend_supports(AttentionBackend.CPU_ATTN, None, value) else KVVerdict.REFUSED
+    if backend is not None:
+        return KVVerdict.DEFAULT if backend_supports(backend, cc, value) else KVVerdict.REFUSED
+    if backend_supports(default_backend(cc), cc, value):
+        if value in _FP8_ALL and cc is not None and cc < NATIVE_FP8_MIN_CC:
+            return KVVerdict.ON_REQUEST
+        return KVVerdict.DEFAULT
+    if any(backend_supports(b, cc, value) for b in AttentionBackend):
+        native = cc is not None and cc >= NATIVE_FP8_MIN_CC and any(
+            backend_supports(b, cc, value) for b in AttentionBackend if b is not AttentionBackend.TRITON_ATTN)
+        return KVVerdict.DEFAULT if native else KVVerdict.ON_REQUEST
+    return KVVerdict.REFUSED
+
+
+def native_fp8(cc: tuple[int, int] | None) -> bool:
+    """Whether a profile may choose FP8 KV on its own for this device."""
+    return kv_dtype_verdict(cc, "fp8") is KVVerdict.DEFAULT
+
+
+def kv_dtype_bytes(dtype: str) -> int:
+    return 1 if dtype.startswith("fp8") else 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the planner knows about a model's shape."""
+
+    name: str
+    num_layers: int
+    num_attention_heads: int | None
+    num_kv_heads: int
+    head_dim: int
+    max_context_length: int
+    weights_gib: float
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def weights_bytes(self) -> int:
+        return int(self.weights_gib * GIB)
+
+    @property
+    def est_hidden_size(self) -> int:
+        if self.hidden_size:
+            return self.hidden_size
+        heads = self.num_attention_heads or self.num_kv_heads * 4
+        return heads * self.head_dim
+
+    @property
+    def est_intermediate_size(self) -> int:
+        return self.intermediate_size or int(3.5 * self.est_hidden_size)
+
+    @property
+    def est_vocab_size(self) -> int:
+        return self.vocab_size or 128_256
+
+
+def _bf16_gib(params: int) -> float:
+    """bf16 weights in GiB, plus 0.5 % for the buffers vLLM allocates at load (RoPE caches etc.): calibrated on
+    Llama-3.1-8B, 8.03 B params = 14.96 GiB of tensors, reported by vLLM 0.26 as 15.04 GiB on the H200."""
+    return round(params * 2 / GIB * 1.005, 2)
+
+
+# Sources: each model's config.json on the Hugging Face Hub (num_hidden_layers, num_attention_heads,
+# num_key_value_heads, hidden_size / num_attention_heads, max_position_embeddings, intermediate_size, vocab_size) and
+# the parameter count of its safetensors index. glm-4-9b uses ChatGLM names (num_layers, multi_query_group_num,
+# kv_channels, seq_length, ffn_hidden_size, padded_vocab_size).
+MODELS: tuple[ModelInfo, ...] = (
+    ModelInfo("meta-llama/Llama-3.1-8B-Instruct", 32, 32, 8, 128, 131_072, 15.04, 4096, 14336, 128_256,
+              ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
+              "HF config.json; weights as vLLM 0.26 reported them on the H200"),
+    ModelInfo("meta-llama/Llama-3.1-70B-Instruct", 80, 64, 8, 128, 131_072, _bf16_gib(70_553_706_496), 8192, 28672,
+              128_256, ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct",
+                        "meta-llama/Meta-Llama-3.1-70B"), "HF config.json; 70.55 B params"),
+    ModelInfo("Qwen/Qwen2.5-7B-Instruct", 28, 28, 4, 128, 32_768, _bf16_gib(7_615_616_512), 3584, 18944, 152_064,
+              ("Qwen/Qwen2.5-7B",), "HF config.json (32768 native; 131072 only with YaRN rope scaling); 7.62 B"),
+    ModelInfo("Qwen/Qwen2.5-72B-Instruct", 80, 64, 8, 128, 32_768, _bf16_gib(72_706_203_648), 8192, 29568, 152_064,
+              ("Qwen/Qwen2.5-72B",), "HF config.json (32768 native; 131072 only with YaRN); 72.71 B params"),
+    ModelInfo("mistralai/Mistral-7B-Instruct-v0.3", 32, 32, 8, 128, 32_768, _bf16_gib(7_248_023_552), 4096, 14336,
+              32_768, ("mistralai/Mistral-7B-v0.3",), "HF config.json; 7.25 B params"),
+    ModelInfo("THUDM/glm-4-9b-chat", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
+              ("THUDM/glm-4-9b-chat-hf", "zai-org/glm-4-9b-chat"),
+              "HF config.json (ChatGLM names; seq_length 131072, multi_query_group_num 2); 9.40 B params"),
+    ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
+              ("zai-org/glm-4-9b",), "the base model of glm-4-9b-chat: same shape, but seq_length 8192"),
+)
+_MODEL_INDEX: dict[str, ModelInfo] = {}
+for _m in MODELS:
+    for _key in (_m.name, *_m.aliases):
+        _MODEL_INDEX[_key.lower()] = _m
+
+
+def catalog_model(name: str) -> ModelInfo | None:
+    """Look a Hugging Face id up case-insensitively (aliases included)."""
+    return _MODEL_INDEX.get(name.strip().lower())
+
+
+_WEIGHT_BYTES = {WeightsDtype.BFLOAT16: 2.0, WeightsDtype.FLOAT16: 2.0, WeightsDtype.FP8: 1.0, WeightsDtype.INT4: 0.5}
+
+
+def model_from_facts(name: str, facts: ModelFacts) -> ModelInfo:
+    """A ModelInfo from the spec's `model.facts`."""
+    if facts.weights_gib is not None:
+        weights = facts.weights_gib
+    else:
+        assert facts.params_billions is not None  # the API model guarantees one of the two
+        per_param = _WEIGHT_BYTES[facts.weights_dtype or WeightsDtype.BFLOAT16]
+        weights = round(facts.params_billions * 1e9 * per_param / GIB * 1.005, 2)
+    return ModelInfo(name, facts.num_layers, facts.num_attention_heads, facts.num_kv_heads, facts.head_dim,
+                     facts.max_context_length, weights, source="spec.model.facts")
+
+
+def _first_int(config: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None = None,
+                         origin: str = "config.json") -> ModelFacts:
+    """Read the KV-relevant numbers off a Hugging Face config.json (Llama/Qwen/Mistral and ChatGLM spellings).
+
+    Weights are not in config.json: pass `weights_gib`, else they are estimated from the shape (embeddings +
+    attention + MLP parameters in the config's torch_dtype). SpecError names the missing key.
+    """
+    cfg: Mapping[str, Any] = config
+    if isinstance(config.get("text_config"), Mapping):  # multimodal wrappers keep the LM under text_config
+        cfg = config["text_config"]
+    layers = _first_int(cfg, "num_hidden_layers", "num_layers", "n_layer")
+    heads = _first_int(cfg, "num_attention_heads", "n_head")
+    if layers is None or heads is None:
+        raise SpecError(origin, "needs num_hidden_layers (or num_layers) and num_attention_heads")
+    kv_heads = _first_int(cfg, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads
+    hidden = _first_int(cfg, "hidden_size", "n_embd", "d_model")
+    head_dim = _first_int(cfg, "head_dim", "kv_channels") or (hidden // heads if hidden else None)
+    if head_dim is None:
+        raise SpecError(origin, "needs head_dim, kv_channels or hidden_size to know the head dimension")
+    context = _first_int(cfg, "max_position_embeddings", "seq_length", "max_sequence_length", "n_positions")
+    if context is None:
+        raise SpecError(origin, "needs max_position_embeddings (or seq_length) for the native context")
+    if weights_gib is None:
+        hidden = hidden or heads * head_dim
+        inter = _first_int(cfg, "intermediate_size", "ffn_hidden_size") or int(3.5 * hidden)
+        vocab = _first_int(cfg, "vocab_size", "padded_vocab_size") or 32_000
+        attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+        params = layers * (attn + 3 * hidden * inter) + (1 if cfg.get("tie_word_embeddings") else 2) * vocab * hidden
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        per_param = 4.0 if dtype == "float32" else 2.0
+        weights_gib = max(round(params * per_param / GIB * 1.005, 2), 0.01)
+    return ModelFacts(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, max_context_length=context,
+                      num_attention_heads=heads, weights_gib=weights_gib)
+
+
+def shape_extras_from_hf_config(config: Mapping[str, Any]) -> dict[str, int]:
+    """hidden/intermediate/vocab sizes from config.json (they refine the activation estimate)."""
+    cfg = config["text_config"] if isinstance(config.get("text_config"), Mapping) else config
+    out: dict[str, int] = {}
+    for name, keys in (("hidden_size", ("hidden_size", "n_embd")),
+                       ("intermediate_size", ("intermediate_size", "ffn_hidden_size")),
+                       ("vocab_size", ("vocab_size", "padded_vocab_size"))):
+        value = _first_int(cfg, *keys)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes to GiB (for messages)."""
+    return n_bytes / GIB

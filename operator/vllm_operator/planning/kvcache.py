@@ -1,0 +1,126 @@
+"""KV cache arithmetic: bytes per token, the memory overhead model, the KV budget, and the tokens vLLM will report.
+
+Why a model and not a formula: vLLM sizes its KV cache at start-up by profiling, as
+`total × --gpu-memory-utilization − weights − peak activations − non-torch memory` (CUDA graph memory is captured
+after the KV cache is allocated and, unless `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`, is not subtracted). The
+planner has to predict that number before any pod exists, so each term gets an estimate whose source is written down:
+
+* weights: the catalog's `weights_gib`, divided by the tensor-parallel size (Llama-3.1-8B: 15.04 GiB, as vLLM 0.26
+  reported it on the H200).
+* peak activations: the larger of the forward pass, max_num_batched_tokens × 2 B × (3 × intermediate / tp +
+  4 × hidden), and the sampler's fp32 logits, max_num_seqs × vocab × 4 B. For 8192 batched tokens of the 8B shape
+  the model says 0.91 GiB; measured 0.88 GiB.
+* non-torch memory (CUDA context, allocator, NCCL): 0.25 GiB per GPU, +0.5 GiB with tensor parallelism (measured
+  0.22 GiB on one GPU).
+* CUDA graphs: nothing inside the budget for every known version (vLLM does not subtract them by default); the
+  planner instead checks that `(1 − utilization) × total` leaves ~1 GiB for them (measured 0.97 GiB, 8B shape).
+* margin: 1 % of device memory, explicit; it absorbs the estimates' error and makes the prediction a slight
+  under-estimate (the planner promises no more than vLLM will give).
+
+Tokens = whole blocks of 16 (vLLM's default block size): `budget // (16 × bytes_per_token) × 16`.
+
+Against the measurements on the H200 (vLLM 0.26, Llama-3.1-8B, max_model_len 32768, 8192 batched tokens, 1024 seqs):
+utilisation 0.45 → 371,216 tokens bf16 (measured 381,552: −2.7 %), 742,448 fp8 (762,608: −2.6 %); utilisation 0.9 →
+886,576 bf16 (896,912: −1.2 %). `tests/unit/planning/test_kvcache.py` holds these as a regression case (±5 %).
+
+CPU pools are sized in bytes, not by utilisation: the planner passes `--kv-cache-memory-bytes` and predicts the
+tokens vLLM's CPU backend makes of it (`cpu_kv_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_operator.api.plan import KVBreakdown
+from vllm_operator.planning.catalog import GIB, ModelInfo, kv_dtype_bytes
+
+BLOCK_SIZE = 16
+ACTIVATION_DTYPE_BYTES = 2
+LOGITS_DTYPE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class OverheadModel:
+    """Per engine version: what vLLM subtracts from `utilization × total` before the KV cache."""
+
+    non_torch_gib: float = 0.25
+    non_torch_tp_extra_gib: float = 0.5
+    cuda_graphs_in_budget: bool = False
+    cuda_graph_gib: float = 1.0
+    margin_fraction: float = 0.01
+    # CPU pods: the vLLM process itself (Python, torch, tokenizer, server) before weights and KV.
+    cpu_runtime_gib: float = 2.5
+    cpu_margin_fraction: float = 0.05
+
+
+def kv_heads_per_gpu(model: ModelInfo, tp: int) -> int:
+    """KV heads each tensor-parallel rank stores (replicated when there are fewer heads than ranks)."""
+    return max(1, model.num_kv_heads // tp)
+
+
+def bytes_per_token(model: ModelInfo, kv_dtype: str, tp: int = 1) -> int:
+    """2 (K and V) × layers × KV heads (per GPU) × head dim × dtype bytes."""
+    return 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes(kv_dtype)
+
+
+def activation_bytes(model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
+    """Peak activations of vLLM's profiling run: the larger of the forward pass and the sampler's logits."""
+    per_token = ACTIVATION_DTYPE_BYTES * (3 * model.est_intermediate_size // tp + 4 * model.est_hidden_size)
+    forward = max_num_batched_tokens * per_token
+    sampler = max_num_seqs * model.est_vocab_size * LOGITS_DTYPE_BYTES
+    return max(forward, sampler)
+
+
+def non_torch_bytes(overhead: OverheadModel, tp: int) -> int:
+    extra = overhead.non_torch_tp_extra_gib if tp > 1 else 0.0
+    return int((overhead.non_torch_gib + extra) * GIB)
+
+
+def gpu_breakdown(*, device_bytes: int, utilization: float, model: ModelInfo, tp: int, max_num_batched_tokens: int,
+                  max_num_seqs: int, overhead: OverheadModel, weights_bytes: int | None = None) -> KVBreakdown:
+    """The inputs of one GPU's KV budget (per GPU for tensor-parallel pools)."""
+    weights = (weights_bytes if weights_bytes is not None else model.weights_bytes) // tp
+    graphs = int(overhead.cuda_graph_gib * GIB) if overhead.cuda_graphs_in_budget else 0
+    return KVBreakdown(
+        device_bytes=device_bytes, utilization=utilization, weights_bytes=weights,
+        activation_bytes=activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp),
+        non_torch_bytes=non_torch_bytes(overhead, tp), cuda_graph_bytes=graphs,
+        margin_bytes=int(device_bytes * overhead.margin_fraction))
+
+
+def cpu_breakdown(*, memory_bytes: int, model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int,
+                  overhead: OverheadModel, weights_bytes: int | None = None) -> KVBreakdown:
+    """A CPU pod's memory: the runtime counts as non-torch memory, the margin is a share of the pod's memory."""
+    return KVBreakdown(
+        device_bytes=memory_bytes, utilization=1.0,
+        weights_bytes=weights_bytes if weights_bytes is not None else model.weights_bytes,
+        activation_bytes=activation_bytes(model, max_num_batched_tokens, max_num_seqs, 1),
+        non_torch_bytes=int(overhead.cpu_runtime_gib * GIB), cuda_graph_bytes=0,
+        margin_bytes=int(memory_bytes * overhead.cpu_margin_fraction))
+
+
+def overhead_bytes(b: KVBreakdown) -> int:
+    """Everything but weights that comes off the usable memory."""
+    return b.activation_bytes + b.non_torch_bytes + b.cuda_graph_bytes + b.margin_bytes
+
+
+def budget_bytes(b: KVBreakdown) -> int:
+    """Bytes left for the KV cache (negative when weights and overhead do not fit)."""
+    return int(b.device_bytes * b.utilization) - b.weights_bytes - overhead_bytes(b)
+
+
+def tokens_for_budget(budget: int, per_token: int, block_size: int = BLOCK_SIZE) -> int:
+    """Whole blocks of `block_size` tokens, as vLLM allocates them."""
+    if budget <= 0:
+        return 0
+    return budget // (per_token * block_size) * block_size
+
+
+def concurrency(tokens: int, sequence_tokens: int) -> float:
+    """Sequences of `sequence_tokens` that fit at once (vLLM's "Maximum concurrency" figure)."""
+    return round(tokens / sequence_tokens, 2) if sequence_tokens > 0 else 0.0
+
+
+def cpu_kv_tokens(kv_cache_memory_bytes: int, per_token: int, block_size: int = BLOCK_SIZE) -> int:
+    """Tokens vLLM's CPU backend makes of `--kv-cache-memory-bytes`: whole blocks, like the GPU path."""
+    return tokens_for_budget(kv_cache_memory_bytes, per_token, block_size)

@@ -1,0 +1,497 @@
+"""`plan()`: a VLLMDeployment spec + accelerator facts + remediation state -> the Plan (contract 3).
+
+One pure function so that the operator, the offline CLI, the e2e harness and the GPU benchmark all agree on what a
+spec means. The order is fixed and each step can refuse with a SpecError naming the field and the numbers:
+
+1. resolve the model (spec facts > catalog by id > refuse) and the accelerator (given facts > catalog type);
+2. per pool: fill unset fields from the class profile (clamped to the model's native context), check lengths and
+   max_tokens, pick the KV dtype (profile FP8 only where native; a requested dtype against the GPU's table), apply
+   the remediation rungs (ladder.py), size the KV cache (kvcache.py) and refuse when one full-length sequence does
+   not fit, warn when the class's concurrency at full length does not;
+3. the router's configuration from the same numbers (contract 2: tier defaults filled, a tier cap above the long
+   pool's maxTokens refused);
+4. a stable hash over the whole plan.
+
+Defaults chosen here (documented in the README's class table): replicas 1; a missing tier list becomes one tier
+`default` whose cap is the long pool's maxTokens and whose default is the short pool's maxTokens (so a request that
+omits max_tokens still fits the short pool); router timeouts connect 2 s / first byte 60 s / idle 30 s / total
+600 s; request bodies up to 8 MiB; over-limit `clamp`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm_operator import constants, names
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts, KVBreakdown, KVPlan, Plan, PoolPlan, Resources
+from vllm_operator.api.router_config import (
+    HealthCheckConfig,
+    PoolRoute,
+    PoolRoutes,
+    RouterConfig,
+    ServiceRef,
+    TierConfig,
+    Timeouts,
+    TokenizerConfig,
+)
+from vllm_operator.api.spec import (
+    AcceleratorType,
+    KVCacheDtype,
+    OverLimit,
+    PoolSpec,
+    Quantization,
+    VLLMDeploymentSpec,
+)
+from vllm_operator.api.status import VLLMDeploymentStatus
+from vllm_operator.planning import catalog, engine_args, kvcache, ladder, profiles
+from vllm_operator.planning.catalog import GIB, MIB, KVVerdict, ModelInfo
+
+ENGINE_IMAGE_GPU = "ghcr.io/vllm-operator/engine-gpu"
+ENGINE_IMAGE_CPU = "ghcr.io/vllm-operator/engine-cpu"
+HF_HOME = f"{constants.MODELS_MOUNT}/.hf-cache"
+API_KEYS_DIR = "/etc/vllm-operator/api-keys"
+TOKENIZER_DIR = "/etc/vllm-operator/tokenizer"
+HF_TOKEN_FILE = "/etc/vllm-operator/hf-token/token"
+DEFAULT_TIMEOUTS = Timeouts(connect_seconds=2, first_byte_seconds=60, idle_seconds=30, total_seconds=600)
+DEFAULT_MAX_BODY_BYTES = 8 * MIB
+DEFAULT_TIER = "default"
+DEFAULT_CPU_CORES = 2
+# Weight size relative to bf16 for quantized checkpoints of catalog models: 4-bit AWQ/GPTQ keep embeddings and
+# lm_head in 16 bit (~0.30 of bf16 for 7-9B models), FP8 checkpoints keep them too (~0.52).
+QUANTIZED_WEIGHT_SHARE = {Quantization.AWQ: 0.30, Quantization.GPTQ: 0.30, Quantization.FP8: 0.52}
+# CUDA graphs are captured outside `utilization × total`: keep this much free beyond the graphs' estimate.
+GRAPH_HEADROOM_BYTES = GIB // 4
+
+
+@dataclass(frozen=True)
+class PoolRemediation:
+    """A pool's rungs on the two ladders (from status.pools.<p>.stepDown)."""
+
+    step_down_level: int = 0
+    kv_level: int = 0
+
+
+@dataclass(frozen=True)
+class RemediationState:
+    """What the health loop has done so far, per pool; empty = plan as specified."""
+
+    pools: Mapping[str, PoolRemediation] = field(default_factory=dict)
+
+    def pool(self, name: str) -> PoolRemediation:
+        return self.pools.get(name, PoolRemediation())
+
+    @classmethod
+    def from_status(cls, status: VLLMDeploymentStatus | None) -> RemediationState:
+        if status is None or status.pools is None:
+            return cls()
+        pools = {}
+        for name in constants.POOLS:
+            entry = getattr(status.pools, name)
+            if entry is not None:
+                pools[name] = PoolRemediation(entry.step_down.level, entry.step_down.kv_level)
+        return cls(pools)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f}"
+
+
+# --- model and accelerator ------------------------------------------------------------------------------------------
+
+def resolve_model(spec: VLLMDeploymentSpec) -> ModelInfo:
+    """spec.model.facts, else the catalog by name (or by the Hub repo), else SpecError."""
+    if spec.model.facts is not None:
+        return catalog.model_from_facts(spec.model.name, spec.model.facts)
+    found = catalog.catalog_model(spec.model.name)
+    hf = spec.model.source.hugging_face if spec.model.source else None
+    if found is None and hf is not None and hf.repo:
+        found = catalog.catalog_model(hf.repo)
+    if found is None:
+        known = ", ".join(m.name for m in catalog.MODELS)
+        raise SpecError("spec.model.name", f"{spec.model.name!r} is not in the model catalog (known: {known}); "
+                        "give spec.model.facts (numLayers, numKVHeads, headDim, maxContextLength, weightsGiB) "
+                        "or plan --model-config config.json")
+    return found
+
+
+def resolve_accelerator(spec: VLLMDeploymentSpec, given: AcceleratorFacts | None) -> AcceleratorFacts:
+    acc = spec.accelerator
+    if given is not None:
+        return given if given.count == acc.count or not given.is_gpu else given.model_copy(update={"count": acc.count})
+    if acc.type is AcceleratorType.AUTO:
+        raise SpecError("spec.accelerator.type",
+                        "accelerator.type auto must be resolved from node labels (offline: --gpu TYPE)")
+    if acc.type is AcceleratorType.CPU:
+        if acc.memory_gib is None:
+            raise SpecError("spec.accelerator.memoryGiB", "required when accelerator.type is cpu")
+        return catalog.cpu_facts(acc.memory_gib)
+    return catalog.gpu_facts(catalog.gpu_type(acc.type.value), acc.count)
+
+
+def _weights_bytes(spec: VLLMDeploymentSpec, model: ModelInfo) -> int:
+    quant = spec.model.quantization
+    if quant is None or spec.model.facts is not None:  # facts give the checkpoint's own size
+        return model.weights_bytes
+    return int(model.weights_bytes * QUANTIZED_WEIGHT_SHARE[quant])
+
+
+def _check_tensor_parallel(model: ModelInfo, tp: int) -> None:
+    if tp <= 1:
+        return
+    heads = model.num_attention_heads
+    if heads is not None and heads % tp:
+        raise SpecError("spec.accelerator.count", f"tensor-parallel size {tp} does not divide the {heads} attention "
+                        f"heads of {model.name}")
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        raise SpecError("spec.accelerator.count", f"tensor-parallel size {tp} does not divide the {kv} KV heads of "
+                        f"{model.name} (nor is it a multiple of them, which vLLM would replicate)")
+
+
+# --- pools ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class _PoolDraft:
+    """Lengths of one pool after profile defaults, before sizing."""
+
+    name: str
+    spec: PoolSpec
+    profile: profiles.PoolProfile
+    enabled: bool
+    max_model_len: int
+    max_tokens: int
+    warnings: list[str]
+
+
+def _pool_spec(spec: VLLMDeploymentSpec, name: str) -> PoolSpec:
+    pools = spec.pools
+    got = getattr(pools, name) if pools is not None else None
+    return got if got is not None else PoolSpec()
+
+
+def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo) -> _PoolDraft:
+    prof = profiles.profile(spec.workload_class).pool(name)
+    ps = _pool_spec(spec, name)
+    path = f"spec.pools.{name}"
+    warnings: list[str] = []
+    native = model.max_context_length
+    if ps.max_model_len is not None:
+        mml = ps.max_model_len
+        if mml > native:
+            raise SpecError(f"{path}.maxModelLen", f"{mml} exceeds the native context of {model.name} "
+                                                   f"({native} tokens)")
+    else:
+        mml = prof.max_model_len
+        if mml > native:
+            warnings.append(f"pools.{name}: the {spec.workload_class.value} profile's maxModelLen {mml} is above "
+                            f"{model.name}'s native context; planned with {native}")
+            mml = native
+    if ps.max_tokens is not None:
+        mt = ps.max_tokens
+        if mt >= mml:
+            raise SpecError(f"{path}.maxTokens", f"{mt} must be below maxModelLen ({mml}): the prompt needs room")
+    else:
+        mt = min(prof.max_tokens, mml // 2)
+    enabled = ps.enabled if ps.enabled is not None else True
+    return _PoolDraft(name, ps, prof, enabled, mml, mt, warnings)
+
+
+def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts,
+              backend: catalog.AttentionBackend | None) -> tuple[str, list[str]]:
+    cc = acc.compute_capability if acc.is_gpu else None
+    requested = draft.spec.kv_cache_dtype
+    where = acc.type if acc.is_gpu else "cpu"
+    if requested is None:
+        if draft.profile.prefer_fp8_kv and acc.is_gpu and catalog.native_fp8(cc) and (
+                catalog.kv_dtype_verdict(cc, KVCacheDtype.FP8, backend) is KVVerdict.DEFAULT):
+            return KVCacheDtype.FP8.value, []
+        return KVCacheDtype.AUTO.value, []
+    verdict = catalog.kv_dtype_verdict(cc, requested, backend)
+    field_path = f"spec.pools.{draft.name}.kvCacheDtype"
+    cc_text = f"compute capability {cc[0]}.{cc[1]}" if cc else "the CPU backend"
+    if verdict is KVVerdict.REFUSED:
+        via = f" with --attention-backend={backend.value}" if backend else ""
+        raise SpecError(field_path, f"{requested.value} KV cache is not supported on {where} ({cc_text}){via}")
+    if verdict is KVVerdict.ON_REQUEST and requested.value.startswith("fp8"):
+        note = ("needs AVX512/AMX on the host" if cc is None else
+                "is not native there: vLLM stores it through the FlashInfer or Triton backend, slower than FP8 on "
+                "Ada/Hopper")
+        return requested.value, [f"pools.{draft.name}: {requested.value} KV cache on {where} {note}"]
+    return requested.value, []
+
+
+def _fit_error(draft: _PoolDraft, acc: AcceleratorFacts, b: KVBreakdown, need: int,
+               budget: int) -> SpecError:
+    used = b.weights_bytes + kvcache.overhead_bytes(b)
+    where = acc.type if acc.is_gpu else f"cpu ({_gib(acc.memory_bytes)} GiB pod memory)"
+    tp = f" per GPU at tensor-parallel {acc.count}" if acc.is_gpu and acc.count > 1 else ""
+    if budget <= 0:
+        allowed = int(b.device_bytes * b.utilization)
+        knob = f"gpu-memory-utilization {b.utilization} of {_gib(b.device_bytes)} GiB" if acc.is_gpu else \
+            "the pod's memory"
+        return SpecError("spec.accelerator", f"nothing is left for the KV cache on {where}: {_gib(b.weights_bytes)} "
+                         f"GiB of weights{tp} and {_gib(used - b.weights_bytes)} GiB of overhead exceed the "
+                         f"{_gib(allowed)} GiB that {knob} allows; use more GPUs (accelerator.count), a larger "
+                         "GPU or a quantized checkpoint")
+    return SpecError(f"spec.pools.{draft.name}.maxModelLen",
+                     f"needs {_gib(need)} GiB of KV cache for one {draft.max_model_len}-token sequence; about "
+                     f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}")
+
+
+def _model_path(spec: VLLMDeploymentSpec) -> str:
+    src = spec.model.source
+    if src is not None and src.pvc is not None:
+        path = src.pvc.path.strip("/")
+        return f"{constants.MODELS_MOUNT}/{path}" if path else constants.MODELS_MOUNT
+    if src is not None and src.hugging_face is not None and src.hugging_face.repo:
+        return src.hugging_face.repo
+    return spec.model.name
+
+
+def _env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, pool: str) -> dict[str, str]:
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HOME": HF_HOME}
+    src = spec.model.source
+    if src is not None and src.pvc is not None:
+        env["HF_HUB_OFFLINE"] = "1"
+    for i, var in enumerate(ps.env or []):
+        if var.value is None:
+            continue  # Secret references are the renderer's to wire
+        if not acc.is_gpu and var.name == "VLLM_CPU_KVCACHE_SPACE":
+            raise SpecError(f"spec.pools.{pool}.env[{i}]", "VLLM_CPU_KVCACHE_SPACE would override the planned "
+                            "--kv-cache-memory-bytes; size the pool with accelerator.memoryGiB instead")
+        env[var.name] = var.value
+    return dict(sorted(env.items()))
+
+
+def _resources(ps: PoolSpec, acc: AcceleratorFacts, spec: VLLMDeploymentSpec) -> Resources:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if ps.resources is not None:
+        requests.update(ps.resources.requests or {})
+        limits.update(ps.resources.limits or {})
+    if acc.is_gpu:
+        limits[constants.GPU_RESOURCE] = str(acc.count)
+        requests.pop(constants.GPU_RESOURCE, None)
+    else:
+        cores = str(spec.accelerator.cpu_cores or DEFAULT_CPU_CORES)
+        memory = f"{acc.memory_bytes // MIB}Mi"
+        requests.setdefault("cpu", cores)
+        limits.setdefault("cpu", cores)
+        requests["memory"] = memory
+        limits["memory"] = memory
+    return Resources(requests=dict(sorted(requests.items())), limits=dict(sorted(limits.items())))
+
+
+def _attention_backend(extra: list[str], field_path: str) -> catalog.AttentionBackend | None:
+    value = engine_args.extra_flag_value(extra, "attention-backend")
+    if value is None:
+        return None
+    try:
+        return catalog.AttentionBackend(value.upper())
+    except ValueError:
+        return None  # a backend the KV table does not know: vLLM judges it
+
+
+def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, acc: AcceleratorFacts,
+               version: engine_args.EngineVersion, version_text: str, remedy: PoolRemediation,
+               short_len: int | None) -> PoolPlan:
+    ps, prof, name = draft.spec, draft.profile, draft.name
+    path = f"spec.pools.{name}"
+    warnings = list(draft.warnings)
+    extra = list(ps.extra_args or [])
+    engine_args.check_extra_args(extra, f"{path}.extraArgs")
+    backend = _attention_backend(extra, f"{path}.extraArgs")
+    kv_dtype, notes = _kv_dtype(spec, draft, acc, backend)
+    warnings += notes
+    if not acc.is_gpu and ps.gpu_memory_utilization is not None:
+        warnings.append(f"pools.{name}: gpuMemoryUtilization is ignored on cpu (sized by accelerator.memoryGiB)")
+    util = (ps.gpu_memory_utilization or prof.gpu_memory_utilization) if acc.is_gpu else None
+    fp8_ok = acc.is_gpu and catalog.kv_dtype_verdict(acc.compute_capability, "fp8", backend) is not KVVerdict.REFUSED
+    base = ladder.Settings(
+        gpu_memory_utilization=util, cpu_kv_fraction=1.0,
+        max_num_batched_tokens=ps.max_num_batched_tokens or prof.max_num_batched_tokens,
+        max_num_seqs=ps.max_num_seqs or prof.max_num_seqs, kv_cache_dtype=kv_dtype,
+        max_model_len=draft.max_model_len, max_tokens=draft.max_tokens, fp8_allowed=fp8_ok,
+        min_max_model_len=short_len or 1)
+    allow_lower = bool(spec.remediation and spec.remediation.allow_lower_max_model_len)
+    s = ladder.apply_levels(ladder.STEP_DOWN_LADDER, base, remedy.step_down_level)
+    s = ladder.apply_levels(ladder.kv_ladder_for(allow_lower), s, remedy.kv_level)
+    if s != base:
+        warnings.append(f"pools.{name}: remediation applied (step-down {remedy.step_down_level}, KV "
+                        f"{remedy.kv_level}): {ladder.describe_change(base, s)}")
+    tp = acc.count if acc.is_gpu else 1
+    weights = _weights_bytes(spec, model)
+    if acc.is_gpu:
+        assert s.gpu_memory_utilization is not None
+        b = kvcache.gpu_breakdown(device_bytes=acc.memory_bytes, utilization=s.gpu_memory_utilization, model=model,
+                                  tp=tp, max_num_batched_tokens=s.max_num_batched_tokens,
+                                  max_num_seqs=s.max_num_seqs, overhead=version.overhead, weights_bytes=weights)
+        budget = kvcache.budget_bytes(b)
+        kv_memory_bytes = None
+    else:
+        b = kvcache.cpu_breakdown(memory_bytes=acc.memory_bytes, model=model,
+                                  max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
+                                  overhead=version.overhead, weights_bytes=weights)
+        budget = int(kvcache.budget_bytes(b) * s.cpu_kv_fraction) // MIB * MIB
+        kv_memory_bytes = max(budget, 0)
+    per_token = kvcache.bytes_per_token(model, s.kv_cache_dtype, tp)
+    need = per_token * s.max_model_len
+    if draft.enabled and budget < need:
+        raise _fit_error(_PoolDraft(name, ps, prof, True, s.max_model_len, s.max_tokens, []), acc, b, need, budget)
+    tokens = (kvcache.tokens_for_budget(budget, per_token) if acc.is_gpu
+              else kvcache.cpu_kv_tokens(max(budget, 0), per_token))
+    full = kvcache.concurrency(tokens, s.max_model_len)
+    typical = min(prof.typical_sequence_tokens, s.max_model_len)
+    if draft.enabled and full < prof.required_concurrency:
+        warnings.append(f"pools.{name}: {full:.2f} sequences of {s.max_model_len} tokens fit in the KV cache "
+                        f"({tokens} tokens) on {acc.type}; the {spec.workload_class.value} class expects at least "
+                        f"{prof.required_concurrency:g} (more GPUs, FP8 KV, or a shorter maxModelLen)")
+    if acc.is_gpu and not version.overhead.cuda_graphs_in_budget:
+        assert s.gpu_memory_utilization is not None
+        outside = acc.memory_bytes - int(acc.memory_bytes * s.gpu_memory_utilization)
+        graphs = int(version.overhead.cuda_graph_gib * GIB)
+        if outside < graphs + GRAPH_HEADROOM_BYTES:
+            warnings.append(f"pools.{name}: gpu-memory-utilization {s.gpu_memory_utilization} leaves "
+                            f"{_gib(outside)} GiB outside the budget; CUDA graphs (~{_gib(graphs)} GiB, captured "
+                            "outside it) may run out of memory")
+    chunked = prof.chunked_prefill or s.max_model_len > s.max_num_batched_tokens
+    hf = spec.model.source.hugging_face if spec.model.source else None
+    served = spec.model.served_model_name or spec.model.name
+    values = engine_args.PoolArgs(
+        served_model_name=served, max_model_len=s.max_model_len, max_tokens=s.max_tokens,
+        max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens, chunked_prefill=chunked,
+        kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_memory_bytes, tensor_parallel_size=tp,
+        quantization=spec.model.quantization.value if spec.model.quantization else None,
+        revision=hf.revision if hf is not None else None, port=constants.ENGINE_PORT)
+    args = engine_args.build_args(values, version, extra)
+    node_selector: dict[str, str] = {}
+    if acc.is_gpu and acc.product:
+        node_selector[constants.GFD_PRODUCT] = acc.product
+    node_selector.update(ps.node_selector or {})
+    runtime = (spec.engine.gpu if acc.is_gpu else spec.engine.cpu) if spec.engine else None
+    image = (runtime.image if runtime and runtime.image else
+             f"{ENGINE_IMAGE_GPU if acc.is_gpu else ENGINE_IMAGE_CPU}:{version_text}")
+    return PoolPlan(
+        name=name, enabled=draft.enabled, replicas=ps.replicas if ps.replicas is not None else 1,
+        external_autoscaler=bool(ps.external_autoscaler), max_model_len=s.max_model_len, max_tokens=s.max_tokens,
+        max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+        kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
+        prompt_range=(0, s.max_model_len), model=_model_path(spec), served_model_name=served, engine_args=args,
+        env=_env(spec, ps, acc, name), resources=_resources(ps, acc, spec),
+        node_selector=dict(sorted(node_selector.items())), image=image,
+        kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
+                  concurrency_at_full_length=full, typical_sequence_tokens=typical,
+                  concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
+        step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings)
+
+
+# --- router ---------------------------------------------------------------------------------------------------------
+
+def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan) -> list[TierConfig]:
+    routing = spec.routing
+    if routing is None or not routing.tiers:
+        default = short.max_tokens if short.enabled else long.max_tokens
+        return [TierConfig(name=DEFAULT_TIER, default_max_tokens=min(default, long.max_tokens),
+                           max_tokens=long.max_tokens)]
+    tiers = []
+    for i, tier in enumerate(routing.tiers):
+        if tier.max_tokens > long.max_tokens:
+            raise SpecError(f"spec.routing.tiers[{i}].maxTokens",
+                            f"tier {tier.name} caps max_tokens at {tier.max_tokens}, above pools.long.maxTokens "
+                            f"({long.max_tokens}): the long pool's engine would cut answers the tier allows")
+        tiers.append(TierConfig(name=tier.name, default_max_tokens=tier.default_max_tokens or tier.max_tokens,
+                                max_tokens=tier.max_tokens))
+    return tiers
+
+
+def _tokenizer(spec: VLLMDeploymentSpec) -> TokenizerConfig:
+    """Contract: a mounted ConfigMap when model.tokenizer.configMap is set, else a Hub repo (the tokenizer's own
+    source, else the model's repo, else the model name) with the token file when a token Secret is set."""
+    tok = spec.model.tokenizer
+    if tok is not None and tok.config_map is not None:
+        return TokenizerConfig(path=TOKENIZER_DIR)
+    model_hf = spec.model.source.hugging_face if spec.model.source else None
+    hf = tok.hugging_face if tok is not None and tok.hugging_face is not None else model_hf
+    repo = (hf.repo if hf is not None and hf.repo else None) or (
+        model_hf.repo if model_hf is not None and model_hf.repo else spec.model.name)
+    revision = hf.revision if hf is not None else None
+    token = hf.token_secret_ref if hf is not None else None
+    if token is None and model_hf is not None:
+        token = model_hf.token_secret_ref
+    return TokenizerConfig(hf_repo=repo, hf_revision=revision,
+                           hf_token_file=HF_TOKEN_FILE if token is not None else None)
+
+
+def _timeouts(spec: VLLMDeploymentSpec) -> Timeouts:
+    t = spec.routing.timeouts if spec.routing else None
+    d = DEFAULT_TIMEOUTS
+    if t is None:
+        return d
+    return Timeouts(connect_seconds=t.connect_seconds or d.connect_seconds,
+                    first_byte_seconds=t.first_byte_seconds or d.first_byte_seconds,
+                    idle_seconds=t.idle_seconds or d.idle_seconds, total_seconds=t.total_seconds or d.total_seconds)
+
+
+def _route(pool: PoolPlan, name: str, namespace: str) -> PoolRoute:
+    return PoolRoute(enabled=pool.enabled, max_model_len=pool.max_model_len, max_tokens=pool.max_tokens,
+                     service=ServiceRef(namespace=namespace, name=names.pool(name, pool.name),
+                                        port=constants.ENGINE_PORT))
+
+
+# --- the whole plan -------------------------------------------------------------------------------------------------
+
+def plan_hash(p: Plan) -> str:
+    body = p.model_dump(mode="json", by_alias=True, exclude={"hash"})
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
+         name: str, namespace: str, engine_version: str | None = None) -> Plan:
+    """Plan a VLLMDeployment (see the module docstring); raises SpecError."""
+    model = resolve_model(spec)
+    acc = resolve_accelerator(spec, accelerator)
+    if acc.is_gpu:
+        _check_tensor_parallel(model, acc.count)
+    runtime = (spec.engine.gpu if acc.is_gpu else spec.engine.cpu) if spec.engine else None
+    version_path = "spec.engine.gpu.version" if acc.is_gpu else "spec.engine.cpu.version"
+    version_text = engine_version or (runtime.version if runtime and runtime.version else None) or (
+        engine_args.DEFAULT_GPU_VERSION if acc.is_gpu else engine_args.DEFAULT_CPU_VERSION)
+    version, warnings = engine_args.engine_version(version_text, "--engine-version" if engine_version
+                                                   else version_path)
+    short_d, long_d = _draft(spec, constants.POOL_SHORT, model), _draft(spec, constants.POOL_LONG, model)
+    if not short_d.enabled and not long_d.enabled:
+        raise SpecError("spec.pools", "both pools are disabled; enable at least one")
+    if short_d.max_model_len > long_d.max_model_len:
+        raise SpecError("spec.pools.short.maxModelLen", f"{short_d.max_model_len} exceeds pools.long.maxModelLen "
+                        f"({long_d.max_model_len}); the short pool must not be the longer one")
+    short = _plan_pool(spec, short_d, model, acc, version, version_text, remediation.pool(constants.POOL_SHORT),
+                       None)
+    long = _plan_pool(spec, long_d, model, acc, version, version_text, remediation.pool(constants.POOL_LONG),
+                      short.max_model_len if short.enabled else None)
+    routing = spec.routing
+    threshold = routing.prompt_length_threshold if routing and routing.prompt_length_threshold else (
+        short.max_model_len - short.max_tokens)
+    if threshold > long.max_model_len:
+        raise SpecError("spec.routing.promptLengthThreshold", f"{threshold} is above pools.long.maxModelLen "
+                        f"({long.max_model_len}): no prompt at the threshold fits the long pool")
+    if short.enabled and long.enabled:
+        short = short.model_copy(update={"prompt_range": (0, threshold)})
+        long = long.model_copy(update={"prompt_range": (threshold, long.max_model_len)})
+    tiers = _tiers(spec, short, long)
+    router = RouterConfig(
+        model=short.served_model_name, deployment=name, namespace=namespace, prompt_length_threshold=threshold,
+        over_limit=(routing.over_limit if routing and routing.over_limit else OverLimit.CLAMP), tiers=tiers,
+        pools=PoolRoutes(short=_route(short, name, namespace), long=_route(long, name, namespace)),
+        tokenizer=_tokenizer(spec), timeouts=_timeouts(spec),
+        api_keys_dir=API_KEYS_DIR if routing and routing.api_key_secret_ref else None,
+        max_body_bytes=(routing.max_body_bytes if routing and routing.max_body_bytes else DEFAULT_MAX_BODY_BYTES),
+        health=HealthCheckConfig(), port=constants.ROUTER_PORT)
+    result = Plan(name=name, namespace=namespace, workload_class=spec.workload_class.value,
+                  engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},
+                  router=router, warnings=warnings, hash="")
+    return result.model_copy(update={"hash": plan_hash(result)})
