@@ -25,6 +25,7 @@ LABEL_POOL: Final = f"{GROUP}/pool"
 APP_NAME: Final = "vllm-operator"
 COMPONENT_ENGINE: Final = "engine"
 COMPONENT_ROUTER: Final = "router"
+COMPONENT_MONITORING: Final = "monitoring"  # PodMonitor and PrometheusRule of a VLLMDeployment
 # Gateway API Inference Extension style range label ("<min>-<max>" prompt tokens the pool serves).
 LABEL_CONTEXT_RANGE: Final = "llm-d.ai/context-length-range"
 
