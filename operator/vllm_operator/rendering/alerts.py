@@ -1,0 +1,154 @@
+"""The alert rules of one VLLMDeployment (issue 7, section Alerts), as Prometheus rule groups.
+
+Self-contained on purpose: the health loop's owner refines these expressions and tests them with `promtool test
+rules`; `monitoring.prometheus_rule` only wraps `alert_groups(plan)` in a PrometheusRule.
+
+Series come from two places, with the label contract of ARCHITECTURE.md (contract 7):
+- engine metrics, scraped by this deployment's PodMonitor, which adds `namespace`, `pod`, `vllmdeployment` and `pool`
+  (router targets are scraped too but carry no `pool` label, so `pool!=""` keeps to the engines). vLLM's metric names
+  contain a colon, which Prometheus may store as an underscore when the scrape negotiates OpenMetrics, so every vLLM
+  metric is selected as `{__name__=~"vllm:foo|vllm_foo"}`.
+- the operator's `vllm_operator_engine_restarts_total{vllmdeployment, target_namespace, pool, reason}`, scraped from the
+  operator's own pod (its `namespace` label is the operator's namespace, hence `target_namespace`).
+
+The OOM alert also reads kube-state-metrics (`kube_pod_container_status_restarts_total` and
+`kube_pod_container_status_last_terminated_reason`) where it is installed, so OOM kills are caught even while the
+operator is down; without kube-state-metrics that half of the expression is simply empty. Only the operator's metric
+sees `EngineOOM` (a CUDA OOM the engine wrapper reports with its own exit code): the kubelet reports that as `Error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_operator import names
+from vllm_operator.api.plan import Plan
+from vllm_operator.api.spec import RemediationThresholds
+
+RESTARTS_METRIC = "vllm_operator_engine_restarts_total"
+OOM_REASONS = ("OOMKilled", "EngineOOM")
+OOM_RESTARTS = 2  # more than this many ...
+OOM_WINDOW = "5m"  # ... within this window
+SCRAPE_DOWN_FOR = "30s"
+LENGTH_SHARE = 0.20
+LENGTH_WINDOW = "5m"
+LENGTH_FOR = "10m"
+STALL_SECONDS = 120
+STALL_FOR = "1m"  # a request that arrives at an engine idle for the whole window is not a stall
+KV_USAGE = 0.95
+KV_FOR = "10m"
+ENGINE_CONTAINER = "engine"
+ENGINE_LABELS = "namespace, vllmdeployment, pool"
+POD_LABELS = "namespace, vllmdeployment, pool, pod"
+RESTART_LABELS = "target_namespace, vllmdeployment, pool"
+
+
+def vllm(metric: str) -> str:
+    """A `__name__` matcher for a vLLM metric under both spellings (`vllm:foo` and its escaped `vllm_foo`)."""
+    return f'__name__=~"vllm:{metric}|vllm_{metric}"'
+
+
+def duration(seconds: int) -> str:
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def _regex_literal(text: str) -> str:
+    """A DNS name as a PromQL regex literal: only '.' is special there (escaped as `\\.` inside a PromQL string)."""
+    return text.replace(".", "\\\\.")
+
+
+def _engines(plan: Plan, extra: str = "") -> str:
+    """Label matchers for this deployment's engine series."""
+    base = f'namespace="{plan.namespace}",vllmdeployment="{plan.name}",pool!=""'
+    return f"{base},{extra}" if extra else base
+
+
+def oom_restarts_expr(plan: Plan) -> str:
+    reasons = "|".join(OOM_REASONS)
+    operator = (f"sum by ({RESTART_LABELS}) (increase({RESTARTS_METRIC}{{target_namespace=\"{plan.namespace}\","
+                f"vllmdeployment=\"{plan.name}\",reason=~\"{reasons}\"}}[{OOM_WINDOW}])) > {OOM_RESTARTS}")
+    per_pool = []
+    for pool in sorted(p.name for p in plan.pools.values() if p.enabled):
+        pods = _regex_literal(names.pool(plan.name, pool)) + "-[a-z0-9]+-[a-z0-9]+"
+        per_pool.append(
+            f'label_replace(increase(kube_pod_container_status_restarts_total{{namespace="{plan.namespace}",'
+            f'container="{ENGINE_CONTAINER}",pod=~"{pods}"}}[{OOM_WINDOW}]) and on (namespace, pod, container) '
+            f'(kube_pod_container_status_last_terminated_reason{{namespace="{plan.namespace}",'
+            f'container="{ENGINE_CONTAINER}",reason="OOMKilled"}} == 1), "pool", "{pool}", "", "")')
+    if not per_pool:
+        return operator
+    kube_state = (f'sum by ({RESTART_LABELS}) (label_replace(label_replace({" or ".join(per_pool)}, '
+                  f'"vllmdeployment", "{plan.name}", "", ""), "target_namespace", "$1", "namespace", "(.*)")) '
+                  f"> {OOM_RESTARTS}")
+    return f"({operator}) or ({kube_state})"
+
+
+def scrape_down_expr(plan: Plan) -> str:
+    return f"up{{{_engines(plan)}}} == 0"
+
+
+def length_share_expr(plan: Plan, share: float) -> str:
+    finished = vllm("request_success_total")
+    length_matchers = _engines(plan, 'finished_reason="length"')
+    length = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{length_matchers}}}[{LENGTH_WINDOW}]))"
+    total = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{_engines(plan)}}}[{LENGTH_WINDOW}]))"
+    return f"({length} / {total}) > {share:g}"
+
+
+def no_progress_expr(plan: Plan, stall_seconds: int) -> str:
+    window = duration(stall_seconds)
+    running = f"sum by ({POD_LABELS}) ({{{vllm('num_requests_running')},{_engines(plan)}}}) > 0"
+    tokens = (f"sum by ({POD_LABELS}) (increase({{{vllm('generation_tokens_total')},{_engines(plan)}}}[{window}])) "
+              "== 0")
+    return f"({running}) and on ({POD_LABELS}) ({tokens})"
+
+
+def kv_usage_expr(plan: Plan, usage: float) -> str:
+    return f"max by ({POD_LABELS}) ({{{vllm('kv_cache_usage_perc')},{_engines(plan)}}}) > {usage:g}"
+
+
+def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, description: str) -> dict[str, Any]:
+    rule: dict[str, Any] = {
+        "alert": alert,
+        "expr": expr,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "description": description},
+    }
+    if for_:
+        rule["for"] = for_
+    return rule
+
+
+def alert_groups(plan: Plan, thresholds: RemediationThresholds | None = None) -> list[dict[str, Any]]:
+    """The rule groups of one VLLMDeployment; thresholds default to the remediation defaults of the spec."""
+    share = thresholds.length_share_alert if thresholds and thresholds.length_share_alert is not None \
+        else LENGTH_SHARE
+    usage = thresholds.kv_usage_pressure if thresholds and thresholds.kv_usage_pressure is not None else KV_USAGE
+    stall = thresholds.stall_seconds if thresholds and thresholds.stall_seconds is not None else STALL_SECONDS
+    who = f"{plan.namespace}/{plan.name}"
+    pool = "{{ $labels.pool }}"
+    pod = "{{ $labels.pod }}"
+    rules = [
+        _rule("VLLMEngineOOMRestarts", oom_restarts_expr(plan), None, "warning",
+              f"Engines of {who} pool {pool} restarted for out-of-memory more than {OOM_RESTARTS} times in "
+              f"{OOM_WINDOW}",
+              f"{{{{ $value | humanize }}}} OOM restarts (OOMKilled or EngineOOM) in {OOM_WINDOW}. The operator steps "
+              "the pool down its ladder after repeated OOMs; check status.pools.<pool>.stepDown."),
+        _rule("VLLMEngineScrapeDown", scrape_down_expr(plan), SCRAPE_DOWN_FOR, "critical",
+              f"Engine {pod} of {who} pool {pool} cannot be scraped",
+              f"Prometheus has failed to scrape /metrics of {pod} for {SCRAPE_DOWN_FOR}: the engine is down, hung or "
+              "unreachable, and the health loop is blind to it."),
+        _rule("VLLMLengthShareHigh", length_share_expr(plan, share), LENGTH_FOR, "warning",
+              f"Over {share:.0%} of requests to {who} pool {pool} stop at max_tokens",
+              f"{{{{ $value | humanizePercentage }}}} of finished requests ended with finished_reason=length over "
+              f"{LENGTH_WINDOW}, for {LENGTH_FOR}: generations run into the cap (runaway output or caps too low)."),
+        _rule("VLLMNoTokenProgress", no_progress_expr(plan, stall), STALL_FOR, "critical",
+              f"Engine {pod} of {who} pool {pool} has requests running but generates no tokens",
+              f"Requests are running on {pod} and vllm:generation_tokens_total did not move for "
+              f"{duration(stall)}: the engine is stalled."),
+        _rule("VLLMKVCacheUsageHigh", kv_usage_expr(plan, usage), KV_FOR, "info",
+              f"KV cache of {pod} ({who} pool {pool}) above {usage:.0%}",
+              f"vllm:kv_cache_usage_perc has been {{{{ $value | humanizePercentage }}}} for {KV_FOR}: requests queue "
+              "or get preempted; add replicas or lower max_num_seqs."),
+    ]
+    return [{"name": f"vllm-operator.{plan.namespace}.{plan.name}", "rules": rules}]

@@ -1,0 +1,70 @@
+"""Prometheus Operator objects of one VLLMDeployment: a PodMonitor and a PrometheusRule (contract 8).
+
+They are rendered always (unless `spec.monitoring` turns one off) and the handler drops them when the
+`monitoring.coreos.com` CRDs are absent. `spec.monitoring.labels` are added to both, so a Prometheus whose
+`podMonitorSelector` / `ruleSelector` wants a label (e.g. `release: kube-prometheus-stack`) picks them up.
+
+The PodMonitor scrapes `/metrics` on the `http` port of this deployment's engine and router pods and relabels them to
+the label contract (contract 7): `namespace` and `pod` from the target's metadata, `pool` from the pod's pool label
+(router pods have none), and `vllmdeployment` set to the VLLMDeployment's name. The name is written as a literal rather
+than copied from the pod's deployment label because a label value holds at most 63 characters: for a longer name the
+label carries a hash-suffixed short form, while the health loop and the alerts select on the real name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from vllm_operator import constants, names
+from vllm_operator.api.plan import Plan
+from vllm_operator.api.spec import RemediationThresholds
+from vllm_operator.rendering import alerts, common
+
+METRICS_PATH = "/metrics"
+
+
+def _meta_label(label: str) -> str:
+    """Prometheus' Kubernetes SD meta label for a pod label (every character outside [a-zA-Z0-9_] becomes '_')."""
+    return "__meta_kubernetes_pod_label_" + "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_"
+                                                    for c in label)
+
+
+def _labels(plan: Plan, extra: Mapping[str, str] | None) -> dict[str, str]:
+    return {**(extra or {}), **common.base_labels(plan, constants.COMPONENT_MONITORING)}
+
+
+def pod_monitor(plan: Plan, extra_labels: Mapping[str, str] | None = None) -> common.Manifest:
+    relabelings = [
+        {"action": "replace", "targetLabel": "vllmdeployment", "replacement": plan.name},
+        {"action": "replace", "sourceLabels": [_meta_label(constants.LABEL_POOL)], "targetLabel": "pool"},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"},
+        {"action": "replace", "sourceLabels": [_meta_label(constants.LABEL_COMPONENT)], "targetLabel": "component"},
+    ]
+    selector = {
+        "matchLabels": {constants.LABEL_NAME: constants.APP_NAME,
+                        constants.LABEL_DEPLOYMENT: common.deployment_label(plan)},
+        "matchExpressions": [{"key": constants.LABEL_COMPONENT, "operator": "In",
+                              "values": [constants.COMPONENT_ENGINE, constants.COMPONENT_ROUTER]}],
+    }
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan, extra_labels)),
+        "spec": {
+            "selector": selector,
+            "namespaceSelector": {"matchNames": [plan.namespace]},
+            "podMetricsEndpoints": [{"port": "http", "path": METRICS_PATH, "scheme": "http",
+                                     "relabelings": relabelings}],
+        },
+    }
+
+
+def prometheus_rule(plan: Plan, extra_labels: Mapping[str, str] | None = None,
+                    thresholds: RemediationThresholds | None = None) -> common.Manifest:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan, extra_labels)),
+        "spec": {"groups": alerts.alert_groups(plan, thresholds)},
+    }
