@@ -1310,6 +1310,8 @@ def parse_api_path(path: str) -> parsing.ParsedPath:
         group, version, rest = "", parts[1], parts[2:]
     elif len(parts) >= 3 and parts[0] == "apis":
         group, version, rest = parts[1], parts[2], parts[3:]
+    elif len(parts) == 2 and parts[0] == "apis":
+        return parsing.ParsedPath(group=parts[1])
     else:
         return parsing.ParsedPath()
     namespace: str | None = None
