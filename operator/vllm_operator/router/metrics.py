@@ -61,6 +61,9 @@ class RouterMetrics:
             registry=r)
         self.readmissions = prom.Counter(
             f"{PREFIX}_readmissions", "Ejected endpoints put back after a healthy /health.", ["pool"], registry=r)
+        self.health_checks = prom.Counter(
+            f"{PREFIX}_health_checks", "GET /health polls of engine endpoints, by pool and result (ok, failed).",
+            ["pool", "result"], registry=r)
         self.failovers = prom.Counter(
             f"{PREFIX}_failovers", "Requests retried on another endpoint because one could not take them.",
             ["pool"], registry=r)

@@ -136,6 +136,7 @@ class HealthChecker:
                 ok = response.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             ok = False
+        pool.metrics.health_checks.labels(pool.name, "ok" if ok else "failed").inc()
         if endpoint.url not in pool.endpoints:  # removed while we asked
             return
         if ok:
