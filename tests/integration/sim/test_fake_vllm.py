@@ -8,7 +8,6 @@ Timing assertions are lower bounds only (a busy 2-core CI machine may be slower,
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import subprocess
 import sys
@@ -160,7 +159,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         pytest.param(64, 63, None, True, 1, "length", id="one-token-room"),
     ],
 )
-def test_length_rules(  # noqa: PLR0917 (pytest passes parameters positionally)
+def test_length_rules(
     threaded: ThreadedFakeVllm,
     client: openai.OpenAI,
     max_model_len: int,
@@ -493,19 +492,25 @@ async def test_client_disconnect_stops_generation_and_is_not_counted(
 
 
 async def test_max_num_seqs_queues_requests(fake: FakeVllm, http: aiohttp.ClientSession) -> None:
-    fake.configure(max_num_seqs=1, chunk_delay_s=0.05)
-    body = {"prompt": "a", "max_tokens": 6, "ignore_eos": True}
+    # stalled, the first request holds its slot for as long as the test needs
+    fake.configure(max_num_seqs=1, stall=True)
+    body = {"prompt": "a", "max_tokens": 3, "ignore_eos": True}
 
     async def one() -> int:
         async with http.post(fake.url + "/v1/completions", json=body) as r:
             return r.status
 
     tasks = [asyncio.create_task(one()) for _ in range(3)]
-    await asyncio.sleep(0.1)
+    for _ in range(500):
+        if fake.metrics.waiting == 2:
+            break
+        await asyncio.sleep(0.01)
     text = await metrics_text(http, fake)
     assert sample(text, "vllm:num_requests_running") == 1
     assert sample(text, "vllm:num_requests_waiting") == 2
+    fake.configure(stall=False)
     assert await asyncio.gather(*tasks) == [200, 200, 200]
+    assert sample(await metrics_text(http, fake), "vllm:num_requests_waiting") == 0
 
 
 # ------------------------------------------------------------------ timing (lower bounds only)
@@ -517,15 +522,13 @@ async def test_ttft_and_chunk_delay(fake: FakeVllm, http: aiohttp.ClientSession)
     t0 = time.monotonic()
     arrivals = []
     async with http.post(fake.url + "/v1/completions", json=body) as r:
-        headers_at = time.monotonic() - t0
         while line := await r.content.readline():
             if line.startswith(b"data: {"):
                 arrivals.append(time.monotonic() - t0)
-    assert headers_at < 0.2  # headers precede the first token, as in vLLM
     assert len(arrivals) == 5
     assert arrivals[0] >= 0.2
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    assert min(gaps) >= 0.045
+    # single gaps can look short when one chunk was read late; the last token cannot come before this
+    assert arrivals[-1] >= 0.2 + 4 * 0.05
     t0 = time.monotonic()
     async with http.post(fake.url + "/v1/completions", json={**body, "stream": False}) as r:
         assert (await r.json())["usage"]["completion_tokens"] == 5
@@ -533,10 +536,10 @@ async def test_ttft_and_chunk_delay(fake: FakeVllm, http: aiohttp.ClientSession)
 
 
 async def test_headers_held_back_with_ttft(fake: FakeVllm, http: aiohttp.ClientSession) -> None:
-    fake.configure(ttft_s=0.3, headers_before_ttft=False)
+    fake.configure(ttft_s=2.0, headers_before_ttft=False)
     body = {"prompt": "a", "max_tokens": 1, "stream": True}
     with pytest.raises(TimeoutError):
-        async with http.post(fake.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.15)):
+        async with http.post(fake.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.3)):
             pass
 
 
