@@ -63,6 +63,10 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _FORWARD_HEADERS: Final = ("x-request-id", "traceparent", "tracestate")
 
 
+_UPSTREAM_CUT: Final = Refusal(502, "The engine closed the connection before its answer was complete.",
+                               "upstream_disconnected", code="upstream_disconnected", type="upstream_error")
+
+
 def error_response(refusal: Refusal, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(status=refusal.status, body=json.dumps(refusal.body()).encode(), content_type=_JSON,
                         headers=headers)
@@ -351,9 +355,7 @@ class Router:
         except aiohttp.ClientError:
             self.metrics.upstream_errors.labels(pool.name, "disconnected").inc()
             self.metrics.finished.labels(pool.name, "error").inc()
-            return error_response(Refusal(502, "The engine closed the connection before its answer was complete.",
-                                          "upstream_disconnected", code="upstream_disconnected",
-                                          type="upstream_error"), headers)
+            return error_response(_UPSTREAM_CUT, headers)
         self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
         if upstream.status == 200:
             outcome = _Outcome()
@@ -365,46 +367,50 @@ class Router:
     async def _relay_stream(self, request: web.Request, prepared: _Prepared, pool: Pool,
                             upstream: aiohttp.ClientResponse, headers: dict[str, str], start: float,
                             first_byte_deadline: float, deadline: float) -> web.StreamResponse:
+        """Relay SSE events as they complete. The client's response starts with the engine's first body chunk, so
+        a first-byte timeout (or an engine that drops before answering) is still a proper 504/502 status."""
         loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(first_byte_deadline):
+                data = await upstream.content.readany()
+        except TimeoutError as err:
+            which = "total" if first_byte_deadline >= deadline else "first-byte"
+            raise _Timeout(which, self.total_s if which == "total" else self.first_byte_s) from err
+        except aiohttp.ClientError as err:
+            raise _Retry("disconnected") from err
+        self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
         response = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
             "Cache-Control": "no-cache"})
         await response.prepare(request)
         outcome = _Outcome()
         pending = b""
-        first = True
         ended_by: str | None = None
         try:
-            async with asyncio.timeout_at(first_byte_deadline) as timer:
-                while True:
-                    data = await upstream.content.readany()
-                    if not data:
-                        break
-                    if first:
-                        first = False
-                        self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
-                    timer.reschedule(min(deadline, loop.time() + self.idle_s))
+            async with asyncio.timeout_at(min(deadline, loop.time() + self.idle_s)) as timer:
+                while data:
                     pending += data
                     cut = pending.rfind(b"\n\n")
-                    if cut < 0:
-                        continue
-                    events, pending = pending[: cut + 2], pending[cut + 2 :]
-                    outcome.scan(events)
-                    if not prepared.client_usage and b'"usage"' in events:
-                        events = _drop_usage_events(events)
-                    if events:
-                        await response.write(events)
+                    if cut >= 0:
+                        events, pending = pending[: cut + 2], pending[cut + 2 :]
+                        outcome.scan(events)
+                        if not prepared.client_usage and b'"usage"' in events:
+                            events = _drop_usage_events(events)
+                        if events:
+                            await response.write(events)
+                    timer.reschedule(min(deadline, loop.time() + self.idle_s))
+                    data = await upstream.content.readany()
         except TimeoutError:
-            now = loop.time()
-            which = "total" if now >= deadline - 0.001 else ("first-byte" if first else "idle")
-            seconds = {"total": self.total_s, "first-byte": self.first_byte_s, "idle": self.idle_s}[which]
-            self.metrics.upstream_errors.labels(pool.name, f"timeout_{which.replace('-', '_')}").inc()
+            which = "total" if loop.time() >= deadline - 0.001 else "idle"
+            seconds = self.total_s if which == "total" else self.idle_s
+            self.metrics.upstream_errors.labels(pool.name, f"timeout_{which}").inc()
             ended_by = "error"
             await _write_quietly(response, b"data: " + json.dumps(_Timeout(which, seconds).refusal().body()).encode()
                                  + b"\n\n")
         except aiohttp.ClientError:
             self.metrics.upstream_errors.labels(pool.name, "disconnected").inc()
             ended_by = "error"
+            await _write_quietly(response, b"data: " + json.dumps(_UPSTREAM_CUT.body()).encode() + b"\n\n")
         except (ConnectionError, RuntimeError):  # the client went away while we wrote
             self.metrics.client_disconnects.labels(pool.name).inc()
             ended_by = "abort"

@@ -1,0 +1,170 @@
+"""Timeouts towards engines (connect, first byte, idle, total → 504 OpenAI-style) and cancellation: a client that
+goes away makes the router close the engine connection, so the engine stops generating.
+
+Durations: timeouts are set well below the engine delays (0.3-0.5 s against 3-30 s) so a slow CI machine cannot
+turn a pass into a failure or the other way round; only lower bounds on elapsed time are asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.router import MODEL, router_config, running_router, sample, words
+from tests.support.waiting import eventually
+from vllm_operator.router.tokens import TokenCounter
+from vllm_operator.sim.fake_vllm import FakeVllm
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": words(5)}], "stream": stream, **extra}
+
+
+@pytest.fixture
+def unaccepting_url() -> Iterator[str]:
+    """A listener whose accept queue is full: a TCP connect to it hangs (SYNs are dropped)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))
+    yield f"http://127.0.0.1:{port}"
+    filler.close()
+    listener.close()
+
+
+async def test_connect_timeout_is_504(unaccepting_url: str, long_engine: FakeVllm, counter: TokenCounter,
+                                      http: aiohttp.ClientSession) -> None:
+    config = router_config([unaccepting_url], [long_engine.url], **{
+        "timeouts.connectSeconds": 0.3, "health.intervalSeconds": 60, "health.timeoutSeconds": 30})
+    async with running_router(config, counter) as (url, metrics):
+        began = time.monotonic()
+        async with http.post(url + CHAT, json=chat()) as response:
+            assert response.status == 504
+            error = (await response.json())["error"]
+        assert time.monotonic() - began >= 0.3
+    assert "connect timeout of 0.3 s" in error["message"]
+    assert error["code"] == "upstream_timeout"
+    assert sample(metrics, "vllm_operator_router_upstream_errors_total", pool="short", kind="timeout_connect") == 1
+    assert sample(metrics, "vllm_operator_router_ejections_total", pool="short", cause="connect") == 1
+
+
+async def test_first_byte_timeout_streaming_is_504(short_engine: FakeVllm, long_engine: FakeVllm,
+                                                   counter: TokenCounter, http: aiohttp.ClientSession) -> None:
+    short_engine.configure(ttft_s=30)
+    config = router_config([short_engine.url], [long_engine.url], **{"timeouts.firstByteSeconds": 0.4})
+    async with running_router(config, counter) as (url, metrics):
+        async with http.post(url + CHAT, json=chat(stream=True)) as response:
+            assert response.status == 504
+            error = (await response.json())["error"]
+        assert "first-byte timeout of 0.4 s" in error["message"]
+        await eventually(lambda: asyncio.sleep(0, short_engine.requests()[0].outcome == "disconnected"))
+    assert sample(metrics, "vllm_operator_router_upstream_errors_total", pool="short",
+                  kind="timeout_first_byte") == 1
+
+
+async def test_non_streaming_waits_past_first_byte_until_total(short_engine: FakeVllm, long_engine: FakeVllm,
+                                                               counter: TokenCounter,
+                                                               http: aiohttp.ClientSession) -> None:
+    """vLLM answers a non-streamed request only at the end, so first-byte does not apply; total does."""
+    short_engine.configure(ttft_s=0.8)
+    config = router_config([short_engine.url], [long_engine.url], **{"timeouts.firstByteSeconds": 0.2})
+    async with running_router(config, counter) as (url, _), http.post(url + CHAT, json=chat()) as response:
+        assert response.status == 200
+    short_engine.configure(ttft_s=30)
+    config = router_config([short_engine.url], [long_engine.url], **{"timeouts.totalSeconds": 0.5})
+    async with running_router(config, counter) as (url, metrics), http.post(url + CHAT, json=chat()) as response:
+        assert response.status == 504
+        assert "total timeout of 0.5 s" in (await response.json())["error"]["message"]
+    assert sample(metrics, "vllm_operator_router_upstream_errors_total", pool="short", kind="timeout_total") == 1
+
+
+async def test_idle_timeout_ends_the_stream_with_an_error_event(short_engine: FakeVllm, long_engine: FakeVllm,
+                                                                counter: TokenCounter,
+                                                                http: aiohttp.ClientSession) -> None:
+    short_engine.configure(natural_tokens=10, chunk_delay_s=5)
+    config = router_config([short_engine.url], [long_engine.url], **{"timeouts.idleSeconds": 0.4})
+    async with running_router(config, counter) as (url, metrics):
+        async with http.post(url + CHAT, json=chat(stream=True)) as response:
+            assert response.status == 200
+            text = (await response.read()).decode()
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        assert events[-1]["error"]["code"] == "upstream_timeout"
+        assert "idle timeout of 0.4 s" in events[-1]["error"]["message"]
+        assert any(e.get("choices") for e in events[:-1]), "the chunks before the gap were relayed"
+        await eventually(lambda: asyncio.sleep(0, short_engine.requests()[0].outcome == "disconnected"))
+    assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="error") == 1
+    assert sample(metrics, "vllm_operator_router_upstream_errors_total", pool="short", kind="timeout_idle") == 1
+
+
+async def test_client_disconnect_mid_stream_cancels_the_engine_request(
+        short_engine: FakeVllm, long_engine: FakeVllm, counter: TokenCounter) -> None:
+    short_engine.configure(natural_tokens=1000, chunk_delay_s=0.02, max_tokens_cap=None)
+    config = router_config([short_engine.url], [long_engine.url])
+    async with running_router(config, counter) as (url, metrics):
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(url + CHAT, json=chat(stream=True))
+            assert response.status == 200
+            await response.content.readline()
+            response.close()  # the client goes away mid-stream
+        record = await eventually(lambda: asyncio.sleep(0, short_engine.requests()[0]))
+        await eventually(lambda: asyncio.sleep(0, record.outcome == "disconnected"))
+        assert record.completion_tokens < 32
+        await eventually(lambda: asyncio.sleep(0, sample(
+            metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="abort") == 1))
+    assert sample(metrics, "vllm_operator_router_in_flight_requests", pool="short") == 0
+
+
+async def test_client_disconnect_while_waiting_cancels_the_engine_request(
+        short_engine: FakeVllm, long_engine: FakeVllm, counter: TokenCounter) -> None:
+    short_engine.configure(ttft_s=30)
+    config = router_config([short_engine.url], [long_engine.url])
+    async with running_router(config, counter) as (url, metrics):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+            with pytest.raises(TimeoutError):
+                await session.post(url + CHAT, json=chat())
+        await eventually(lambda: asyncio.sleep(0, short_engine.requests()
+                                               and short_engine.requests()[0].outcome == "disconnected"))
+        await eventually(lambda: asyncio.sleep(0, sample(
+            metrics, "vllm_operator_router_client_disconnects_total", pool="short") == 1))
+    assert sample(metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat", status="499") == 1
+
+
+async def test_engine_dropping_mid_stream_counts_as_error(short_engine: FakeVllm, long_engine: FakeVllm,
+                                                          counter: TokenCounter, http: aiohttp.ClientSession) -> None:
+    short_engine.configure(natural_tokens=10, fail_mode="drop_mid_stream", fail_after_chunks=3, fail_count=1)
+    config = router_config([short_engine.url], [long_engine.url])
+    async with running_router(config, counter) as (url, metrics), \
+            http.post(url + CHAT, json=chat(stream=True)) as response:
+        assert response.status == 200
+        text = (await response.read()).decode()
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    assert events[-1]["error"]["code"] == "upstream_disconnected"
+    assert "[DONE]" not in text
+    assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="error") == 1
+    assert sample(metrics, "vllm_operator_router_upstream_errors_total", pool="short", kind="disconnected") == 1
+
+
+async def test_engine_dropping_before_answering_fails_over(short_engine: FakeVllm, long_engine: FakeVllm,
+                                                           counter: TokenCounter,
+                                                           http: aiohttp.ClientSession) -> None:
+    async with FakeVllm(model=MODEL, max_model_len=200, fail_mode="drop") as dropper:
+        config = router_config([dropper.url, short_engine.url], [long_engine.url],
+                               **{"health.intervalSeconds": 60})
+        async with running_router(config, counter) as (url, metrics):
+            statuses = []
+            for _ in range(2):
+                async with http.post(url + CHAT, json=chat()) as response:
+                    statuses.append(response.status)
+    assert statuses == [200, 200]
+    assert len(short_engine.requests()) == 2
+    assert sample(metrics, "vllm_operator_router_failovers_total", pool="short") == 1
