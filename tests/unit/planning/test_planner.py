@@ -1,0 +1,272 @@
+"""plan(): examples, class profiles in the arguments, max_tokens semantics, router config, pods' facts, warnings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.paths import EXAMPLE_FILES
+from tests.unit.planning.helpers import arg, make_plan, make_spec
+from vllm_operator import constants
+from vllm_operator.api.plan import Plan
+from vllm_operator.api.resource import parse_resource
+from vllm_operator.api.spec import WorkloadClass
+from vllm_operator.planning import RemediationState, catalog, plan, profiles
+
+
+def plan_file(path: Path) -> Plan:
+    resource = parse_resource(yaml.safe_load(path.read_text()))
+    return plan(resource.spec, None, RemediationState(), name=resource.metadata.name,
+                namespace=resource.metadata.namespace)
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
+def test_every_example_plans(path: Path) -> None:
+    p = plan_file(path)
+    assert set(p.pools) == {"short", "long"}
+    for pool in p.pools.values():
+        assert pool.kv.planned_tokens >= pool.max_model_len  # at least one full sequence fits
+        assert pool.engine_args == sorted(pool.engine_args)  # the examples have no extraArgs
+        assert f"--max-model-len={pool.max_model_len}" in pool.engine_args
+        assert f'--override-generation-config={{"max_new_tokens":{pool.max_tokens}}}' in pool.engine_args
+        assert "--host=$(POD_IP)" in pool.engine_args and f"--port={constants.ENGINE_PORT}" in pool.engine_args
+    assert plan_file(path) == p  # deterministic, hash included
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
+def test_example_shows_its_class_profile(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    p = plan_file(path)
+    prof = profiles.profile(WorkloadClass(doc["spec"]["workloadClass"]))
+    for name, pool in p.pools.items():
+        overrides = (doc["spec"].get("pools") or {}).get(name) or {}
+        want = prof.pool(name)
+        assert arg(p, name, "--max-num-seqs") == str(overrides.get("maxNumSeqs", want.max_num_seqs))
+        assert arg(p, name, "--max-num-batched-tokens") == str(
+            overrides.get("maxNumBatchedTokens", want.max_num_batched_tokens))
+        assert pool.max_model_len == overrides.get("maxModelLen", want.max_model_len)
+        if want.chunked_prefill:
+            assert arg(p, name, "--enable-chunked-prefill") == ""
+
+
+def test_long_doc_long_pool_is_chunked_fp8_on_h100() -> None:
+    p = make_plan(workloadClass="long-doc")
+    assert arg(p, "long", "--enable-chunked-prefill") == ""
+    assert arg(p, "long", "--kv-cache-dtype") == "fp8"
+    assert arg(p, "long", "--max-num-batched-tokens") == "8192"
+    assert arg(p, "long", "--max-num-seqs") == "8"
+    assert arg(p, "short", "--kv-cache-dtype") == "auto"
+    assert p.pools["long"].max_model_len == 32768 and p.pools["long"].max_tokens == 4096
+
+
+@pytest.mark.parametrize(("gpu", "dtype"), [("nvidia-a100-80gb", "auto"), ("nvidia-l40s-48gb", "fp8"),
+                                            ("nvidia-h200-141gb", "fp8")], ids=["a100-no-native", "l40s", "h200"])
+def test_long_doc_fp8_only_where_native(gpu: str, dtype: str) -> None:
+    assert arg(make_plan(workloadClass="long-doc", accelerator={"type": gpu}), "long", "--kv-cache-dtype") == dtype
+
+
+def test_chat_short_leaves_chunked_prefill_to_the_engine() -> None:
+    p = make_plan()
+    assert arg(p, "short", "--enable-chunked-prefill") is None
+    assert arg(p, "long", "--enable-chunked-prefill") == ""
+
+
+def test_chunked_prefill_forced_when_batch_shorter_than_length() -> None:
+    p = make_plan(pools={"short": {"maxNumBatchedTokens": 1024}})
+    assert arg(p, "short", "--enable-chunked-prefill") == ""
+
+
+def test_llama_8b_chat_on_l4_plans_with_a_warning() -> None:
+    p = make_plan(accelerator={"type": "nvidia-l4-24gb"})
+    short = p.pools["short"]
+    assert short.kv.planned_tokens > 4096
+    assert any("fit in the KV cache" in w and "expects at least 16" in w for w in short.warnings)
+
+
+def test_fp8_on_request_on_a100_warns() -> None:
+    p = make_plan(accelerator={"type": "nvidia-a100-80gb"}, pools={"short": {"kvCacheDtype": "fp8"}})
+    assert arg(p, "short", "--kv-cache-dtype") == "fp8"
+    assert any("not native" in w for w in p.pools["short"].warnings)
+
+
+def test_profile_lengths_clamped_to_native_context_with_warning() -> None:
+    p = make_plan(model={"name": "THUDM/glm-4-9b"}, workloadClass="rag")
+    assert p.pools["long"].max_model_len == 8192
+    assert any("native context" in w for w in p.pools["long"].warnings)
+
+
+def test_fp8_halves_bytes_and_doubles_tokens_roughly() -> None:
+    bf16 = make_plan(pools={"short": {"kvCacheDtype": "auto"}}).pools["short"].kv
+    fp8 = make_plan(pools={"short": {"kvCacheDtype": "fp8"}}).pools["short"].kv
+    assert fp8.bytes_per_token * 2 == bf16.bytes_per_token
+    assert abs(fp8.planned_tokens - 2 * bf16.planned_tokens) <= 16
+
+
+def test_tensor_parallel_70b_on_four_h100() -> None:
+    p = make_plan(model={"name": "meta-llama/Llama-3.1-70B-Instruct"}, accelerator={"count": 4})
+    long = p.pools["long"]
+    assert arg(p, "long", "--tensor-parallel-size") == "4"
+    assert long.resources.limits[constants.GPU_RESOURCE] == "4"
+    assert long.kv.bytes_per_token == 2 * 80 * 2 * 128 * 2  # 8 KV heads over 4 GPUs
+    assert long.kv.breakdown.weights_bytes == catalog.catalog_model("meta-llama/Llama-3.1-70B").weights_bytes // 4
+
+
+def test_single_gpu_has_no_tensor_parallel_flag() -> None:
+    assert arg(make_plan(), "short", "--tensor-parallel-size") is None
+
+
+def test_quantized_checkpoint_shrinks_weights_and_sets_flag() -> None:
+    plain = make_plan().pools["short"].kv
+    awq = make_plan(model={"quantization": "awq"})
+    assert arg(awq, "short", "--quantization") == "awq"
+    assert awq.pools["short"].kv.breakdown.weights_bytes < plain.breakdown.weights_bytes / 3
+    assert awq.pools["short"].kv.planned_tokens > plain.planned_tokens
+
+
+# --- max_tokens semantics and the router ------------------------------------------------------------------------
+
+def test_tier_default_filled_from_cap() -> None:
+    p = make_plan(routing={"tiers": [{"name": "free", "defaultMaxTokens": 100, "maxTokens": 512},
+                                     {"name": "pro", "maxTokens": 1024}]})
+    assert [(t.name, t.default_max_tokens, t.max_tokens) for t in p.router.tiers] == [
+        ("free", 100, 512), ("pro", 1024, 1024)]
+
+
+def test_default_tier_without_tiers() -> None:
+    p = make_plan()
+    assert [(t.name, t.default_max_tokens, t.max_tokens) for t in p.router.tiers] == [("default", 512, 1024)]
+
+
+def test_tier_cap_equal_to_long_max_tokens_is_fine() -> None:
+    p = make_plan(pools={"long": {"maxTokens": 2048}}, routing={"tiers": [{"name": "a", "maxTokens": 2048}]})
+    assert p.router.tiers[0].max_tokens == 2048
+
+
+def test_threshold_and_prompt_ranges() -> None:
+    p = make_plan()
+    assert p.router.prompt_length_threshold == 4096 - 512
+    assert p.pools["short"].prompt_range == (0, 3584)
+    assert p.pools["long"].prompt_range == (3584, 16384)
+    explicit = make_plan(routing={"promptLengthThreshold": 2000})
+    assert explicit.router.prompt_length_threshold == 2000
+
+
+def test_pool_max_tokens_is_the_engine_fuse() -> None:
+    p = make_plan(pools={"short": {"maxTokens": 300}})
+    assert arg(p, "short", "--override-generation-config") == '{"max_new_tokens":300}'
+    assert p.router.pools.short.max_tokens == 300
+
+
+def test_max_tokens_default_shrinks_with_a_short_override() -> None:
+    p = make_plan(pools={"short": {"maxModelLen": 512}})
+    assert p.pools["short"].max_tokens == 256
+
+
+def test_router_config_defaults() -> None:
+    r = make_plan().router
+    assert (r.timeouts.connect_seconds, r.timeouts.first_byte_seconds, r.timeouts.idle_seconds,
+            r.timeouts.total_seconds) == (2, 60, 30, 600)
+    assert r.max_body_bytes == 8 * 1024 * 1024
+    assert r.over_limit.value == "clamp"
+    assert r.api_keys_dir is None
+    assert r.pools.short.service is not None and r.pools.short.service.name == "demo-short"
+    assert r.pools.long.service is not None and r.pools.long.service.namespace == "ns"
+    assert r.pools.long.service.port == constants.ENGINE_PORT
+    assert r.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert (r.tokenizer.hf_repo, r.tokenizer.path, r.tokenizer.hf_token_file) == (
+        "meta-llama/Llama-3.1-8B-Instruct", None, None)
+
+
+def test_router_config_from_spec() -> None:
+    p = make_plan(model={"served_model_name": "llama", "source": {"huggingFace": {
+        "revision": "abc", "tokenSecretRef": {"name": "hf", "key": "token"}}}},
+        routing={"overLimit": "reject", "apiKeySecretRef": {"name": "keys"}, "maxBodyBytes": 4096,
+                 "timeouts": {"firstByteSeconds": 120}})
+    r = p.router
+    assert r.model == "llama" and arg(p, "short", "--served-model-name") == "llama"
+    assert r.over_limit.value == "reject" and r.api_keys_dir == "/etc/vllm-operator/api-keys"
+    assert r.max_body_bytes == 4096 and r.timeouts.first_byte_seconds == 120 and r.timeouts.connect_seconds == 2
+    assert (r.tokenizer.hf_repo, r.tokenizer.hf_revision, r.tokenizer.hf_token_file) == (
+        "meta-llama/Llama-3.1-8B-Instruct", "abc", "/etc/vllm-operator/hf-token/token")
+    assert arg(p, "short", "--revision") == "abc"
+
+
+def test_tokenizer_from_config_map() -> None:
+    p = make_plan(model={"tokenizer": {"configMap": {"name": "tok"}}})
+    assert p.router.tokenizer.path == "/etc/vllm-operator/tokenizer" and p.router.tokenizer.hf_repo is None
+
+
+# --- pods -------------------------------------------------------------------------------------------------------
+
+def test_gpu_pool_pod_facts() -> None:
+    p = make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"short": {"replicas": 3, "nodeSelector": {
+        "pool": "gpu"}, "env": [{"name": "FOO", "value": "bar"}, {"name": "S", "secretKeyRef": {"name": "s",
+                                                                                                "key": "k"}}]}})
+    short = p.pools["short"]
+    assert short.replicas == 3 and p.pools["long"].replicas == 1
+    assert short.node_selector == {constants.GFD_PRODUCT: "NVIDIA-L4", "pool": "gpu"}
+    assert short.resources.limits == {constants.GPU_RESOURCE: "1"}
+    assert short.image == "ghcr.io/vllm-operator/engine-gpu:0.33.0" and p.engine_version == "0.33.0"
+    assert short.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert short.env["HF_HOME"].startswith("/models/") and short.env["FOO"] == "bar" and "S" not in short.env
+    assert short.gpu_memory_utilization == 0.9 and arg(p, "short", "--gpu-memory-utilization") == "0.9"
+
+
+def test_pvc_model_path_and_offline_env() -> None:
+    p = make_plan(model={"source": {"pvc": {"claimName": "models", "path": "/llama/8b/"}}})
+    assert p.pools["short"].model == "/models/llama/8b"
+    assert p.pools["short"].env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_cpu_pool_uses_kv_cache_memory_bytes() -> None:
+    p = make_plan(model={"name": "x/tiny", "facts": {"numLayers": 2, "numKVHeads": 2, "numAttentionHeads": 4,
+                                                       "headDim": 64, "maxContextLength": 65536,
+                                                       "weightsGiB": 0.05}},
+                  accelerator={"type": "cpu", "memoryGiB": 4, "cpuCores": 3})
+    short = p.pools["short"]
+    assert arg(p, "short", "--gpu-memory-utilization") is None
+    kv_bytes = int(arg(p, "short", "--kv-cache-memory-bytes") or 0)
+    assert kv_bytes == short.kv.budget_bytes > 0
+    assert short.kv.planned_tokens == kv_bytes // (short.kv.bytes_per_token * 16) * 16
+    assert short.resources.limits == {"cpu": "3", "memory": "4096Mi"}
+    assert short.resources.requests == {"cpu": "3", "memory": "4096Mi"}
+    assert short.node_selector == {}
+    assert short.image == "ghcr.io/vllm-operator/engine-cpu:0.32.0" and p.engine_version == "0.32.0"
+
+
+def test_engine_image_and_version_from_spec_and_override() -> None:
+    p = make_plan(engine={"gpu": {"image": "my/vllm:1", "version": "0.26.0"}})
+    assert p.pools["short"].image == "my/vllm:1" and p.engine_version == "0.26.0"
+    q = make_plan(engine_version="0.32.1")
+    assert q.engine_version == "0.32.1" and q.warnings == []
+
+
+def test_unknown_newer_version_plans_with_the_nearest_table() -> None:
+    p = make_plan(engine_version="0.40")
+    assert any("0.33 flag table" in w for w in p.warnings)
+
+
+def test_accelerator_facts_from_nodes_are_used() -> None:
+    facts = catalog.accelerator_from_node_labels({constants.GFD_PRODUCT: "NVIDIA-A100-PCIE-40GB"}, 1)
+    p = plan(make_spec(accelerator={"type": "auto"}), facts, RemediationState(), name="d", namespace="n")
+    assert p.accelerator.type == "nvidia-a100-40gb"
+    assert p.pools["short"].node_selector == {constants.GFD_PRODUCT: "NVIDIA-A100-PCIE-40GB"}
+
+
+def test_hash_is_stable_and_tracks_content() -> None:
+    a, b = make_plan(), make_plan()
+    assert a.hash == b.hash and len(a.hash) == 64
+    assert make_plan(pools={"short": {"replicas": 2}}).hash != a.hash
+    body = a.model_dump(mode="json", by_alias=True, exclude={"hash"})
+    assert hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest() == a.hash
+
+
+def test_disabled_pool_is_planned_but_not_checked() -> None:
+    p = make_plan(accelerator={"type": "nvidia-a10g-24gb"},
+                  pools={"long": {"enabled": False, "maxModelLen": 131072}})
+    assert not p.pools["long"].enabled and p.router.pools.long.enabled is False
+    assert p.pools["short"].prompt_range == (0, 4096)
