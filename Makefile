@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 TOOLS := .tools
 
-.PHONY: demo test lint unit integration e2e crds schemas bench venv test-deps vllm-venv tools clean
+.PHONY: demo test lint unit integration e2e crds schemas goldens bench venv test-deps vllm-venv tools clean
 
 $(BIN)/vllm-operator: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,10 @@ crds: venv
 
 schemas: venv
 	$(BIN)/python -m vllm_operator.api.schemas operator/vllm_operator/api/schemas
+
+## goldens: re-render every example into tests/unit/rendering/golden (review the diff, then commit).
+goldens: venv
+	UPDATE_GOLDENS=1 $(BIN)/pytest -q -p no:cacheprovider tests/unit/rendering/test_golden.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
