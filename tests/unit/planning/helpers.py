@@ -31,9 +31,8 @@ def make_spec(**patch: Any) -> VLLMDeploymentSpec:
     return parse_spec(merge(BASE, patch))
 
 
-def make_plan(remediation: RemediationState | None = None, engine_version: str | None = None,
-              **patch: Any) -> Plan:
-    return plan(make_spec(**patch), None, remediation or RemediationState(), name="demo", namespace="ns",
+def make_plan(state: RemediationState | None = None, engine_version: str | None = None, **patch: Any) -> Plan:
+    return plan(make_spec(**patch), None, state or RemediationState(), name="demo", namespace="ns",
                 engine_version=engine_version)
 
 
