@@ -32,7 +32,8 @@ so a slow but healthy model load is not reported as a failed rollout.
 Volumes: `/dev/shm` is a memory-backed emptyDir (PyTorch and NCCL use shared memory between vLLM's processes; the
 container runtime's 64 MiB default is too small), sized 2 GiB per GPU (1 GiB on CPU, where it counts against the pod's
 memory limit). The model lives under `/models`: a PersistentVolumeClaim mounted read-only when `model.source.pvc` is
-set, otherwise an emptyDir holding the Hugging Face cache (`HF_HOME=/models/.cache`), which a restarted container
+set, otherwise an emptyDir holding the Hugging Face cache (`HF_HOME` under /models: the plan's value, else
+`/models/.cache`), which a restarted container
 reuses, so a crash does not mean a second download. The emptyDir has no size limit on purpose: exceeding one evicts
 the pod, and a checkpoint's size on disk is not known exactly before the download.
 """
@@ -95,15 +96,17 @@ def http_probe(**timing: int) -> dict[str, Any]:
 
 
 def env(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[dict[str, Any]]:
-    """Environment, lowest precedence first: the plan's literals, the model source's (HF_HOME, HF_TOKEN), the spec's
-    own env entries; POD_IP always comes from the downward API, because `--host=$(POD_IP)` depends on it."""
-    merged: dict[str, dict[str, Any]] = {k: {"value": v} for k, v in pool.env.items()}
+    """Environment, lowest precedence first: the model source's (HF_HOME unless the plan sets it, HF_TOKEN), the
+    plan's literals (which already include the spec's literal entries), the spec's Secret-backed entries; POD_IP
+    always comes from the downward API, because `--host=$(POD_IP)` depends on it."""
+    merged: dict[str, dict[str, Any]] = {}
     if from_hub(spec):
         merged["HF_HOME"] = {"value": HF_CACHE}
         hub = spec.model.source.hugging_face if spec.model.source is not None else None
         if hub is not None and hub.token_secret_ref is not None:
             ref = hub.token_secret_ref
             merged["HF_TOKEN"] = {"valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    merged.update({k: {"value": v} for k, v in pool.env.items()})
     for var in pool_spec(spec, pool.name).env or []:
         if var.secret_key_ref is not None:
             ref = var.secret_key_ref

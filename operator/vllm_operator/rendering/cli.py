@@ -1,0 +1,159 @@
+"""`vllm-operator render`: print the manifests the operator would apply for a VLLMDeployment, for GitOps review.
+
+Runs the same `plan()` and `render()` as the operator (offline, so `accelerator.type: auto` needs `--gpu`) and prints
+multi-document YAML on stdout, keys sorted, multi-line strings such as `router.json` as literal blocks, so a diff of
+two renders shows exactly what a spec change does. Plan warnings go to stderr. This module is the renderer's only I/O
+shell. Exit codes: 0 = rendered; 2 = refused or unreadable input, with one line on stderr naming the file and the
+field — never a traceback; 1 = an internal error (a bug), also as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import yaml
+
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts
+from vllm_operator.api.resource import VLLMDeployment, parse_resource
+from vllm_operator.planning import RemediationState, catalog, plan
+from vllm_operator.rendering import RenderOptions, render
+
+PROG = "vllm-operator render"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _labels(text: str) -> dict[str, str]:
+    """`k=v,k2=v2` -> dict; '' -> {}."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE[,KEY=VALUE...], got {item!r}")
+        out[key] = value
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Render a VLLMDeployment to the manifests the operator would apply.")
+    p.add_argument("-f", "--file", required=True, help="VLLMDeployment YAML (several documents are rendered in turn)")
+    p.add_argument("--gpu", metavar="TYPE", help="plan for this GPU type (needed offline for accelerator.type auto)")
+    p.add_argument("--engine-version", metavar="V", help="vLLM version to plan the flags for (e.g. 0.26)")
+    p.add_argument("--scraper-pod-labels", type=_labels, metavar="K=V,...",
+                   help="labels of the metrics scraper's pods the engines' NetworkPolicy admits "
+                        "(default app.kubernetes.io/name=prometheus; '' = any pod)")
+    p.add_argument("--scraper-namespace-labels", type=_labels, metavar="K=V,...",
+                   help="labels of the namespaces the metrics scraper runs in (default: any namespace)")
+    return p
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings (router.json) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def manifests_yaml(objects: Sequence[dict[str, Any]]) -> str:
+    """Multi-document YAML of rendered objects (keys sorted, stable line width)."""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=120,
+                         allow_unicode=True, explicit_start=True)
+
+
+def load_documents(path: str) -> list[Any]:
+    """The non-empty YAML documents of a file; SpecError (naming the file) when unreadable, invalid or empty."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise SpecError("", f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise SpecError("", f"{path} is not UTF-8 text") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError("", f"{path} is not valid YAML{where}: {problem}") from None
+    if not docs:
+        raise SpecError("", f"{path} is empty: expected a VLLMDeployment")
+    return docs
+
+
+def _accelerator(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:
+    if gpu is None:
+        return None
+    if gpu in {"cpu", "auto"}:
+        raise SpecError("--gpu", f"expects a GPU type from the catalog, not {gpu!r}")
+    try:
+        return catalog.gpu_facts(catalog.gpu_type(gpu), resource.spec.accelerator.count)
+    except SpecError as err:
+        raise SpecError("--gpu", err.message) from None
+
+
+def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
+                     options: RenderOptions | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(objects of every document in turn, plan warnings); SpecError for a refused document."""
+    objects: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for doc in docs:
+        resource = parse_resource(doc)
+        the_plan = plan(resource.spec, _accelerator(resource, gpu), RemediationState.from_status(resource.status),
+                        name=resource.metadata.name, namespace=resource.metadata.namespace,
+                        engine_version=engine_version)
+        who = f"{the_plan.namespace}/{the_plan.name}"
+        warnings += [f"{who}: {w}" for w in the_plan.warnings]
+        warnings += [f"{who} pool {p.name}: {w}" for p in the_plan.pools.values() for w in p.warnings]
+        objects += render(the_plan, resource.spec, options=options)
+    return objects, warnings
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    options = RenderOptions()
+    if args.scraper_pod_labels is not None:
+        options = RenderOptions(scraper_pod_labels=args.scraper_pod_labels,
+                                scraper_namespace_labels=options.scraper_namespace_labels)
+    if args.scraper_namespace_labels is not None:
+        options = RenderOptions(scraper_pod_labels=options.scraper_pod_labels,
+                                scraper_namespace_labels=args.scraper_namespace_labels or None)
+    try:
+        objects, warnings = render_documents(load_documents(args.file), gpu=args.gpu,
+                                             engine_version=args.engine_version, options=options)
+    except SpecError as err:
+        print(f"{PROG}: {args.file}: {err}".replace("\n", " "), file=sys.stderr)
+        return 2
+    except Exception as err:  # the CLI promises one line, never a traceback
+        print(f"{PROG}: {args.file}: internal error (please report): {type(err).__name__}: {err}"
+              .replace("\n", " "), file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"{PROG}: warning: {warning}".replace("\n", " "), file=sys.stderr)
+    try:
+        sys.stdout.write(manifests_yaml(objects))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `render ... | head`: the reader left; not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+    return 0

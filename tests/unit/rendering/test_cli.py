@@ -1,0 +1,116 @@
+"""`vllm-operator render`: multi-document YAML on success, exit 2 with one line on stderr for bad input — never a
+traceback (also through the real console script)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.paths import EXAMPLES
+from vllm_operator.rendering import cli
+
+CHAT = EXAMPLES / "chat.yaml"
+VLLM_OPERATOR = Path(sys.executable).parent / "vllm-operator"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_renders_multi_document_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(["-f", str(CHAT)], capsys)
+    assert rc == 0
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs][:4] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap"]
+    assert len(docs) == 16 and all(d["metadata"]["namespace"] == "ml" for d in docs)
+    assert "router.json: |" in out  # the router config is a readable literal block
+    assert all(line.startswith("vllm-operator render: warning: ") for line in err.splitlines())
+
+
+def test_several_documents_render_in_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    both = tmp_path / "both.yaml"
+    both.write_text(CHAT.read_text() + "\n---\n" + (EXAMPLES / "rag.yaml").read_text())
+    rc, out, _ = run(["-f", str(both)], capsys)
+    assert rc == 0
+    assert {d["metadata"]["labels"]["vllm-operator.dev/deployment"] for d in yaml.safe_load_all(out)} == {"chat",
+                                                                                                         "rag"}
+
+
+def test_scraper_options(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["-f", str(CHAT), "--scraper-pod-labels", "app=vmagent",
+                      "--scraper-namespace-labels", "kubernetes.io/metadata.name=monitoring"], capsys)
+    assert rc == 0
+    policy = next(d for d in yaml.safe_load_all(out) if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["ingress"][1]["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app": "vmagent"}}}]
+
+
+def test_gpu_flag_resolves_auto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    auto = tmp_path / "auto.yaml"
+    auto.write_text(CHAT.read_text().replace("type: nvidia-l4-24gb", "type: auto"))
+    rc, _, err = run(["-f", str(auto)], capsys)
+    assert rc == 2 and "auto" in err and "--gpu" in err
+    rc, out, _ = run(["-f", str(auto), "--gpu", "nvidia-h100-80gb"], capsys)
+    assert rc == 0
+    dep = next(d for d in yaml.safe_load_all(out)
+               if d["kind"] == "Deployment" and d["metadata"]["name"] == "chat-short")
+    assert dep["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"].startswith("NVIDIA-H100")
+
+
+CASES = {
+    "missing-file": ("no/such/file.yaml", None, "cannot read no/such/file.yaml"),
+    "broken-yaml": ("f.yaml", "spec: [unclosed\n", "is not valid YAML at line"),
+    "empty-file": ("f.yaml", "# only a comment\n", "is empty"),
+    "wrong-kind": ("f.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "expected VLLMDeployment"),
+    "not-a-mapping": ("f.yaml", "- a\n- b\n", "expected a VLLMDeployment mapping"),
+    "refused-plan": ("f.yaml", CHAT.read_text().replace("long: {replicas: 1}", "long: {maxModelLen: 262144}"),
+                     "spec.pools.long"),
+    "invalid-spec": ("f.yaml", CHAT.read_text().replace("type: nvidia-l4-24gb", "type: cpu"), "memoryGiB"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_exits_2_with_one_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name, content, expected = CASES[case]
+    path = name
+    if content is not None:
+        (tmp_path / name).write_text(content)
+        path = str(tmp_path / name)
+    rc, out, err = run(["-f", path], capsys)
+    assert rc == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("vllm-operator render: ") and expected in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [pytest.param([], id="no-file"), pytest.param(["-f", str(CHAT), "--nope"],
+                                                                                  id="unknown-flag"),
+                                  pytest.param(["-f", str(CHAT), "--gpu", "nvidia-k80"], id="unknown-gpu"),
+                                  pytest.param(["-f", str(CHAT), "--gpu", "cpu"], id="gpu-cpu"),
+                                  pytest.param(["-f", str(CHAT), "--scraper-pod-labels", "novalue"],
+                                               id="bad-labels")])
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_console_script(tmp_path: Path) -> None:
+    ok = subprocess.run([str(VLLM_OPERATOR), "render", "-f", str(EXAMPLES / "cpu-dev.yaml")], capture_output=True,
+                        text=True, timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert len(list(yaml.safe_load_all(ok.stdout))) == 16
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [")
+    failed = subprocess.run([str(VLLM_OPERATOR), "render", "-f", str(bad)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert failed.returncode == 2 and failed.stdout == ""
+    assert len(failed.stderr.strip().splitlines()) == 1 and "Traceback" not in failed.stderr
