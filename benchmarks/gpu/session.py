@@ -98,14 +98,31 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline_s: float) -> 
     raise RuntimeError(f"engine not healthy after {deadline_s:.0f} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the group (zombies hold no GPU memory; read from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # after "pid (comm)": state, ppid, pgrp
+            return True
+    return False
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the engine's whole process group and wait until every member is gone: vLLM's EngineCore is a child
+    process, and the next engine start needs its GPU memory back."""
+    if group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        proc.poll()  # reap the leader so it does not linger as a zombie
+        time.sleep(0.5)
+    if group_alive(proc.pid):
+        log("engine group still alive 60 s after SIGTERM; sending SIGKILL")
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def engine_argv(args: argparse.Namespace, plan: Path, pool: str) -> tuple[list[str], dict[str, str]]:

@@ -11,9 +11,11 @@ import socket
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
+from typing import Any
 
-from tests.support.loadgen import GPU_BENCH
+from tests.support.loadgen import GPU_BENCH, load_script
 
 TINY = (
     "--duration 1 --short-rate 4 --short-arrival fixed --short-output 4:8 --long-prompt 600 --long-output 8 "
@@ -58,3 +60,35 @@ def test_unknown_step_is_refused(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "unknown steps ['huge']" in done.stderr
+
+
+def test_stop_waits_for_the_whole_engine_group(tmp_path: Path) -> None:
+    """vLLM's EngineCore is a child process holding the GPU; the next start needs it gone, not just the leader."""
+    session: Any = load_script("session")
+    ready = tmp_path / "ready"
+    # the leader (sh) dies at once on SIGTERM; its child, like EngineCore, takes a second to let go
+    slow = (
+        "import pathlib, signal, sys, time;"
+        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0)));"
+        f"pathlib.Path('{ready}').touch(); time.sleep(300)"
+    )
+    proc = subprocess.Popen(["sh", "-c", f'{sys.executable} -c "{slow}" & sleep 300 & wait'], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists() and len(group_members(proc.pid)) == 3
+    session.stop(proc)
+    assert group_members(proc.pid) == []
+    assert not session.group_alive(proc.pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
