@@ -54,14 +54,14 @@ class GpuType:
 # the others from PyTorch OOM messages and `nvidia-smi --query-gpu=memory.total` (MiB, minus ~0.5 GiB the driver
 # keeps) as quoted in public vLLM/PyTorch issue threads. Compute capability: NVIDIA's CUDA GPUs table.
 GPUS: tuple[GpuType, ...] = (
-    GpuType("nvidia-t4-16gb", 14.6, (7, 5), ("Tesla-T4", "NVIDIA-T4"),
-            "PyTorch OOM messages on T4 report 14.58-14.75 GiB total capacity; the lower figure is kept"),
+    GpuType("nvidia-t4-16gb", 14.56, (7, 5), ("Tesla-T4", "NVIDIA-T4"),
+            "PyTorch OOM messages on T4 (Colab/Kaggle): 'total capacity of 14.56 GiB' (older drivers 14.74)"),
     GpuType("nvidia-a10g-24gb", 22.0, (8, 6), ("NVIDIA-A10G",),
-            "nvidia-smi 23028 MiB; PyTorch reports ~22.0-22.2 GiB total capacity (AWS g5)"),
+            "PyTorch OOM messages on AWS g5: 'total capacity of 22.06 GiB'; rounded down"),
     GpuType("nvidia-l4-24gb", 22.0, (8, 9), ("NVIDIA-L4",),
-            "nvidia-smi 23034 MiB; PyTorch reports ~22.0 GiB total capacity (GCP g2)"),
+            "PyTorch OOM messages on GCP g2: 'total capacity of 22.03 GiB'; rounded down"),
     GpuType("nvidia-l40s-48gb", 44.4, (8, 9), ("NVIDIA-L40S",),
-            "nvidia-smi 46068 MiB; PyTorch reports ~44.4 GiB total capacity"),
+            "PyTorch OOM message 'total capacity of 44.53 GiB' (Wan-Video/Wan2.1#205); rounded down"),
     GpuType("nvidia-a100-40gb", 39.4, (8, 0),
             ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB", "A100-SXM4-40GB", "A100-PCIE-40GB"),
             "nvidia-smi 40960 MiB; PyTorch reports 39.4-39.6 GiB total capacity; the lower figure is kept"),
