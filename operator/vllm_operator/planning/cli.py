@@ -35,7 +35,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Plan a VLLMDeployment: engine args, KV budget, capacity, warnings.")
-    p.add_argument("-f", "--file", required=True, help="VLLMDeployment YAML (several documents are planned in turn)")
+    p.add_argument("-f", "--file", help="VLLMDeployment YAML (several documents are planned in turn)")
+    p.add_argument("path", nargs="?", help="the same as -f FILE")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
     p.add_argument("--gpu", metavar="TYPE", help="plan for this GPU type (needed offline for accelerator.type auto)")
     p.add_argument("--engine-version", metavar="V", help="vLLM version to plan the flags for (e.g. 0.26)")
@@ -160,6 +161,11 @@ def _plan_one(doc: Any, args: argparse.Namespace, facts: Any) -> Plan:
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
+        if args.file and args.path and args.file != args.path:
+            raise _UsageError(f"two files given ({args.file}, {args.path}); plan one -f FILE at a time")
+        args.file = args.file or args.path
+        if not args.file:
+            raise _UsageError("the following arguments are required: -f/--file")
     except _UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2

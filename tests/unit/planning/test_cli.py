@@ -121,3 +121,10 @@ def test_refusals_exit_2_with_one_line(tmp_path: Path, make_file: object, extra:
 def test_missing_file_argument_exits_2() -> None:
     res = run()
     assert res.returncode == 2 and "-f/--file" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_positional_file_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([str(CHAT), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "chat"
+    assert cli.main([str(CHAT), "-f", str(ROOT / "examples" / "rag.yaml")]) == 2
+    assert "two files given" in capsys.readouterr().err
