@@ -195,3 +195,15 @@ def describe_kv_rung(plan: Plan, pool: str, level: int, allow_lower_max_model_le
     settings = settings_of(plan, pool)
     after = apply_levels(kv_ladder_for(allow_lower_max_model_len), settings, level, plan.pools[pool].kv_level)
     return describe_change(settings, after)
+
+
+def next_step_down(plan: Plan, pool: str) -> tuple[int, str] | None:
+    """`(level, what moving there changes)` for the next useful EngineOOM rung, or None when the ladder is spent."""
+    level = next_step_down_level(plan, pool)
+    return None if level is None else (level, describe_rung(plan, pool, level))
+
+
+def next_kv(plan: Plan, pool: str, allow_lower_max_model_len: bool) -> tuple[int, str] | None:
+    """`(level, what moving there changes)` for the next useful KVCacheTooSmall rung, or None."""
+    level = next_kv_level(plan, pool, allow_lower_max_model_len)
+    return None if level is None else (level, describe_kv_rung(plan, pool, level, allow_lower_max_model_len))

@@ -113,3 +113,12 @@ def test_remediation_state_from_status() -> None:
     p = make_plan(state)
     assert (p.pools["long"].step_down_level, p.pools["long"].kv_level) == (2, 1)
     assert any("remediation applied" in w for w in p.pools["long"].warnings)
+
+
+def test_next_rung_pairs_for_the_health_policy() -> None:
+    assert ladder.next_step_down(at(0), "long") == (1, "gpu-memory-utilization 0.9->0.85")
+    assert ladder.next_step_down(at(0, workloadClass="long-doc"), "long") == (1, "gpu-memory-utilization 0.9->0.85")
+    assert ladder.next_step_down(at(3, workloadClass="long-doc"), "long") is None
+    assert ladder.next_kv(at(0), "long", False) == (1, "kv-cache-dtype auto->fp8")
+    assert ladder.next_kv(at(0, 1), "long", False) is None
+    assert ladder.next_kv(at(0, 1), "long", True) == (2, "max-model-len 16384->8192")
