@@ -28,7 +28,7 @@ import random
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -56,6 +56,18 @@ _SERVER_META = ("uid", "resourceVersion", "generation", "creationTimestamp", "de
                 "deletionGracePeriodSeconds", "selfLink", "managedFields")
 SIM_PREFIX = "/_sim"
 _JSON_TYPES = frozenset({"", "application/json", "application/yaml", "*/*"})
+
+
+_RESOURCES: dict[tuple[str | None, str | None, str | None], kmock.resource] = {}
+
+
+def make_resource(group: str | None, version: str | None, plural: str | None) -> kmock.resource:
+    """A cached kmock.resource (constructing one runs slow Protocol isinstance checks)."""
+    key = (group, version, plural)
+    found = _RESOURCES.get(key)
+    if found is None:
+        found = _RESOURCES[key] = kmock.resource(group=group, version=version, plural=plural)
+    return found
 
 
 def now_rfc3339(offset_s: float = 0.0) -> str:
@@ -112,6 +124,8 @@ class ApiServer(kmock.KubernetesEmulator):
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _gc_idle: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _internal_errors: list[BaseException] = attrs.field(factory=list, init=False)
+    _builtin_payloads: int = attrs.field(default=0, init=False)
+    _index: dict[kmock.resource, dict[ObjKey, None]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -123,9 +137,10 @@ class ApiServer(kmock.KubernetesEmulator):
         (self.fallback ** 1)[self._has_reply] << self._take_reply
         self.fallback["get /version/"] << self._serve_server_version
         self.fallback[re.compile(r"/_sim/requests/?")] << self._serve_request_log
+        self._builtin_payloads = len(self._payloads)
         self._gc_idle.set()
         for name in builtin.INITIAL_NAMESPACES:
-            self._store_new(kmock.resource("", "v1", "namespaces"), None, {
+            self._store_new(make_resource("", "v1", "namespaces"), None, {
                 "apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": str(self._next_rv()),
                              "creationTimestamp": now_rfc3339(),
@@ -244,8 +259,7 @@ class ApiServer(kmock.KubernetesEmulator):
         parsed = parse_api_path(raw_request.path)
         method = kmock.method(raw_request.method)
         query = dict(raw_request.query)
-        resource = None if parsed.group is None else kmock.resource(
-            group=parsed.group, version=parsed.version, plural=parsed.plural)
+        resource = None if parsed.group is None else make_resource(parsed.group, parsed.version, parsed.plural)
         return rendering.Request(
             id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
             params=query, headers=dict(raw_request.headers), cookies=dict(raw_request.cookies),
@@ -277,8 +291,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 return self._fault_response(fault, record)
         record.status = response.status
         # kmock keeps every request for its DSL assertions; bound that so long demos do not grow forever.
-        if len(self._requests) > 50_000:
-            del self._requests[:10_000]
+        if len(self._requests) > 20_000:
+            del self._requests[:5_000]
         return response
 
     def _fault_response(self, fault: Fault, record: RequestRecord) -> aiohttp.web.StreamResponse:
@@ -293,21 +307,51 @@ class ApiServer(kmock.KubernetesEmulator):
     def _error_response(self, exc: ApiError) -> aiohttp.web.StreamResponse:
         return aiohttp.web.json_response(exc.body(), status=exc.code, headers=exc.headers or None)
 
+    @property
+    def _user_reactions(self) -> bool:
+        """Whether a test added kmock DSL reactions (`server[...] << ...`) beyond the built-in fallbacks."""
+        return len(self._payloads) > self._builtin_payloads
+
     async def _dispatch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
         if res is not None and res.plural and res.version:
             reply = await self._serve_resource(request)
-            self._replies[id(request)] = reply
-            try:
-                return await apps.RawHandler._handle(self, request)
-            finally:
-                self._replies.pop(id(request), None)
-        return await apps.RawHandler._handle(self, request)
+        else:
+            reply = await self._serve_plain(request)
+        if not self._user_reactions:
+            # kmock's DSL matching scans every past request per reaction (quadratic over a run), so it is only
+            # consulted when a test actually scripted a reaction.
+            return await reply(request)
+        self._replies[id(request)] = reply
+        try:
+            return await apps.RawHandler._handle(self, request)
+        finally:
+            self._replies.pop(id(request), None)
+
+    async def _serve_plain(self, request: rendering.Request) -> rendering.Response:
+        """Discovery, /version and the simulator's own endpoints."""
+        path = request.url.path.rstrip("/") or "/"
+        if str(request.method.value).upper() != "GET":
+            raise errors.method_not_allowed()
+        handler: Callable[[rendering.Request], Awaitable[rendering.Payload]] | None = {
+            "/version": self._serve_server_version, "/api": self._serve_api, "/apis": self._serve_apis,
+            "/": self._serve_root, f"{SIM_PREFIX}/requests": self._serve_request_log,
+        }.get(path)
+        res = request.resource
+        if handler is None and res is not None and res.group is not None and not res.plural:
+            handler = self._serve_version if res.version else self._serve_group
+        if handler is None:
+            raise errors.no_route()
+        try:
+            payload = await handler(request)
+        except kmock.KubernetesError as exc:
+            raise errors.no_route() from exc
+        return rendering.Response(status=200, payload=payload)
 
     async def _serve_resource(self, request: rendering.Request) -> rendering.Response:
         res = request.resource
         assert res is not None and res.plural is not None
-        lookup = kmock.resource(res.group, res.version, res.plural)
+        lookup = make_resource(res.group, res.version, res.plural)
         if lookup not in self.resources:
             raise errors.no_route()
         method = str(request.method.value).upper()
@@ -360,8 +404,8 @@ class ApiServer(kmock.KubernetesEmulator):
     def _storage_resource(self, res: kmock.resource) -> kmock.resource:
         crd = self._crd_for(res)
         if crd is not None:
-            return kmock.resource(res.group, crd.storage_version, res.plural)
-        return kmock.resource(res.group, res.version, res.plural)
+            return make_resource(res.group, crd.storage_version, res.plural)
+        return make_resource(res.group, res.version, res.plural)
 
     def _history(self, res: kmock.resource) -> EventHistory:
         key = (res.group or "", res.plural or "")
@@ -388,14 +432,18 @@ class ApiServer(kmock.KubernetesEmulator):
         return key, current
 
     def _present(self, res: kmock.resource, obj: dict[str, Any]) -> dict[str, Any]:
-        """The object as served for the requested version (conversion strategy None: apiVersion only)."""
+        """The object as served for the requested version (conversion strategy None: apiVersion only).
+
+        A shallow copy: it is serialized at once, and stored versions are never mutated in place (every write
+        builds a new deep copy), so sharing nested values is safe and keeps large LISTs cheap.
+        """
         out: dict[str, Any] = {"apiVersion": f"{res.group}/{res.version}" if res.group else str(res.version),
                                "kind": obj.get("kind") or self._kind(res)}
         if "metadata" in obj:
-            out["metadata"] = copy.deepcopy(obj["metadata"])
+            out["metadata"] = obj["metadata"]
         for key, value in obj.items():
             if key not in out:
-                out[key] = copy.deepcopy(value)
+                out[key] = value
         return out
 
     def _has_status_subresource(self, res: kmock.resource) -> bool:
@@ -406,6 +454,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def _store_new(self, res: kmock.resource, namespace: str | None, obj: dict[str, Any]) -> None:
         key = (res, namespace, obj["metadata"]["name"])
+        self._index.setdefault(res, {})[key] = None
         if key in self._objects:
             self._objects[key].create(obj)
             self._trim(key)
@@ -439,7 +488,7 @@ class ApiServer(kmock.KubernetesEmulator):
     def _check_namespace_writable(self, res: kmock.resource, namespace: str | None, name: str) -> None:
         if not self.enforce_namespaces or namespace is None or not self._info(res).namespaced:
             return
-        ns = self._current((kmock.resource("", "v1", "namespaces"), None, namespace))
+        ns = self._current((make_resource("", "v1", "namespaces"), None, namespace))
         if ns is None:
             raise errors.not_found("namespaces", "", namespace)
         if ns["metadata"].get("deletionTimestamp"):
@@ -493,8 +542,8 @@ class ApiServer(kmock.KubernetesEmulator):
     def _objects_of(self, res: kmock.resource) -> list[dict[str, Any]]:
         storage = self._storage_resource(res)
         items = []
-        for (stored_res, _, _), stored in self._objects.items():
-            if stored_res == storage and not stored.deleted:
+        for key in self._index.get(storage, {}):
+            if key in self._objects and not (stored := self._objects[key]).deleted:
                 items.append(stored.raw)
         items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
         return items
@@ -1201,7 +1250,7 @@ class ApiServer(kmock.KubernetesEmulator):
         for res in [r for r in self._all_resources() if (r.group, r.plural) == (crd_def.group, crd_def.plural)]:
             del self.resources[res]
         for version in crd_def.served_versions():
-            self.resources[kmock.resource(crd_def.group, version, crd_def.plural)] = kmock.ResourceInfo(
+            self.resources[make_resource(crd_def.group, version, crd_def.plural)] = kmock.ResourceInfo(
                 kind=crd_def.kind, singular=crd_def.singular, namespaced=crd_def.namespaced,
                 verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
                 shortnames=set(crd_def.short_names), categories=set(crd_def.categories),
