@@ -100,9 +100,12 @@ def test_request_log_records_rbac_verbs_resources_and_user_agents(sim_api: SimAp
     core.read_namespace_status("default")
     records = sim_api.request_log.since(mark)
     assert [(r.verb, r.resource, r.subresource, r.namespace) for r in records] == [
-        ("create", "configmaps", "", "default"), ("get", "configmaps", "", "default"),
-        ("list", "configmaps", "", "default"), ("patch", "configmaps", "", "default"),
-        ("delete", "configmaps", "", "default"), ("deletecollection", "configmaps", "", "default"),
+        ("create", "configmaps", "", "default"),
+        ("get", "configmaps", "", "default"),
+        ("list", "configmaps", "", "default"),
+        ("patch", "configmaps", "", "default"),
+        ("delete", "configmaps", "", "default"),
+        ("deletecollection", "configmaps", "", "default"),
         ("get", "namespaces", "status", "default"),
     ]
     assert all("OpenAPI-Generator" in r.user_agent for r in records)
@@ -126,16 +129,34 @@ def test_discovery_documents(sim_api: SimApi) -> None:
 async def test_standalone_process_writes_a_kubeconfig_kubectl_can_use(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vllm_operator.sim.apiserver", "--port", "0", "--kubeconfig", str(kubeconfig),
-        "--crd", str(ROOT / "crds" / "vllm-operator.dev_vllmdeployments.yaml"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ})
+        sys.executable,
+        "-m",
+        "vllm_operator.sim.apiserver",
+        "--port",
+        "0",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--crd",
+        str(ROOT / "crds" / "vllm-operator.dev_vllmdeployments.yaml"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ},
+    )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         assert "listening on http://127.0.0.1:" in line
         kubectl = await asyncio.create_subprocess_exec(
-            str(KUBECTL), "--kubeconfig", str(kubeconfig), "get", "crd", "-o", "name",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            str(KUBECTL),
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            "crd",
+            "-o",
+            "name",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await kubectl.communicate()
         assert kubectl.returncode == 0, err.decode()
         crd_name = "customresourcedefinition.apiextensions.k8s.io/vllmdeployments.vllm-operator.dev"
@@ -147,3 +168,13 @@ async def test_standalone_process_writes_a_kubeconfig_kubectl_can_use(tmp_path: 
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+def test_kmock_dsl_reactions_still_override_responses(sim_api: SimApi) -> None:
+    core = core_api(sim_api)
+    core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}})
+    sim_api.api["get /api/v1/namespaces/default/configmaps/cm"] << 503  # kmock's own scripting DSL
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_config_map("cm", "default")
+    assert err.value.status == 503
+    assert [c.metadata.name for c in core.list_namespaced_config_map("default").items] == ["cm"]  # others served
