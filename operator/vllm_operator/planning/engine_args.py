@@ -26,8 +26,8 @@ MANAGED_FLAGS: frozenset[str] = frozenset({
     "model", "config", "host", "port", "served-model-name", "max-model-len", "max-num-seqs",
     "max-num-batched-tokens", "enable-chunked-prefill", "kv-cache-dtype", "gpu-memory-utilization",
     "kv-cache-memory-bytes", "kv-cache-memory", "tensor-parallel-size", "quantization", "revision",
-    "override-generation-config", "block-size", "num-gpu-blocks-override", "cpu-offload-gb", "swap-space",
-    "pipeline-parallel-size", "data-parallel-size",
+    "tokenizer-revision", "override-generation-config", "block-size", "num-gpu-blocks-override", "cpu-offload-gb",
+    "swap-space", "pipeline-parallel-size", "data-parallel-size",
 })
 # Short options vLLM's parser maps to managed flags.
 SHORT_ALIASES: dict[str, str] = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
@@ -36,7 +36,8 @@ SHORT_ALIASES: dict[str, str] = {"-tp": "tensor-parallel-size", "-pp": "pipeline
 _COMMON_FLAGS = frozenset({
     "host", "port", "served-model-name", "max-model-len", "max-num-seqs", "max-num-batched-tokens",
     "enable-chunked-prefill", "kv-cache-dtype", "gpu-memory-utilization", "kv-cache-memory-bytes",
-    "tensor-parallel-size", "quantization", "revision", "override-generation-config", "attention-backend",
+    "tensor-parallel-size", "quantization", "revision", "tokenizer-revision", "override-generation-config",
+    "attention-backend",
 })
 
 
@@ -179,8 +180,9 @@ def build_args(values: PoolArgs, version: EngineVersion, extra: list[str]) -> li
         items["tensor-parallel-size"] = values.tensor_parallel_size
     if values.quantization:
         items["quantization"] = values.quantization
-    if values.revision:
+    if values.revision:  # pin the tokenizer too: vLLM would otherwise read it from the repo's default branch
         items["revision"] = values.revision
+        items["tokenizer-revision"] = values.revision
     missing = sorted(set(items) - version.flags)
     if missing:  # a table bug, not a user error: every managed flag must exist in every supported version
         raise SpecError("spec.engine", f"vLLM {version.version} has no --{', --'.join(missing)}")

@@ -192,7 +192,7 @@ def test_router_config_from_spec() -> None:
     assert r.max_body_bytes == 4096 and r.timeouts.first_byte_seconds == 120 and r.timeouts.connect_seconds == 2
     assert (r.tokenizer.hf_repo, r.tokenizer.hf_revision, r.tokenizer.hf_token_file) == (
         "meta-llama/Llama-3.1-8B-Instruct", "abc", "/etc/vllm-operator/hf-token/token")
-    assert arg(p, "short", "--revision") == "abc"
+    assert arg(p, "short", "--revision") == "abc" and arg(p, "short", "--tokenizer-revision") == "abc"
 
 
 def test_tokenizer_from_config_map() -> None:
