@@ -9,7 +9,7 @@ One registry per router instance (no module-level metrics), so tests can run sev
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import prometheus_client as prom
 
@@ -87,6 +87,16 @@ class RouterMetrics:
         self.endpoints_discovered = prom.Gauge(
             f"{PREFIX}_discovery_synced", "1 once a pool's EndpointSlices have been listed (static lists: 1).",
             ["pool"], registry=r)
+
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: prometheus_client's lookup costs more than the increment itself."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def exposition(self) -> tuple[bytes, str]:
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

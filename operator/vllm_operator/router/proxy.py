@@ -205,7 +205,7 @@ class Router:
             decision, count = await asyncio.to_thread(self.counter.settle, prompt, decide_at)
         else:
             decision, count = self.counter.settle(prompt, decide_at)
-        self.metrics.token_counts.labels(count.method).inc()
+        self.metrics.child(self.metrics.token_counts, count.method).inc()
         if isinstance(decision, Refusal):
             return decision
         keys = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None] or ["max_tokens"]
@@ -237,13 +237,13 @@ class Router:
         endpoint = "chat" if chat else "completions"
         prepared = await self._prepare(request, chat)
         if isinstance(prepared, Refusal):
-            self.metrics.refusals.labels(prepared.reason).inc()
-            self.metrics.requests.labels("none", endpoint, str(prepared.status)).inc()
+            self.metrics.child(self.metrics.refusals, prepared.reason).inc()
+            self.metrics.child(self.metrics.requests, "none", endpoint, str(prepared.status)).inc()
             return error_response(prepared)
         route = prepared.route
         pool_name = self._choose_pool(route)
         for cap in route.clamps:
-            self.metrics.clamps.labels(pool_name, cap).inc()
+            self.metrics.child(self.metrics.clamps, pool_name, cap).inc()
         headers = {
             HEADER_POOL: pool_name,
             HEADER_PROMPT_TOKENS: str(prepared.count.tokens),
@@ -256,7 +256,7 @@ class Router:
             if value is not None:
                 upstream_headers[name] = value
         self.metrics.overhead.observe(time.perf_counter() - start)
-        in_flight = self.metrics.in_flight.labels(pool_name)
+        in_flight = self.metrics.child(self.metrics.in_flight, pool_name)
         in_flight.inc()
         status = 0
         try:
@@ -266,12 +266,12 @@ class Router:
             return response
         except asyncio.CancelledError:
             status = 499
-            self.metrics.client_disconnects.labels(pool_name).inc()
+            self.metrics.child(self.metrics.client_disconnects, pool_name).inc()
             raise
         finally:
             in_flight.dec()
-            self.metrics.requests.labels(pool_name, endpoint, str(status)).inc()
-            self.metrics.duration.labels(pool_name).observe(time.perf_counter() - start)
+            self.metrics.child(self.metrics.requests, pool_name, endpoint, str(status)).inc()
+            self.metrics.child(self.metrics.duration, pool_name).observe(time.perf_counter() - start)
 
     async def _forward(self, request: web.Request, prepared: _Prepared, pool: Pool, headers: dict[str, str],
                        upstream_headers: dict[str, str], start: float) -> web.StreamResponse:
@@ -283,7 +283,7 @@ class Router:
             if endpoint is None:
                 break
             if tried:
-                self.metrics.failovers.labels(pool.name).inc()
+                self.metrics.child(self.metrics.failovers, pool.name).inc()
             tried.append(endpoint)
             endpoint.outstanding += 1
             try:
@@ -291,10 +291,11 @@ class Router:
                                            deadline)
             except _Retry as retry:
                 last = retry
-                self.metrics.upstream_errors.labels(pool.name, retry.kind).inc()
+                self.metrics.child(self.metrics.upstream_errors, pool.name, retry.kind).inc()
                 pool.eject(endpoint, CAUSE_5XX if retry.status else CAUSE_CONNECT)
             except _Timeout as timeout:
-                self.metrics.upstream_errors.labels(pool.name, f"timeout_{timeout.which.replace('-', '_')}").inc()
+                kind = f"timeout_{timeout.which.replace('-', '_')}"
+                self.metrics.child(self.metrics.upstream_errors, pool.name, kind).inc()
                 if timeout.which == "connect":
                     pool.eject(endpoint, CAUSE_CONNECT)
                     last = _Retry("timeout_connect")
@@ -353,10 +354,10 @@ class Router:
         except TimeoutError as err:
             raise _Timeout("total", self.total_s) from err
         except aiohttp.ClientError:
-            self.metrics.upstream_errors.labels(pool.name, "disconnected").inc()
-            self.metrics.finished.labels(pool.name, "error").inc()
+            self.metrics.child(self.metrics.upstream_errors, pool.name, "disconnected").inc()
+            self.metrics.child(self.metrics.finished, pool.name, "error").inc()
             return error_response(_UPSTREAM_CUT, headers)
-        self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
+        self.metrics.child(self.metrics.ttft, pool.name).observe(time.perf_counter() - start)
         if upstream.status == 200:
             outcome = _Outcome()
             outcome.scan(body)
@@ -378,7 +379,7 @@ class Router:
             raise _Timeout(which, self.total_s if which == "total" else self.first_byte_s) from err
         except aiohttp.ClientError as err:
             raise _Retry("disconnected") from err
-        self.metrics.ttft.labels(pool.name).observe(time.perf_counter() - start)
+        self.metrics.child(self.metrics.ttft, pool.name).observe(time.perf_counter() - start)
         response = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
             "Cache-Control": "no-cache"})
@@ -403,16 +404,16 @@ class Router:
         except TimeoutError:
             which = "total" if loop.time() >= deadline - 0.001 else "idle"
             seconds = self.total_s if which == "total" else self.idle_s
-            self.metrics.upstream_errors.labels(pool.name, f"timeout_{which}").inc()
+            self.metrics.child(self.metrics.upstream_errors, pool.name, f"timeout_{which}").inc()
             ended_by = "error"
             await _write_quietly(response, b"data: " + json.dumps(_Timeout(which, seconds).refusal().body()).encode()
                                  + b"\n\n")
         except aiohttp.ClientError:
-            self.metrics.upstream_errors.labels(pool.name, "disconnected").inc()
+            self.metrics.child(self.metrics.upstream_errors, pool.name, "disconnected").inc()
             ended_by = "error"
             await _write_quietly(response, b"data: " + json.dumps(_UPSTREAM_CUT.body()).encode() + b"\n\n")
         except (ConnectionError, RuntimeError):  # the client went away while we wrote
-            self.metrics.client_disconnects.labels(pool.name).inc()
+            self.metrics.child(self.metrics.client_disconnects, pool.name).inc()
             ended_by = "abort"
         except asyncio.CancelledError:
             self._account(pool.name, prepared, outcome, "abort")
@@ -428,11 +429,11 @@ class Router:
         m = self.metrics
         reasons = outcome.finish or ([ended_by.encode()] if ended_by else [])
         for reason in reasons:
-            m.finished.labels(pool, reason.decode()).inc()
+            m.child(m.finished, pool, reason.decode()).inc()
         prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else prepared.count.tokens
-        m.prompt_tokens.labels(pool).inc(prompt)
+        m.child(m.prompt_tokens, pool).inc(prompt)
         if outcome.completion_tokens is not None:
-            m.completion_tokens.labels(pool).inc(outcome.completion_tokens)
+            m.child(m.completion_tokens, pool).inc(outcome.completion_tokens)
 
 
 def _drop_usage_events(events: bytes) -> bytes:
