@@ -1,0 +1,169 @@
+"""The health loop's only network code: Prometheus through prometheus-api-client, pods through the KubeApi.
+
+Both readers sit behind small interfaces (`MetricsSource`, `KubeApi`) passed in by the caller, so there is no
+module-level client and tests can point them at a real Prometheus and the simulated cluster. Every failure to read
+metrics becomes `MetricsSnapshot.error` — a fact for the diagnosis ("Prometheus unreachable"), never an exception
+that would make the loop guess — and every metric fact keeps its sample time so staleness is visible downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
+
+from vllm_operator import constants, names
+from vllm_operator.health import queries
+from vllm_operator.health.settings import HealthSettings
+from vllm_operator.health.snapshot import (
+    MetricsSnapshot,
+    PodFacts,
+    PodMetrics,
+    PoolFacts,
+    PoolMetrics,
+    Snapshot,
+    pod_facts,
+)
+from vllm_operator.k8s import DEPLOYMENTS, PDBS, PODS, KubeApi
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of an instant-query result."""
+
+    labels: Mapping[str, str]
+    value: float
+    at: float
+    """Evaluation time Prometheus reported."""
+
+
+class MetricsError(Exception):
+    """Prometheus could not be asked, or answered with an error."""
+
+
+class MetricsSource(Protocol):
+    async def query(self, promql: str) -> list[Sample]:
+        """Instant query; raises MetricsError."""
+        ...
+
+
+class PrometheusSource:
+    """MetricsSource on prometheus-api-client (synchronous requests, run in a worker thread).
+
+    No retries: a Prometheus that does not answer within `timeout` is reported as unavailable for this check, and
+    the next check asks again.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self._timeout = timeout
+        self._client = PrometheusConnect(url=self.url, disable_ssl=True, retry=Retry(total=0), timeout=timeout)
+
+    def _query(self, promql: str) -> list[Sample]:
+        try:
+            raw = self._client.custom_query(promql)
+        except Exception as err:  # requests' connection errors, PrometheusApiClientException, bad JSON
+            raise MetricsError(f"{type(err).__name__}: {str(err)[:300]}") from err
+        out = []
+        for item in raw or []:
+            try:
+                at, value = item["value"]
+                out.append(Sample(labels=dict(item.get("metric", {})), value=float(value), at=float(at)))
+            except (KeyError, TypeError, ValueError) as err:
+                raise MetricsError(f"unreadable result for {promql}: {item!r}") from err
+        return out
+
+    async def query(self, promql: str) -> list[Sample]:
+        return await asyncio.to_thread(self._query, promql)
+
+
+def _by_pod(samples: list[Sample]) -> dict[str, Sample]:
+    return {s.labels["pod"]: s for s in samples if "pod" in s.labels}
+
+
+async def read_metrics(source: MetricsSource, namespace: str, deployment: str, settings: HealthSettings,
+                       ) -> MetricsSnapshot:
+    """Ask Prometheus every per-pod and per-pool question of one check (concurrently)."""
+    qs = queries.for_deployment(namespace, deployment, stall_s=settings.stall_s, window_s=settings.window_s)
+    names_ = [f.name for f in fields(qs)]
+    started = time.time()
+    try:
+        results = await asyncio.gather(*(source.query(getattr(qs, n)) for n in names_))
+    except MetricsError as err:
+        log.warning("Could not read metrics of VLLMDeployment %s/%s: %s", namespace, deployment, err)
+        return MetricsSnapshot(fetched_at=started, error=str(err))
+    r = dict(zip(names_, results, strict=True))
+    pods: dict[str, dict[str, Any]] = {}
+    pools: dict[str, str] = {}
+    for key in ("up", "last_sample", "running", "running_min", "generated", "samples", "kv_usage", "kv_usage_avg",
+                "preemptions", "kv_tokens"):
+        for pod, sample in _by_pod(r[key]).items():
+            pools[pod] = sample.labels.get("pool", pools.get(pod, ""))
+            entry = pods.setdefault(pod, {})
+            if key == "up":
+                entry["up"] = sample.value >= 1
+            elif key == "last_sample":
+                entry["last_sample_at"] = sample.value
+            elif key == "samples":
+                entry["samples"] = int(sample.value)
+            elif key == "kv_tokens":
+                tokens = sample.labels.get("kv_cache_size_tokens", "")
+                if tokens.isdigit():
+                    entry["kv_cache_tokens"] = int(tokens)
+            else:
+                entry[key] = sample.value
+    pod_metrics = {pod: PodMetrics(pod=pod, pool=pools.get(pod, ""), **values) for pod, values in pods.items()}
+    finished = {s.labels.get("pool", ""): s.value for s in r["finished"]}
+    length = {s.labels.get("pool", ""): s.value for s in r["finished_length"]}
+    pool_metrics = {p: PoolMetrics(finished=finished[p], finished_length=length.get(p, 0.0)) for p in finished}
+    return MetricsSnapshot(fetched_at=started, pods=pod_metrics, pools=pool_metrics)
+
+
+def engine_selector(deployment: str) -> str:
+    return (f"{constants.LABEL_NAME}={constants.APP_NAME},{constants.LABEL_DEPLOYMENT}={deployment},"
+            f"{constants.LABEL_COMPONENT}={constants.COMPONENT_ENGINE}")
+
+
+async def read_pods(kube: KubeApi, namespace: str, deployment: str) -> tuple[PodFacts, ...]:
+    pods = await kube.list(PODS, namespace, engine_selector(deployment))
+    return tuple(sorted((pod_facts(p) for p in pods), key=lambda f: f.name))
+
+
+async def read_pools(kube: KubeApi, namespace: str, deployment: str, enabled: Mapping[str, int]
+                     ) -> dict[str, PoolFacts]:
+    """Desired replicas from each pool's Deployment (the plan's count when absent) and maxUnavailable from its
+    PodDisruptionBudget (1, the rendered value, when absent or given as a percentage)."""
+    out: dict[str, PoolFacts] = {}
+    for pool, planned in enabled.items():
+        name = names.pool(deployment, pool)
+        dep = await kube.get(DEPLOYMENTS, namespace, name)
+        pdb = await kube.get(PDBS, namespace, name)
+        replicas = planned
+        if dep is not None and isinstance(dep.get("spec", {}).get("replicas"), int):
+            replicas = int(dep["spec"]["replicas"])
+        max_unavailable = 1
+        raw = (pdb or {}).get("spec", {}).get("maxUnavailable")
+        if isinstance(raw, int):
+            max_unavailable = raw
+        out[pool] = PoolFacts(name=pool, desired_replicas=replicas, max_unavailable=max_unavailable)
+    return out
+
+
+async def take_snapshot(kube: KubeApi, source: MetricsSource | None, namespace: str, deployment: str,
+                        settings: HealthSettings, enabled_pools: Mapping[str, int]) -> Snapshot:
+    """Pods and pools from the API, series from Prometheus (None when no Prometheus is configured)."""
+    taken = time.time()
+    pods_task = read_pods(kube, namespace, deployment)
+    pools_task = read_pools(kube, namespace, deployment, enabled_pools)
+    metrics = await read_metrics(source, namespace, deployment, settings) if source is not None else None
+    pods, pools = await asyncio.gather(pods_task, pools_task)
+    return Snapshot(namespace=namespace, deployment=deployment, taken_at=taken, pools=pools, pods=pods,
+                    metrics=metrics)
