@@ -257,6 +257,7 @@ class ModelInfo:
     vocab_size: int | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
+    trust_remote_code: bool = False  # the checkpoint's tokenizer/config classes live in the repo's own code
 
     @property
     def weights_bytes(self) -> int:
@@ -302,10 +303,14 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo("mistralai/Mistral-7B-Instruct-v0.3", 32, 32, 8, 128, 32_768, _bf16_gib(7_248_023_552), 4096, 14336,
               32_768, ("mistralai/Mistral-7B-v0.3",), "HF config.json; 7.25 B params"),
     ModelInfo("THUDM/glm-4-9b-chat", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
-              ("THUDM/glm-4-9b-chat-hf", "zai-org/glm-4-9b-chat"),
-              "HF config.json (ChatGLM names; seq_length 131072, multi_query_group_num 2); 9.40 B params"),
+              ("zai-org/glm-4-9b-chat",),
+              "HF config.json (ChatGLM names; seq_length 131072, multi_query_group_num 2); 9.40 B params",
+              trust_remote_code=True),
+    ModelInfo("THUDM/glm-4-9b-chat-hf", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
+              ("zai-org/glm-4-9b-chat-hf",), "the transformers-native (Glm) port of glm-4-9b-chat: same shape"),
     ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
-              ("zai-org/glm-4-9b",), "the base model of glm-4-9b-chat: same shape, but seq_length 8192"),
+              ("zai-org/glm-4-9b",), "the base model of glm-4-9b-chat: same shape, but seq_length 8192",
+              trust_remote_code=True),
 )
 _MODEL_INDEX: dict[str, ModelInfo] = {}
 for _m in MODELS:

@@ -305,6 +305,9 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     extra = list(ps.extra_args or [])
     engine_args.check_extra_args(extra, f"{path}.extraArgs")
     backend = _attention_backend(extra, f"{path}.extraArgs")
+    if model.trust_remote_code and not any(engine_args.normalize_flag(a) == "trust-remote-code" for a in extra):
+        warnings.append(f"pools.{name}: {model.name} ships its tokenizer as repository code; vLLM needs "
+                        "--trust-remote-code in extraArgs to load it (or use the -hf port of the model)")
     kv_dtype, notes = _kv_dtype(spec, draft, acc, backend)
     warnings += notes
     if not acc.is_gpu and ps.gpu_memory_utilization is not None:

@@ -270,3 +270,12 @@ def test_disabled_pool_is_planned_but_not_checked() -> None:
                   pools={"long": {"enabled": False, "maxModelLen": 131072}})
     assert not p.pools["long"].enabled and p.router.pools.long.enabled is False
     assert p.pools["short"].prompt_range == (0, 4096)
+
+
+def test_remote_code_models_warn_until_trusted() -> None:
+    glm = make_plan(model={"name": "THUDM/glm-4-9b-chat"})
+    assert any("--trust-remote-code" in w for w in glm.pools["short"].warnings)
+    trusted = make_plan(model={"name": "THUDM/glm-4-9b-chat"}, pools={"short": {"extraArgs": ["--trust-remote-code"]}})
+    assert not any("--trust-remote-code" in w for w in trusted.pools["short"].warnings)
+    assert not any("--trust-remote-code" in w for w in make_plan(model={"name": "THUDM/glm-4-9b-chat-hf"}).pools[
+        "short"].warnings)
