@@ -1387,10 +1387,22 @@ def _version_priority(version: str) -> tuple[int, int, int]:
 @contextlib.asynccontextmanager
 async def serve(server: ApiServer | None = None, *, host: str = "127.0.0.1",
                 port: int | None = None) -> AsyncIterator[tuple[ApiServer, str]]:
-    """Run an ApiServer on real HTTP; yields (server, base URL)."""
+    """Run an ApiServer on real HTTP; yields (server, base URL).
+
+    A plain aiohttp server rather than `kmock.Server`: the latter also patches aiohttp's resolver process-wide
+    and must be exited in LIFO order, which several servers on several threads (tests, the demo) cannot promise.
+    """
     api = server if server is not None else ApiServer()
-    async with api, kmock.Server(api, host=host, port=port) as http:
-        yield api, str(http.url).rstrip("/")
+    async with api:
+        runner = aiohttp.web.ServerRunner(aiohttp.web.Server(api), shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            site = aiohttp.web.TCPSite(runner, host, port or 0)
+            await site.start()
+            bound_port = runner.addresses[0][1]
+            yield api, f"http://{host}:{bound_port}"
+        finally:
+            await runner.cleanup()
 
 
 async def _run_standalone(args: argparse.Namespace) -> int:
