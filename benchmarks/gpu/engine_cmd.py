@@ -4,7 +4,9 @@
 Why: issue 12 tests what the operator would deploy, so the engine arguments are never written by hand — they come
 from `vllm-operator plan FILE -o json --engine-version 0.26.0`. This script adds only what a launcher must add
 (contract 3: each launcher prepends its own command): the command itself, the local model directory in place of the
-plan's model, `$(POD_IP)` and other `$(VAR)` references expanded as the kubelet would, and the benchmark-only
+plan's model, `$(POD_IP)` and other `$(VAR)` references expanded as the kubelet would, paths under the pod's volume
+mounts (`/models`) mapped to local directories as the volume mount would (`--mount /models=/tmp/models`), and the
+benchmark-only
 `--load-format=dummy` (real shapes, no weights). It also compares the plan's KV cache with what vLLM allocated
 (`vllm:cache_config_info` from /metrics), the planner-accuracy number the issue asks for.
 
@@ -68,14 +70,33 @@ def flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def remount(value: str, mounts: dict[str, str]) -> str:
+    """Map a path under a pod volume mount to its local stand-in (`/models/x` -> `/tmp/models/x`), also in
+    `--flag=/models/x` form; anything else is returned unchanged."""
+    prefix, sep, path = value.partition("=") if value.startswith("--") else ("", "", value)
+    if not sep:
+        prefix, path = "", value
+    for src, dst in mounts.items():
+        root = src.rstrip("/")
+        if path == root or path.startswith(root + "/"):
+            return prefix + sep + dst.rstrip("/") + path[len(root) :]
+    return value
+
+
 def build_argv(
-    plan: dict[str, Any], pool: str, model_dir: str, host: str, port: int | None
+    plan: dict[str, Any],
+    pool: str,
+    model_dir: str,
+    host: str,
+    port: int | None,
+    mounts: dict[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The command (launcher + model dir + the plan's args, expanded) and the environment from the plan."""
+    """The command (launcher + model dir + the plan's args, expanded and remounted) and the plan's environment."""
     p = load_pool(plan, pool)
-    env = {str(k): str(v) for k, v in (p.get("env") or {}).items()}
+    mounts = mounts or {}
+    env = {str(k): remount(str(v), mounts) for k, v in (p.get("env") or {}).items()}
     variables = {**os.environ, **env, "POD_IP": host}
-    args = [expand(str(a), variables) for a in p["engineArgs"]]
+    args = [remount(expand(str(a), variables), mounts) for a in p["engineArgs"]]
     if port is not None:
         args = [a for a in args if flag_name(a) != "--port"] + [f"--port={port}"]
     planned = {flag_name(a) for a in args}
@@ -149,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--model-dir", required=True, help="local model directory (replaces the plan's model)")
     a.add_argument("--host", default="127.0.0.1", help="value of $(POD_IP)")
     a.add_argument("--port", type=int, default=None, help="replace/add --port")
+    a.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="POD_PATH=LOCAL_PATH",
+        help="map a pod volume mount to a local directory, e.g. /models=/tmp/models",
+    )
     a.add_argument("--json", action="store_true")
     f = sub.add_parser("facts", help="planned KV facts per pool, JSON")
     f.add_argument("plan")
@@ -160,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = json.loads(Path(args.plan).read_text())
         if args.cmd == "argv":
-            cmd, env = build_argv(plan, args.pool, args.model_dir, args.host, args.port)
+            mounts = dict(m.split("=", 1) for m in args.mount if "=" in m)
+            if len(mounts) != len(args.mount):
+                raise PlanError(f"--mount takes POD_PATH=LOCAL_PATH, got {args.mount}")
+            cmd, env = build_argv(plan, args.pool, args.model_dir, args.host, args.port, mounts)
             if args.json:
                 print(json.dumps({"argv": cmd, "env": env}))
             else:

@@ -7,10 +7,11 @@ and only a few files come back per call), so every step that can go wrong is reh
 swaps the vLLM launcher for any command (the fake vLLM server) and the same code runs end to end on a laptop.
 
 Steps (each one engine start; see benchmarks/gpu/README.md for which call runs which):
-  long      plan bf16, pool long:  unified share 0, unified share 1, split long share
-  short     plan bf16, pool short: split short share
+  long      plan default, pool long:  unified share 0, unified share 1, split long share
+  short     plan default, pool short: split short share
   tuned     plan tuned (smaller max_num_batched_tokens), pool long: unified-tuned share 0 and share 1
-  fp8       plan fp8, pool long: KV accuracy with FP8 KV only (no traffic)
+  bf16      plan bf16 (long pool with a bf16 KV cache): KV accuracy only, no traffic
+Every step records the planned vs observed KV cache of its engine.
 Layout summaries are merged from the shares that exist so far (`loadgen.py summarize`).
 
 Standard library only (plus the two sibling scripts it runs): the GPU machine has a bare Python 3.12.
@@ -63,11 +64,11 @@ class Step:
 
 
 STEPS = {
-    "long": Step("bf16", "long", (Run("unified-r0", "unified", 0), Run("unified-r1", "unified", 1),
+    "long": Step("default", "long", (Run("unified-r0", "unified", 0), Run("unified-r1", "unified", 1),
                                   Run("split-long", "split", 1))),
-    "short": Step("bf16", "short", (Run("split-short", "split", 0),)),
+    "short": Step("default", "short", (Run("split-short", "split", 0),)),
     "tuned": Step("tuned", "long", (Run("tuned-r0", "unified", 0), Run("tuned-r1", "unified", 1))),
-    "fp8": Step("fp8", "long", ()),
+    "bf16": Step("bf16", "long", ()),
 }  # fmt: skip
 LAYOUTS = {"unified": ("unified-r0", "unified-r1"), "split": ("split-short", "split-long"),
            "unified-tuned": ("tuned-r0", "tuned-r1")}  # fmt: skip
@@ -129,7 +130,8 @@ def engine_argv(args: argparse.Namespace, plan: Path, pool: str) -> tuple[list[s
     if args.engine_cmd:
         return shlex.split(args.engine_cmd.format(port=args.port)), {}
     out = subprocess.run([sys.executable, str(ENGINE_CMD), "argv", str(plan), "--pool", pool, "--model-dir",
-                          args.model_dir, "--port", str(args.port), "--json"],
+                          args.model_dir, "--port", str(args.port), "--mount", f"/models={args.models_mount}",
+                          "--json"],
                          capture_output=True, text=True, check=False)  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"engine_cmd.py argv failed: {out.stderr.strip()}")
@@ -158,7 +160,7 @@ def run_step(args: argparse.Namespace, name: str, out: Path) -> dict[str, object
             log(f"{name} healthy after {record['startup_s']} s")
             metrics = get(url + "/metrics")[1]
             (sdir / "metrics-start.txt").write_text(metrics)
-            if not args.engine_cmd:
+            if plan.exists():  # also in a rehearsal, to exercise the comparison
                 cmp = subprocess.run([sys.executable, str(ENGINE_CMD), "compare", str(plan), "--pool", step.pool,
                                       "--metrics", str(sdir / "metrics-start.txt")],
                                      capture_output=True, text=True, check=False)  # fmt: skip
@@ -207,14 +209,18 @@ def summarize_layouts(out: Path) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="session.py", description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--steps", required=True, help=f"comma-separated, from {sorted(STEPS)}")
-    ap.add_argument("--plans", required=True, help="directory with bf16.json, tuned.json, fp8.json (planner output)")
+    ap.add_argument(
+        "--plans", required=True, help="directory with default.json, tuned.json, bf16.json (planner output)"
+    )
     ap.add_argument("--out", required=True, help="results directory; the archive goes next to it")
     ap.add_argument("--model-dir", default="/tmp/model")
+    ap.add_argument("--models-mount", default="/tmp/models", help="local stand-in for the pods' /models volume")
     ap.add_argument("--site", default="/tmp/site", help="PYTHONPATH for vLLM ('' to leave it)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--model", default=None, help="served model name (default: from the plan)")
     ap.add_argument("--start-timeout", type=float, default=420.0)
     ap.add_argument("--loadgen-args", default="", help="extra loadgen flags, after the standard workload")
+    ap.add_argument("--archive", default=None, help="where the .tar.xz goes (default: next to --out); put it in $OUT")
     ap.add_argument("--engine-cmd", default=None, help="rehearsal: run this instead of vLLM ({port} is filled in)")
     args = ap.parse_args(argv)
     names = [s for s in args.steps.split(",") if s]
@@ -224,10 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = [run_step(args, name, out) for name in names]
+    records: list[dict[str, object]] = []
+    for name in names:
+        try:
+            records.append(run_step(args, name, out))
+        except Exception as err:  # keep going: whatever ran must still reach the archive
+            log(f"step {name} failed: {type(err).__name__}: {err}")
+            records.append({"step": name, "error": f"{type(err).__name__}: {err}"})
     summary = {"steps": records, "layouts": summarize_layouts(out)}
     (out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
-    archive = out.parent / f"{out.name}.tar.xz"
+    archive = Path(args.archive) if args.archive else out.parent / f"{out.name}.tar.xz"
+    archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:xz") as tar:
         tar.add(out, arcname=out.name)
     log(f"wrote {archive} ({archive.stat().st_size} bytes)")

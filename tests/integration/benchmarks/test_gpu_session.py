@@ -35,7 +35,8 @@ def test_rehearsal_with_fake_engine(tmp_path: Path) -> None:
     out = tmp_path / "results"
     cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "long,short", "--plans", str(tmp_path),
            "--out", str(out), "--site", "", "--port", str(free_port()), "--model", "fake-model",
-           "--engine-cmd", engine, "--loadgen-args", TINY, "--start-timeout", "60"]  # fmt: skip
+           "--engine-cmd", engine, "--loadgen-args", TINY, "--start-timeout", "60",
+           "--archive", str(tmp_path / "back" / "call.tar.xz")]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     session = json.loads((out / "session.json").read_text())
@@ -49,7 +50,7 @@ def test_rehearsal_with_fake_engine(tmp_path: Path) -> None:
     assert unified["shares"] == ["unified-r0", "unified-r1"]
     assert "unified-tuned" not in session["layouts"]
     assert (out / "long" / "metrics-start.txt").read_text().count("vllm:cache_config_info{") == 1
-    with tarfile.open(tmp_path / "results.tar.xz") as tar:
+    with tarfile.open(tmp_path / "back" / "call.tar.xz") as tar:
         names = set(tar.getnames())
     assert {"results/session.json", "results/runs/split-short/raw.json", "results/long/engine.log"} <= names
 

@@ -205,3 +205,38 @@ def test_stdlib_only() -> None:
     roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert {r for r in roots if r not in sys.stdlib_module_names and r != "__future__"} == set()
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        pytest.param("/models/.hf-cache", "/tmp/models/.hf-cache", id="path"),
+        pytest.param("/models", "/tmp/models", id="mount-root"),
+        pytest.param("--download-dir=/models/cache", "--download-dir=/tmp/models/cache", id="flag-value"),
+        pytest.param("/modelsX/a", "/modelsX/a", id="other-dir-same-prefix"),
+        pytest.param(
+            '--override-generation-config={"a":"/models"}',
+            '--override-generation-config={"a":"/models"}',
+            id="json-untouched",
+        ),
+        pytest.param("--enforce-eager", "--enforce-eager", id="bare-flag"),
+    ],
+)
+def test_remount(value: str, want: str) -> None:
+    assert ec.remount(value, {"/models": "/tmp/models/"}) == want
+
+
+def test_mount_applies_to_args_and_env(plan: dict[str, Any]) -> None:
+    plan["pools"]["long"]["env"]["HF_HOME"] = "/models/.hf-cache"
+    plan["pools"]["long"]["engineArgs"].append("--download-dir=/models/dl")
+    cmd, env = ec.build_argv(plan, "long", "/m", "127.0.0.1", None, {"/models": "/tmp/models"})
+    assert env["HF_HOME"] == "/tmp/models/.hf-cache" and "--download-dir=/tmp/models/dl" in cmd
+
+
+def test_cli_refuses_a_malformed_mount(
+    plan: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert ec.main(["argv", str(path), "--pool", "long", "--model-dir", "/m", "--mount", "/models"]) == 2
+    assert "--mount takes POD_PATH=LOCAL_PATH" in capsys.readouterr().err
