@@ -67,8 +67,9 @@ def _lower_memory(s: Settings) -> Settings:
 
 
 def _halve_batched(s: Settings) -> Settings:
-    return replace(s, max_num_batched_tokens=max(BATCHED_TOKENS_FLOOR, min(s.max_num_batched_tokens,
-                                                                           s.max_num_batched_tokens // 2)))
+    # vLLM refuses max_num_batched_tokens below max_num_seqs: that is a floor too.
+    floor = max(BATCHED_TOKENS_FLOOR, s.max_num_seqs)
+    return replace(s, max_num_batched_tokens=max(floor, min(s.max_num_batched_tokens, s.max_num_batched_tokens // 2)))
 
 
 def _halve_seqs(s: Settings) -> Settings:

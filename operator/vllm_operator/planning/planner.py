@@ -320,6 +320,9 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         max_num_seqs=ps.max_num_seqs or prof.max_num_seqs, kv_cache_dtype=kv_dtype,
         max_model_len=draft.max_model_len, max_tokens=draft.max_tokens, fp8_allowed=fp8_ok,
         min_max_model_len=short_len or 1)
+    if base.max_num_batched_tokens < base.max_num_seqs:
+        raise SpecError(f"{path}.maxNumBatchedTokens", f"{base.max_num_batched_tokens} is below maxNumSeqs "
+                        f"({base.max_num_seqs}); vLLM refuses to start with fewer batched tokens than sequences")
     allow_lower = bool(spec.remediation and spec.remediation.allow_lower_max_model_len)
     s = ladder.apply_levels(ladder.STEP_DOWN_LADDER, base, remedy.step_down_level)
     s = ladder.apply_levels(ladder.kv_ladder_for(allow_lower), s, remedy.kv_level)

@@ -122,3 +122,8 @@ def test_next_rung_pairs_for_the_health_policy() -> None:
     assert ladder.next_kv(at(0), "long", False) == (1, "kv-cache-dtype auto->fp8")
     assert ladder.next_kv(at(0, 1), "long", False) is None
     assert ladder.next_kv(at(0, 1), "long", True) == (2, "max-model-len 16384->8192")
+
+
+def test_batched_tokens_never_halved_below_max_num_seqs() -> None:
+    p = at(2, pools={"long": {"maxNumSeqs": 1024, "maxNumBatchedTokens": 1536}})
+    assert arg(p, "long", "--max-num-batched-tokens") == "1024"
