@@ -296,10 +296,12 @@ class ApiServer(kmock.KubernetesEmulator):
         return response
 
     def _fault_response(self, fault: Fault, record: RequestRecord) -> aiohttp.web.StreamResponse:
-        if fault.status == 409:
+        if fault.status == 409 and not fault.message:
             err = errors.conflict(record.resource, record.group, record.name or "unknown")
         else:
-            err = ApiError(fault.status or 500, fault.reason, fault.text, {})
+            details = {k: v for k, v in (("name", record.name), ("group", record.group),
+                                         ("kind", record.resource)) if v}
+            err = ApiError(fault.status or 500, fault.reason, fault.text, details)
         if fault.retry_after is not None:
             err.headers["Retry-After"] = str(fault.retry_after)
         return self._error_response(err)

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from vllm_operator.sim.requestlog import WRITE_VERBS, RequestRecord
 
 _REASONS = {
+    400: ("BadRequest", "the server rejected our request for an unknown reason"),
+    401: ("Unauthorized", "Unauthorized"),
+    403: ("Forbidden", "forbidden"),
+    404: ("NotFound", "the server could not find the requested resource"),
     409: ("Conflict", "the object has been modified; please apply your changes to the latest version and try again"),
     429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),
     500: ("InternalError", "an error on the server (\"injected fault\") has prevented the request from succeeding"),
@@ -37,10 +41,14 @@ class Fault:
     after_commit: bool = False
     message: str = ""
     retry_after: int | None = None
+    reason_override: str | None = None
 
     @property
     def reason(self) -> str:
-        return _REASONS.get(self.status or 0, ("InternalError", ""))[0]
+        if self.reason_override:
+            return self.reason_override
+        return _REASONS.get(self.status or 0, ("InternalError" if (self.status or 500) >= 500 else "BadRequest",
+                                                ""))[0]
 
     @property
     def text(self) -> str:

@@ -178,3 +178,22 @@ def test_kmock_dsl_reactions_still_override_responses(sim_api: SimApi) -> None:
         core.read_namespaced_config_map("cm", "default")
     assert err.value.status == 503
     assert [c.metadata.name for c in core.list_namespaced_config_map("default").items] == ["cm"]  # others served
+
+
+def test_fault_statuses_carry_the_real_reasons(make_sim_api: object) -> None:
+    def deny(record: RequestRecord) -> Fault | None:
+        if record.verb == "list":
+            return Fault(status=403, message='configmaps is forbidden: User "x" cannot list resource "configmaps"')
+        return Fault(status=429, retry_after=1) if record.verb == "create" else None
+
+    sim = make_sim_api(faults=deny)  # type: ignore[operator]
+    core = core_api(sim)
+    with pytest.raises(ApiException) as err:
+        core.list_namespaced_config_map("default")
+    body = json.loads(err.value.body)
+    assert (err.value.status, body["reason"], body["message"]) == (
+        403, "Forbidden", 'configmaps is forbidden: User "x" cannot list resource "configmaps"')
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}})
+    assert (err.value.status, json.loads(err.value.body)["reason"]) == (429, "TooManyRequests")
+    assert err.value.headers["Retry-After"] == "1"
