@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 import yaml
 
 from tests.support import toy_crd
-from tests.support.cluster import SimApi
+from tests.support.cluster import KUBECTL, SimApi
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +35,9 @@ async def test_create_get_patch_delete_a_custom_resource_by_short_name(sim_api: 
     await sim_api.kubectl("patch", "wdg", "w1", "--type=merge", "-p", '{"spec":{"size":5}}')
     _, out, _ = await sim_api.kubectl("get", "widgets.toys.example.com", "w1", "-o", "jsonpath={.spec.size}")
     assert out == "5"
-    code, _, err = await sim_api.kubectl("patch", "wdg", "w1", "--type=merge", "-p", '{"spec":{"size":50}}',
-                                         check=False)
+    code, _, err = await sim_api.kubectl(
+        "patch", "wdg", "w1", "--type=merge", "-p", '{"spec":{"size":50}}', check=False
+    )
     assert code != 0 and "spec.size in body should be less than or equal to 10" in err
     await sim_api.kubectl("delete", "wdg", "w1")
     _, out, _ = await sim_api.kubectl("get", "wdg", "-o", "name")
@@ -69,8 +71,9 @@ async def test_apply_of_a_custom_resource_uses_merge_patch(sim_api: SimApi) -> N
 
 async def test_validate_false_sends_field_validation_ignore_and_unknown_fields_are_pruned(sim_api: SimApi) -> None:
     sim_api.load_crd(toy_crd.toy_crd())
-    _, _, err = await sim_api.kubectl("create", "--validate=false", "-f", "-",
-                                      stdin=json.dumps(toy_crd.widget("w", bogus=1)))
+    _, _, err = await sim_api.kubectl(
+        "create", "--validate=false", "-f", "-", stdin=json.dumps(toy_crd.widget("w", bogus=1))
+    )
     assert "bogus" not in err  # Ignore: pruned without a warning
     [create] = sim_api.request_log.filter(verb="create", resource="widgets")
     assert "fieldValidation=Ignore" in create.query
@@ -81,3 +84,20 @@ async def test_validate_false_sends_field_validation_ignore_and_unknown_fields_a
 async def test_delete_of_a_missing_object_reports_not_found(sim_api: SimApi) -> None:
     code, _, err = await sim_api.kubectl("delete", "configmap", "nothing", check=False)
     assert code != 0 and 'configmaps "nothing" not found' in err
+
+
+async def test_get_watch_prints_new_objects(sim_api: SimApi) -> None:
+    sim_api.request("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "first"}})
+    proc = await asyncio.create_subprocess_exec(
+        str(KUBECTL), "--kubeconfig", str(sim_api.kubeconfig), "get", "configmaps", "-w", "--no-headers",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        first = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert first.decode().split()[0] == "first"
+        sim_api.request("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "second"}})
+        second = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert second.decode().split()[0] == "second"
+    finally:
+        proc.terminate()
+        await proc.wait()
