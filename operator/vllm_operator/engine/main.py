@@ -1,0 +1,251 @@
+"""`vllm-operator engine`: the engine pods' entrypoint — run vLLM as a child and make its failures visible.
+
+vLLM has no OOM metric and its API server exits with code 0 when its engine core dies, so the kubelet and the
+operator cannot tell a run-time CUDA OOM from a clean stop. This wrapper
+
+* optionally preflights the GPU (free memory against the plan's budget, compute capability against an FP8 KV cache;
+  `preflight.py`), failing fast with the numbers;
+* starts the launch command as a child (`vllm serve MODEL ARGS…`, or rewritten for the CPU build's
+  `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS…` with `--launcher api-server`), passes its
+  stdout and stderr through line by line, and forwards SIGTERM/SIGINT for a graceful drain;
+* watches the log for "CUDA out of memory" / `OutOfMemoryError`, "EngineCore encountered a fatal error" (and the
+  engine core dying), and the start-up "KV cache is needed, which is larger than the available KV cache memory";
+* exits with the distinct codes of `exit_codes.py` and writes one JSON line to the termination message file
+  (`--termination-message-path`, the container's terminationMessagePath) that `health.diagnose` reads back.
+
+Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY] [--termination-message-path P]
+                            [--preflight auto|off|required] [--preflight-required-bytes N] -- vllm serve MODEL ARGS…
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO
+
+from vllm_operator.engine import exit_codes, preflight
+
+log = logging.getLogger("vllm_operator.engine")
+
+LAUNCHERS = ("serve", "api-server", "cli-main")
+READER_JOIN_S = 5.0
+"""After the child exits, how long to wait for its log pipes to drain (engine-core grandchildren may hold them)."""
+
+
+@dataclass(frozen=True)
+class Pattern:
+    reason: str
+    regex: re.Pattern[str]
+
+
+# Most specific first: a run-time CUDA OOM logs the OOM *and* the fatal-error line.
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern(exit_codes.REASON_KV_CACHE_TOO_SMALL,
+            re.compile(r"KV cache is needed, which is larger than the available KV cache memory")),
+    Pattern(exit_codes.REASON_ENGINE_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
+    Pattern(exit_codes.REASON_ENGINE_DEAD,
+            re.compile(r"EngineCore encountered a fatal error|Engine core proc \S+ died unexpectedly|EngineDeadError")),
+)
+KV_NUMBERS = re.compile(r"max seq len \((?P<max_seq_len>\d+)\).*?\((?P<needed_gib>[\d.]+) GiB KV cache is needed.*?"
+                        r"available KV cache memory \((?P<available_gib>[\d.]+) GiB\)"
+                        r"(?:.*?estimated maximum model length is (?P<estimated_max_model_len>\d+))?")
+
+
+@dataclass
+class Scanner:
+    """Remembers the first log line that matched each failure pattern."""
+
+    seen: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def feed(self, line: str) -> None:
+        for pattern in PATTERNS:
+            if pattern.reason not in self.seen and pattern.regex.search(line):
+                with self.lock:
+                    self.seen.setdefault(pattern.reason, line.strip())
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    reason: str | None
+    detail: str
+    numbers: dict[str, float | int]
+
+
+def outcome(child_code: int, seen: dict[str, str], stop_requested: bool) -> Outcome:
+    """The wrapper's exit code and reason from the child's code and what its log said (pure)."""
+    for pattern in PATTERNS:
+        if pattern.reason in seen:
+            line = seen[pattern.reason]
+            numbers: dict[str, float | int] = {}
+            if pattern.reason == exit_codes.REASON_KV_CACHE_TOO_SMALL and (m := KV_NUMBERS.search(line)):
+                numbers = {k: (float(v) if "." in v else int(v)) for k, v in m.groupdict().items() if v}
+            return Outcome(exit_codes.CODES[pattern.reason], pattern.reason, line[:1024], numbers)
+    if child_code == 0 and not stop_requested:
+        return Outcome(exit_codes.UNEXPECTED_EXIT, exit_codes.REASON_UNEXPECTED_EXIT,
+                       "vLLM exited with code 0 although no stop was requested", {})
+    if child_code < 0:  # killed by a signal
+        return Outcome(128 - child_code, None, f"vLLM was killed by signal {-child_code}", {})
+    return Outcome(child_code, None, "", {})
+
+
+def termination_message(result: Outcome, child_code: int) -> str:
+    """One JSON line, at most 4096 bytes (the kubelet's limit)."""
+    body: dict[str, object] = {"reason": result.reason, "exitCode": result.exit_code, "childExitCode": child_code,
+                               "detail": result.detail, **result.numbers}
+    text = json.dumps(body, separators=(",", ":"))
+    while len(text.encode()) > exit_codes.TERMINATION_MESSAGE_MAX_BYTES and len(str(body["detail"])) > 16:
+        body["detail"] = str(body["detail"])[: len(str(body["detail"])) // 2]
+        text = json.dumps(body, separators=(",", ":"))
+    return text
+
+
+def write_termination_message(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as err:
+        log.warning("Could not write the termination message to %s: %s", path, err)
+
+
+def launch_command(command: Sequence[str], launcher: str, python: str) -> list[str]:
+    """`vllm serve MODEL ARGS…` as the chosen launcher runs it; any other command runs as given."""
+    cmd = list(command)
+    if len(cmd) >= 2 and os.path.basename(cmd[0]) == "vllm" and cmd[1] == "serve" and launcher != "serve":
+        if len(cmd) < 3 or cmd[2].startswith("-"):
+            raise ValueError(f"launcher {launcher} needs `vllm serve MODEL ...` with the model third, got {cmd[:3]}")
+        model, rest = cmd[2], cmd[3:]
+        if launcher == "api-server":
+            return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *rest]
+        return [python, "-m", "vllm.entrypoints.cli.main", "serve", model, *rest]
+    return cmd
+
+
+def _pump(stream: IO[bytes], sink: IO[bytes], scanner: Scanner) -> None:
+    for raw in iter(stream.readline, b""):
+        try:
+            sink.write(raw)
+            sink.flush()
+        except (OSError, ValueError):
+            pass
+        scanner.feed(raw.decode("utf-8", "replace"))
+    stream.close()
+
+
+def run(command: Sequence[str], *, termination_path: str) -> int:
+    """Run the child to the end; returns the wrapper's exit code (see module docstring)."""
+    scanner = Scanner()
+    stop = threading.Event()
+    try:
+        child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as err:
+        result = Outcome(exit_codes.LAUNCH_FAILED, exit_codes.REASON_LAUNCH_FAILED,
+                         f"could not start {command[0]!r}: {err}", {})
+        write_termination_message(termination_path, termination_message(result, -1))
+        log.error("Could not start the engine: %s", err)
+        return result.exit_code
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+        log.info("Forwarded signal %d to vLLM (pid %d)", signum, child.pid)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    assert child.stdout is not None and child.stderr is not None
+    readers = [threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, scanner), daemon=True),
+               threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, scanner), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for reader in readers:
+        reader.join(READER_JOIN_S)
+    result = outcome(code, dict(scanner.seen), stop.is_set())
+    if result.reason is not None or result.exit_code != 0:
+        write_termination_message(termination_path, termination_message(result, code))
+    if result.reason is not None:
+        log.error("vLLM ended with %s (child exit code %d, wrapper exit code %d): %s", result.reason, code,
+                  result.exit_code, result.detail[:300])
+    return result.exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm-operator engine",
+                                description="Run vLLM under the engine wrapper (engine pods' command).")
+    p.add_argument("--launcher", choices=LAUNCHERS, default=os.environ.get("VLLM_OPERATOR_LAUNCHER", "serve"),
+                   help="how `vllm serve MODEL ARGS` is started: serve (as given), api-server (python -m "
+                        "vllm.entrypoints.openai.api_server --model MODEL), cli-main (python -m "
+                        "vllm.entrypoints.cli.main serve MODEL); env VLLM_OPERATOR_LAUNCHER")
+    p.add_argument("--python", default=os.environ.get("VLLM_OPERATOR_PYTHON", sys.executable),
+                   help="interpreter for the api-server and cli-main launchers (env VLLM_OPERATOR_PYTHON)")
+    p.add_argument("--termination-message-path", default="/dev/termination-log",
+                   help="file the one-line JSON failure reason is written to (the container's terminationMessagePath)")
+    p.add_argument("--preflight", choices=("auto", "off", "required"), default="auto",
+                   help="GPU preflight: auto (when a GPU can be read), off, required (fail without GPU facts)")
+    p.add_argument("--preflight-required-bytes", type=int, default=None,
+                   help="free memory each GPU must have (the plan's budget); default gpu-memory-utilization x total")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
+    return p
+
+
+def _preflight(mode: str, command: Sequence[str], required: int | None) -> list[str]:
+    if mode == "off":
+        return []
+    found = preflight.read_gpus()
+    if found is None or not found[0]:
+        if mode == "required":
+            return ["preflight required but no GPU could be read (no NVML, no nvidia-smi, or no device visible)"]
+        log.info("Skipped the GPU preflight: no GPU visible")
+        return []
+    gpus, how = found
+    request = preflight.parse_request(command)
+    problems = preflight.check(gpus, request, required_bytes=required)
+    if not problems:
+        log.info("Preflight passed via %s: %s", how, "; ".join(
+            f"GPU {g.index} {g.name} {g.free_bytes / preflight.GIB:.1f}/{g.total_bytes / preflight.GIB:.1f} GiB free"
+            f" cc {g.compute_capability}" for g in gpus[:request.tensor_parallel_size]))
+    return problems
+
+
+def main(argv: Sequence[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="vllm-operator engine: %(levelname)s %(message)s")
+    args = build_parser().parse_args(list(argv))
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("vllm-operator engine: give the command after --, e.g. -- vllm serve MODEL ARGS", file=sys.stderr)
+        return 2
+    try:
+        cmd = launch_command(command, args.launcher, args.python)
+        problems = _preflight(args.preflight, command, args.preflight_required_bytes)
+    except ValueError as err:
+        print(f"vllm-operator engine: {err}", file=sys.stderr)
+        return 2
+    if problems:
+        detail = "; ".join(problems)
+        result = Outcome(exit_codes.PREFLIGHT_FAILED, exit_codes.REASON_PREFLIGHT_FAILED, detail, {})
+        write_termination_message(args.termination_message_path, termination_message(result, -1))
+        log.error("Preflight failed: %s", detail)
+        return result.exit_code
+    log.info("Starting %s", " ".join(cmd))
+    return run(cmd, termination_path=args.termination_message_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
