@@ -9,7 +9,8 @@ server is for everything that needs control rather than a model.
 What it imitates (read off vLLM 0.32/0.33, see the project's notes/vllm.md):
 
 * `POST /v1/chat/completions`, `POST /v1/completions`: non-streaming JSON and SSE streaming (`data: {...}\\n\\n`
-  chunks, `data: [DONE]`), `usage`, `finish_reason` `stop` or `length`, `stream_options.include_usage`.
+  chunks, `data: [DONE]`), `usage`, `finish_reason` `stop` or `length`, `stream_options.include_usage` and vLLM's
+  `stream_options.continuous_usage_stats` (usage in every chunk).
 * max_tokens as vLLM resolves it: `max_completion_tokens` or `max_tokens` (chat), else the server cap
   (`max_tokens_cap`, like `--override-generation-config '{"max_new_tokens":N}'`) for chat and 16 for
   `/v1/completions`; then clamped to the cap and to `max_model_len - prompt`. Prompt `>= max_model_len` and
@@ -321,11 +322,25 @@ def _sse(obj: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _token_chunk(head: Mapping[str, Any], chat: bool, text: str, finish: str | None) -> bytes:
-    """One streamed token as vLLM frames it (chat: a `delta`; completions: `text`)."""
+def _token_chunk(
+    head: Mapping[str, Any], chat: bool, text: str, finish: str | None, usage: Mapping[str, int] | None = None
+) -> bytes:
+    """One streamed token as vLLM frames it (chat: a `delta`; completions: `text`); with vLLM's
+    `stream_options.continuous_usage_stats` every chunk also carries the usage so far."""
     piece: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
     choice = {"index": 0, **piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-    return _sse({**head, "choices": [choice]})
+    event: dict[str, Any] = {**head, "choices": [choice]}
+    if usage is not None:
+        event["usage"] = dict(usage)
+    return _sse(event)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
 
 
 class _Metrics:
@@ -944,6 +959,9 @@ class FakeVllm:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{ident:x}"
         head = {"id": rid, "object": obj, "created": created, "model": b.model}
         mid: bytes | None = None
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
         try:
             for i in range(n_tokens):
                 delay = self.behaviour.ttft_s if i == 0 else self.behaviour.chunk_delay_s
@@ -964,8 +982,14 @@ class FakeVllm:
                 chunks = []
                 if chat and i == 0:
                     role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-                    chunks.append(_sse({**head, "choices": [{**role, "finish_reason": None, "stop_reason": None}]}))
-                if last:
+                    first: dict[str, Any] = {**head, "choices": [{**role, "finish_reason": None, "stop_reason": None}]}
+                    if continuous:
+                        first["usage"] = _usage(prompt_tokens, 0)
+                    chunks.append(_sse(first))
+                if continuous:
+                    usage = _usage(prompt_tokens, produced)
+                    chunks.append(_token_chunk(head, chat, b.token_text, reason if last else None, usage))
+                elif last:
                     chunks.append(_token_chunk(head, chat, b.token_text, reason))
                 else:
                     # Every token but the last is the same event: encode it once per request.
@@ -1019,14 +1043,8 @@ class FakeVllm:
             empty: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason, "stop_reason": None}
             empty.update({"delta": {"role": "assistant", "content": ""}} if chat else {"text": ""})
             tail.append(_sse({**head, "choices": [empty]}))
-        options = body.get("stream_options")
-        if isinstance(options, dict) and options.get("include_usage"):
-            usage = {
-                "prompt_tokens": prompt_tokens,
-                "total_tokens": prompt_tokens + produced,
-                "completion_tokens": produced,
-            }
-            tail.append(_sse({**head, "choices": [], "usage": usage}))
+        if options.get("include_usage"):
+            tail.append(_sse({**head, "choices": [], "usage": _usage(prompt_tokens, produced)}))
         tail.append(b"data: [DONE]\n\n")
         with contextlib.suppress(ConnectionError):
             await response.write(b"".join(tail))

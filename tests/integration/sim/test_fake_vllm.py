@@ -582,3 +582,21 @@ def test_usage_chunk_json_roundtrip(threaded: ThreadedFakeVllm) -> None:
     for event in events[:-2]:
         assert event.startswith("data: ")
         json.loads(event[len("data: ") :])
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"], ids=["completions", "chat"])
+async def test_continuous_usage_stats_in_every_chunk(fake: FakeVllm, http: aiohttp.ClientSession, path: str) -> None:
+    body: dict[str, Any] = {
+        "max_tokens": 3,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    body.update({"messages": [{"role": "user", "content": "a b"}]} if "chat" in path else {"prompt": "a b"})
+    async with http.post(fake.url + path, json=body) as r:
+        raw = await r.text()
+    events = [json.loads(e[len("data: ") :]) for e in raw.split("\n\n") if e.startswith("data: {")]
+    counts = [e["usage"]["completion_tokens"] for e in events]
+    assert counts == ([0, 1, 2, 3, 3] if "chat" in path else [1, 2, 3, 3])
+    assert all(e["usage"]["prompt_tokens"] == 2 for e in events)
+    assert events[-1]["choices"] == []
