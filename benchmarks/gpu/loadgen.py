@@ -9,9 +9,10 @@ Why it is built this way:
   exactly when the server does and hide the queueing). Short requests arrive at a steady rate (Poisson or fixed
   gaps); long requests arrive in bursts.
 * It streams every request, so each one yields its time to first token (TTFT: from sending to the first chunk
-  that carries text, not to the response headers or the role-only chunk) and its inter-token gaps (ITL: between
-  consecutive text chunks). `ignore_eos: true` gives outputs of exact lengths; `usage` (stream_options) gives the
-  token counts the engine saw.
+  that brought a token, not to the response headers or the role-only chunk) and its inter-token gaps (ITL: between
+  consecutive token chunks). Tokens are counted by the engine itself (`stream_options.continuous_usage_stats` puts
+  `usage` in every chunk), because a weightless model's random tokens often decode to no text at all.
+  `ignore_eos: true` gives outputs of exact lengths.
 * Layouts at equal hardware: `unified` sends half of each kind to each of two identical replicas (round-robin per
   kind); `split` sends all short requests to the short replica and all long requests to the long replica. With one
   GPU, `--replica` runs one replica's share of the *same* seeded schedule alone, and `summarize` merges the
@@ -186,7 +187,9 @@ class Result:
     sent_s: float | None = None
     headers_s: float | None = None
     chunk_s: list[float] = field(default_factory=list)
-    """Arrival time of every chunk that carried text (the first one is the first token)."""
+    """Arrival time of every token event (see `absorb`); the first one is the first token."""
+    chunk_tokens: list[int] = field(default_factory=list)
+    """Tokens each event brought (1 unless the engine batched several into one chunk)."""
     end_s: float | None = None
     status: int = 0
     prompt_tokens: int | None = None
@@ -230,6 +233,11 @@ def gaps(r: Result) -> list[float]:
     return [b - a for a, b in zip(r.chunk_s, r.chunk_s[1:], strict=False)]
 
 
+def tpot_of(r: Result) -> float:
+    """Time per output token after the first: (last token event - first) / (completion tokens - 1)."""
+    return (r.chunk_s[-1] - r.chunk_s[0]) / ((r.completion_tokens or len(r.chunk_s)) - 1)
+
+
 def ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000.0, 3)
 
@@ -237,7 +245,7 @@ def ms(x: float | None) -> float | None:
 def summarize(results: Sequence[Result], preemptions: dict[str, float | None], label: str = "") -> dict[str, Any]:
     """The numbers issue 12 asks for, from raw results (pure: the unit tests check it against hand-made inputs).
 
-    short: TTFT p50/p90/p99 and ITL (all inter-chunk gaps pooled) p50/p99, in ms.
+    short: TTFT p50/p90/p99, ITL (all inter-chunk gaps pooled) p50/p90/p99 and TPOT p50/p99, in ms.
     long: end-to-end time (send to last chunk) mean/p50/max in s; tokens/s per request (completion tokens over
     end-to-end time) mean; aggregate output tokens/s (all long completion tokens over first send to last end).
     """
@@ -252,6 +260,8 @@ def summarize(results: Sequence[Result], preemptions: dict[str, float | None], l
             part["ttft_ms"]["max"] = ms(max(t))
             itl = [g for r in good for g in gaps(r)]
             part["itl_ms"] = {f"p{q}": ms(percentile(itl, q)) for q in (50, 90, 99)}
+            tpot = [tpot_of(r) for r in good if (r.completion_tokens or 0) > 1]
+            part["tpot_ms"] = {f"p{q}": ms(percentile(tpot, q)) for q in (50, 99)}
             e2e = [r.end - r.sent for r in good]
             part["e2e_s"] = {
                 "mean": round(float(np.mean(e2e)), 4),
@@ -337,24 +347,45 @@ async def run_one(
                 if "error" in event:
                     r.error = f"stream error: {json.dumps(event['error'])[:300]}"
                     break
-                usage = event.get("usage")
-                if usage:
-                    r.prompt_tokens = usage.get("prompt_tokens")
-                    r.completion_tokens = usage.get("completion_tokens")
-                for choice in event.get("choices") or ():
-                    text = choice.get("text")
-                    if text is None:
-                        text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        r.chunk_s.append(now)
-                    if choice.get("finish_reason"):
-                        r.finish_reason = choice["finish_reason"]
+                absorb(r, event, now)
             r.end_s = time.monotonic() - t0
             if r.error is None and r.finish_reason is None:
                 r.error = "stream ended without a finish_reason"
     except (aiohttp.ClientError, TimeoutError, ValueError) as err:
         r.error = f"{type(err).__name__}: {err}"
         r.end_s = time.monotonic() - t0
+
+
+def absorb(r: Result, event: dict[str, Any], now: float) -> None:
+    """Take one streamed event into the result.
+
+    A token event is a chunk after which the engine has produced more tokens. With vLLM's `continuous_usage_stats`
+    every chunk carries `usage.completion_tokens`, so tokens that decode to no text (random weights sample ids the
+    small tokenizer cannot spell) still count, and a chunk carrying two tokens counts two. Without usage in the
+    chunk, a chunk with non-empty text counts as one token. The chat role chunk and the final usage-only chunk are
+    never token events."""
+    usage = event.get("usage")
+    choices = event.get("choices") or ()
+    if usage:
+        if usage.get("prompt_tokens") is not None:
+            r.prompt_tokens = int(usage["prompt_tokens"])
+        produced = int(usage.get("completion_tokens") or 0)
+        seen = r.completion_tokens or 0
+        if choices and produced > seen:
+            r.chunk_s.append(now)
+            r.chunk_tokens.append(produced - seen)
+        r.completion_tokens = max(produced, seen)
+    else:
+        for choice in choices:
+            text = choice.get("text")
+            if text is None:
+                text = (choice.get("delta") or {}).get("content")
+            if text:
+                r.chunk_s.append(now)
+                r.chunk_tokens.append(1)
+    for choice in choices:
+        if choice.get("finish_reason"):
+            r.finish_reason = choice["finish_reason"]
 
 
 def request_body(api: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -364,7 +395,7 @@ def request_body(api: str, model: str, prompt: str, max_tokens: int) -> dict[str
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]

@@ -93,7 +93,7 @@ async def test_unified_run_measures_and_routes(fakes: tuple[FakeVllm, FakeVllm])
         assert kinds == ["long", "short", "short"]
         for rec in seen:
             assert rec.body["ignore_eos"] is True and rec.body["stream"] is True
-            assert rec.body["stream_options"] == {"include_usage": True}
+            assert rec.body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
             assert rec.max_tokens == rec.body["max_tokens"]
 
     summary = lg.summarize(results, raw["preemptions"])
@@ -234,3 +234,16 @@ def test_cli_run_writes_raw_and_summary(tmp_path: Path) -> None:
         for proc in servers:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+async def test_tokens_without_text_still_count(fakes: tuple[FakeVllm, FakeVllm]) -> None:
+    """A weightless model's tokens often decode to nothing: TTFT and token counts must come from the engine's usage."""
+    a, _ = fakes
+    a.configure(token_text="", ttft_s=0.05, chunk_delay_s=0.0)
+    raw = await lg.run(lg.RunConfig(layout="split", urls=[a.url], replica=0, model=MODEL, workload=small_workload(),
+                                    tokens_per_word=1.0, warmup=0))  # fmt: skip
+    results = [lg.Result(**r) for r in raw["requests"]]
+    assert results and all(r.ok for r in results), [r.error for r in results]
+    for r in results:
+        assert r.completion_tokens == r.target_output_tokens == sum(r.chunk_tokens) == len(r.chunk_s)
+        assert r.chunk_s[0] - r.sent_s >= 0.05

@@ -74,6 +74,8 @@ def test_summary_short_ttft_from_first_text_chunk_and_itl_from_gaps() -> None:
     # gaps 0.05, 0.10 (request 1) and 0.02 (request 2), pooled
     assert s["itl_ms"]["p50"] == pytest.approx(50.0)
     assert s["itl_ms"]["p99"] == pytest.approx(99.0)
+    # TPOT per request: (0.25 - 0.1) / 2 = 75 ms and (1.32 - 1.3) / 1 = 20 ms
+    assert s["tpot_ms"]["p50"] == pytest.approx(47.5)
     assert s["prompt_tokens_mean"] == 200.0
     assert s["completion_tokens_mean"] == 2.5
 
@@ -284,3 +286,40 @@ def test_imports_only_stdlib_aiohttp_and_numpy() -> None:
             roots.add(node.module.split(".")[0])
     foreign = {r for r in roots if r not in sys.stdlib_module_names and r != "__future__"}
     assert foreign == {"aiohttp", "numpy"}
+
+
+# ------------------------------------------------------------------ stream events
+
+
+def events_result() -> Any:
+    return lg.Result(0, "short", 0, "u", 0.0, 10, 3, 10, sent_s=0.0)
+
+
+def test_absorb_counts_tokens_by_engine_usage_even_without_text() -> None:
+    """Random weights often sample ids the small tokenizer cannot spell: empty text, still a token."""
+    r = events_result()
+    role = {
+        "choices": [{"delta": {"role": "assistant", "content": ""}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 0},
+    }
+    lg.absorb(r, role, 0.05)
+    for now, n in ((0.1, 1), (0.2, 3)):  # the second chunk carries two tokens
+        lg.absorb(
+            r, {"choices": [{"delta": {"content": ""}}], "usage": {"prompt_tokens": 10, "completion_tokens": n}}, now
+        )
+    final = {
+        "choices": [{"delta": {"content": ""}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3},
+    }
+    lg.absorb(r, final, 0.25)
+    lg.absorb(r, {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 3}}, 0.3)
+    assert (r.chunk_s, r.chunk_tokens) == ([0.1, 0.2], [1, 2])
+    assert (r.prompt_tokens, r.completion_tokens, r.finish_reason) == (10, 3, "length")
+
+
+def test_absorb_without_usage_counts_text_chunks() -> None:
+    r = events_result()
+    lg.absorb(r, {"choices": [{"text": " a"}]}, 0.1)
+    lg.absorb(r, {"choices": [{"text": ""}]}, 0.15)
+    lg.absorb(r, {"choices": [{"text": " b", "finish_reason": "stop"}]}, 0.2)
+    assert (r.chunk_s, r.chunk_tokens, r.finish_reason) == ([0.1, 0.2], [1, 1], "stop")
