@@ -107,9 +107,19 @@ README section "RBAC" explains every line.
   verbs: ["list"]
 {{- end -}}
 
-{{/* Cluster mode only: kopf watches CustomResourceDefinitions to notice resources that appear or go. */}}
-{{- define "vllm-operator.clusterRules" -}}
+{{/*
+kopf's own observers (read-only, cluster-scoped): it watches CustomResourceDefinitions to notice resources that
+appear or go, and in namespaced mode lists/watches Namespaces to learn which watched namespaces exist. Denied, kopf
+retries each request for ~54 s (its error backoffs) before falling back — for Namespaces that delays the whole
+start — so the chart grants them instead of relying on the fallback.
+*/}}
+{{- define "vllm-operator.kopfClusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- if eq .Values.watch.mode "namespaced" }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- end -}}

@@ -179,13 +179,15 @@ def test_namespaced_mode_is_a_role_per_namespace(rendered: dict[str, list[dict[s
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
     for binding in bindings:
         assert binding["subjects"][0]["namespace"] == "vllm-system"
-    cluster_roles = by_kind(docs, "ClusterRole")
+    cluster_roles = {r["metadata"]["name"].removeprefix("vo-vllm-operator-"): r for r in by_kind(docs, "ClusterRole")}
+    assert rules_of(cluster_roles.pop("discovery")) == [
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}], "kopf's observers, read-only"
     if VALUE_SETS[name].get("rbac", {}).get("nodeReader", True):
-        (reader,) = cluster_roles
-        assert rules_of(reader) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
-        assert len(by_kind(docs, "ClusterRoleBinding")) == 1
-    else:
-        assert not cluster_roles and not by_kind(docs, "ClusterRoleBinding"), "no cluster-wide access at all"
+        assert rules_of(cluster_roles.pop("node-reader")) == [{"apiGroups": [""], "resources": ["nodes"],
+                                                               "verbs": ["list"]}]
+    assert not cluster_roles, "no other cluster-wide access"
+    assert len(by_kind(docs, "ClusterRoleBinding")) == len(by_kind(docs, "ClusterRole"))
     (role,) = by_kind(docs, "Role")[:1]
     cluster_rules = [r for r in rules_of(by_kind(rendered["defaults"], "ClusterRole")[0])
                      if not {"nodes", "customresourcedefinitions"} & set(r["resources"])]
