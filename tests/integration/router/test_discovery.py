@@ -129,3 +129,40 @@ async def test_slices_existing_before_start_are_listed(sim_api: SimApi,
     async with running_router(config, counter, kubeconfig=str(sim_api.kubeconfig)) as (_, metrics):
         await eventually(lambda: asyncio.sleep(0, sample(metrics, "vllm_operator_router_endpoints",
                                                          pool="short", state="healthy") == 1))
+
+
+class FailFirst:
+    """Fault hook: the first `lists` lists and `watches` watches of EndpointSlices answer 500."""
+
+    def __init__(self, lists: int, watches: int) -> None:
+        self.left = {"list": lists, "watch": watches}
+
+    def __call__(self, record: Any) -> Any:
+        from vllm_operator.sim.faults import Fault
+
+        if record.resource == "endpointslices" and self.left.get(record.verb, 0) > 0:
+            self.left[record.verb] -= 1
+            return Fault(status=500)
+        return None
+
+
+async def test_discovery_recovers_from_api_errors(make_sim_api: Any, short_engine: FakeVllm, long_engine: FakeVllm,
+                                                  counter: TokenCounter) -> None:
+    faults = FailFirst(lists=2, watches=1)
+    api = make_sim_api(faults=faults)
+    with kubernetes.client.ApiClient(api.client_configuration()) as client:
+        slices = kubernetes.client.DiscoveryV1Api(client)
+        await call(slices.create_namespaced_endpoint_slice, NS,
+                   endpoint_slice("s1", "demo-short", port_of(short_engine)))
+        config = router_config([], [long_engine.url], **{
+            "pools.short.service": {"namespace": NS, "name": "demo-short", "port": 8000}})
+        async with running_router(config, counter, kubeconfig=str(api.kubeconfig)) as (_, metrics):
+            await eventually(lambda: asyncio.sleep(0, sample(metrics, "vllm_operator_router_endpoints",
+                                                             pool="short", state="healthy") == 1), timeout=20)
+            # The watch failed once too; after the relist the router still follows changes.
+            await eventually(lambda: asyncio.sleep(0, faults.left == {"list": 0, "watch": 0}), timeout=20)
+            await call(slices.delete_namespaced_endpoint_slice, "s1", NS)
+            await eventually(lambda: asyncio.sleep(0, sample(metrics, "vllm_operator_router_endpoints",
+                                                             pool="short", state="healthy") == 0), timeout=20)
+    failed = [r for r in api.request_log if r.resource == "endpointslices" and r.status == 500]
+    assert len(failed) == 3
