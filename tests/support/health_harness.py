@@ -57,7 +57,8 @@ async def _client_loop(session: aiohttp.ClientSession, engine: Engine) -> None:
 
 
 @contextlib.asynccontextmanager
-async def engines(specs: Sequence[tuple[str, str]], prom: Prometheus, **knobs: Any) -> AsyncIterator[list[Engine]]:
+async def engines(specs: Sequence[tuple[str, str]], prom: Prometheus, *, namespace: str = NAMESPACE,
+                  deployment: str = DEPLOYMENT, **knobs: Any) -> AsyncIterator[list[Engine]]:
     """Start one fake engine per (pod, pool), register them with Prometheus and keep traffic on them."""
     started: list[Engine] = []
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
@@ -67,7 +68,7 @@ async def engines(specs: Sequence[tuple[str, str]], prom: Prometheus, **knobs: A
             fake = FakeVllm(**defaults)
             await fake.start()
             started.append(Engine(pod=pod, pool=pool, fake=fake))
-        prom.set_targets([e.target() for e in started])
+        prom.set_targets([e.target(namespace, deployment) for e in started])
         for engine in started:
             engine.tasks = [asyncio.create_task(_client_loop(session, engine)) for _ in range(engine.concurrency)]
         yield started

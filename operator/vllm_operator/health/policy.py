@@ -192,7 +192,7 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
 
     # 3. The KVCacheTooSmall path: deterministic at start-up, so one occurrence is enough.
     if new_kv:
-        if not settings.step_down:
+        if not settings.step_down or not settings.enabled:
             out.notes.append(f"pool {pool}: KV cache too small, step-down disabled")
         elif ladder.next_kv is not None:
             level, rung = ladder.next_kv
@@ -214,7 +214,7 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
 
     # 4. Repeated EngineOOM: one rung down the memory ladder, then wait for fresh OOMs at the new rung.
     if len(budget.oom_events) >= settings.oom_count:
-        if not settings.step_down:
+        if not settings.step_down or not settings.enabled:
             out.notes.append(f"pool {pool}: {len(budget.oom_events)} engine OOMs, step-down disabled")
         elif ladder.next_memory is not None:
             level, rung = ladder.next_memory

@@ -271,3 +271,9 @@ def test_status_is_unchanged_by_a_quiet_second_check() -> None:
     first = run([pod("a")], {"a": busy("a")})
     second = run([pod("a")], {"a": busy("a")}, first.status)
     assert second.status == first.status and second.events == []
+
+
+def test_remediation_disabled_changes_no_rung() -> None:
+    status = status_with(restart_budget=RestartBudgetStatus(oom_events=[ago(300)]))
+    d = run([oom_pod("a", 1)], status=status, settings=HealthSettings(**{**S.__dict__, "enabled": False}))
+    assert d.rung_changes == [] and cond(d, constants.COND_REMEDIATING) == ("False", "RemediationDisabled")

@@ -1,0 +1,53 @@
+"""The health loop's kopf timer: one per VLLMDeployment, thin — the work is in `health.loop`.
+
+kopf fixes a timer's interval at registration, but each VLLMDeployment sets its own
+(`spec.remediation.intervalSeconds`): the timer ticks at `TICK_S` (or the operator's test override) and runs a
+check only when the object's interval has passed since its last one. The Prometheus client is built once per
+operator run (no module-level client); without a Prometheus URL, metric-based diagnoses are off and the
+MetricsAvailable condition says so.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import kopf
+
+from vllm_operator import constants
+from vllm_operator.handlers.config import OperatorConfig
+from vllm_operator.handlers.reconcile import reconcile
+from vllm_operator.health import loop, settings
+from vllm_operator.health.source import PrometheusSource
+from vllm_operator.k8s import KubeError
+
+RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
+TICK_S = 5.0
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Attach the health timer to `registry`."""
+    source = PrometheusSource(config.prometheus_url) if config.prometheus_url else None
+    tick = min(TICK_S, config.health_interval_override) if config.health_interval_override else TICK_S
+    last_check: dict[str, float] = {}
+
+    @kopf.timer(*RESOURCE, interval=tick, registry=registry)
+    async def _health(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        if meta.get("deletionTimestamp"):
+            return
+        remediation = (body.get("spec") or {}).get("remediation") or {}
+        interval = (config.health_interval_override or remediation.get("intervalSeconds")
+                    or settings.DEFAULT_INTERVAL_S)
+        uid = str(meta.get("uid"))
+        now = time.monotonic()
+        if now - last_check.get(uid, -1e9) < float(interval) - tick / 2:
+            return
+        last_check[uid] = now
+        try:
+            result = await loop.check(memo.kube, source, body, interval_override=config.health_interval_override)
+            if result is not None:
+                await loop.execute(memo.kube, body, result, reconcile=reconcile, counters=memo.metrics)
+        except KubeError as err:
+            logger.warning("Health check of VLLMDeployment %s/%s failed on an API call (retried next interval): %s",
+                           meta.get("namespace"), meta.get("name"), err)

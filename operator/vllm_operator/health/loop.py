@@ -1,0 +1,164 @@
+"""One health check of one VLLMDeployment: snapshot -> diagnose -> decide, then carry the decision out.
+
+`check()` does the reading and the thinking and returns the decision and the new status; `execute()` does the
+writing, in an order chosen for crash safety: status first (the restart budget is spent and the rung recorded before
+any pod goes or any Deployment changes, so a crash in between never spends more than the budget or loses a rung),
+then pod deletions, events and counters, and finally — after a rung change — the controller's own reconcile with
+the new status, because kopf does not fire update handlers for status-only changes (contract 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vllm_operator import constants
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts, Plan
+from vllm_operator.api.resource import parse_resource
+from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
+from vllm_operator.api.status import VLLMDeploymentStatus
+from vllm_operator.health import diagnose as diagnose_mod
+from vllm_operator.health import policy
+from vllm_operator.health import settings as settings_mod
+from vllm_operator.health.snapshot import Snapshot
+from vllm_operator.health.source import MetricsSource, take_snapshot
+from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError
+from vllm_operator.planning import RemediationState, ladder, plan
+from vllm_operator.planning.catalog import gpu_facts, gpu_type
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    snapshot: Snapshot
+    diagnosis: diagnose_mod.Diagnosis
+    decision: policy.Decision
+    settings: settings_mod.HealthSettings
+    plan: Plan
+
+
+class Reconciler(Protocol):
+    async def __call__(self, kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None
+                       ) -> object: ...
+
+
+class Counters(Protocol):
+    """The operator metrics the loop feeds (handlers/metrics.py OperatorMetrics has them)."""
+
+    engine_restarts: Any
+    actions: Any
+    step_down_level: Any
+
+
+def current_status(obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
+    raw = obj.get("status")
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    return VLLMDeploymentStatus.model_validate({k: v for k, v in raw.items() if not k.startswith("kopf")})
+
+
+def accelerator_in_effect(spec: VLLMDeploymentSpec, status: VLLMDeploymentStatus | None) -> AcceleratorFacts | None:
+    """Catalog types resolve in the planner (None); `auto` uses what the controller resolved into status."""
+    if spec.accelerator.type is not AcceleratorType.AUTO:
+        return None
+    if status is None or status.accelerator is None:
+        raise SpecError("spec.accelerator.type", "auto is not resolved yet (status.accelerator is empty)")
+    return gpu_facts(gpu_type(status.accelerator.type), status.accelerator.count, status.accelerator.product)
+
+
+def ladder_views(the_plan: Plan, allow_lower_max_model_len: bool) -> dict[str, policy.LadderView]:
+    views = {}
+    for name, pool in the_plan.pools.items():
+        if not pool.enabled:
+            continue
+        mem = ladder.next_step_down_level(the_plan, name)
+        kv = ladder.next_kv_level(the_plan, name, allow_lower_max_model_len)
+        views[name] = policy.LadderView(
+            next_memory=(mem, ladder.describe_rung(the_plan, name, mem)) if mem is not None else None,
+            next_kv=(kv, ladder.describe_kv_rung(the_plan, name, kv, allow_lower_max_model_len))
+            if kv is not None else None)
+    return views
+
+
+async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,
+                interval_override: float | None = None) -> CheckResult | None:
+    """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that)."""
+    meta = obj["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    status = current_status(obj)
+    try:
+        resource = parse_resource(dict(obj))
+        the_plan = plan(resource.spec, accelerator_in_effect(resource.spec, status),
+                        RemediationState.from_status(status), name=name, namespace=namespace)
+    except SpecError as err:
+        log.info("Skipped the health check of VLLMDeployment %s/%s: %s", namespace, name, err)
+        return None
+    settings = settings_mod.resolve(resource.spec.remediation, interval_override=interval_override)
+    enabled = {p: pool.replicas for p, pool in the_plan.pools.items() if pool.enabled}
+    snap = await take_snapshot(kube, source, namespace, name, settings, enabled)
+    diag = diagnose_mod.diagnose(snap, settings)
+    decision = policy.decide(diag, status, settings, ladder_views(the_plan, settings.allow_lower_max_model_len),
+                             generation=meta.get("generation"), metrics_configured=source is not None)
+    return CheckResult(snapshot=snap, diagnosis=diag, decision=decision, settings=settings, plan=the_plan)
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """RFC 7386 merge patch turning `old` into `new` (keys that disappeared become null); None when equal."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None if old == new else new
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            sub = merge_patch(old[key], value)
+            patch[key] = value if not isinstance(value, dict) else sub
+    return patch or None
+
+
+async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *, reconcile: Reconciler,
+                  counters: Counters | None = None) -> None:
+    """Carry out one decision (order: see module docstring)."""
+    meta = obj["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    decision = result.decision
+    old = {k: v for k, v in (obj.get("status") or {}).items() if not str(k).startswith("kopf")}
+    patch = merge_patch(old, decision.status.to_wire())
+    if patch:
+        await kube.patch_status(VLLM_DEPLOYMENTS, namespace, name, {"status": patch})
+    for deletion in decision.deletions:
+        try:
+            await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid)
+            log.warning("Deleted stalled pod %s/%s of VLLMDeployment %s (pool %s): %s", namespace, deletion.pod,
+                        name, deletion.pool, deletion.message)
+        except KubeError as err:
+            if err.status != 409:  # 409: the uid precondition failed — the pod was already replaced
+                raise
+            log.info("Did not delete pod %s/%s: it was replaced meanwhile (%s)", namespace, deletion.pod, err)
+    for event in decision.events:
+        try:
+            await kube.emit_event(obj, event.type, event.reason, event.message)
+        except KubeError as err:
+            log.warning("Could not post event %s for VLLMDeployment %s/%s: %s", event.reason, namespace, name, err)
+    if counters is not None:
+        for seen in decision.observed:
+            counters.engine_restarts.labels(name, namespace, seen.pool, seen.reason).inc()
+        for pool, action in decision.actions:
+            counters.actions.labels(name, namespace, pool, action).inc()
+        for pool in constants.POOLS:
+            entry = getattr(decision.status.pools, pool, None) if decision.status.pools else None
+            if entry is not None:
+                counters.step_down_level.labels(name, namespace, pool).set(entry.step_down.level
+                                                                           + entry.step_down.kv_level)
+    if decision.reconcile_needed:
+        for change in decision.rung_changes:
+            log.warning("Moved pool %s of VLLMDeployment %s/%s from %s rung %d to %d (%s)", change.pool, namespace,
+                        name, change.ladder, change.from_level, change.to_level, change.description)
+        fresh = await kube.get(VLLM_DEPLOYMENTS, namespace, name)
+        await reconcile(kube, fresh if fresh is not None else obj, status=decision.status)

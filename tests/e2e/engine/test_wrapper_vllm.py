@@ -1,0 +1,79 @@
+"""The engine wrapper around a REAL vLLM on CPU: engine-core death and a KV cache too small to start.
+
+vLLM's API server exits with code 0 a few seconds after its engine core dies; the wrapper must turn that into exit
+code 88 (EngineDead) with a termination message, from the text real vLLM prints. The start-up refusal when one
+max_model_len sequence does not fit the KV cache must become exit code 89 (KVCacheTooSmall) with vLLM's numbers.
+Timings from fault to the wrapper's exit are logged (measurements, not assertions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import vllm_cpu
+from vllm_operator.engine import exit_codes
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vllm_cpu.make_model("tiny", tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def start_wrapped(model: Path, args: list[str], tmp_path: Path) -> tuple[vllm_cpu.VllmServer, Path]:
+    port = vllm_cpu.free_port()
+    message = tmp_path / "termination-log"
+    argv = [sys.executable, "-m", "vllm_operator.cli", "engine", "--launcher=api-server",
+            f"--python={vllm_cpu.require_vllm_venv()}", f"--termination-message-path={message}", "--preflight=off",
+            "--", "vllm", "serve", str(model), "--load-format=dummy", "--enforce-eager", *args,
+            "--host=127.0.0.1", f"--port={port}"]
+    log_path = tmp_path / "wrapper.log"
+    env = vllm_cpu.cpu_env()
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3] / "operator")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    return vllm_cpu.VllmServer(proc=proc, argv=argv, host="127.0.0.1", port=port, log_path=log_path), message
+
+
+def test_engine_core_killed_becomes_engine_dead(model_dir: Path, tmp_path: Path) -> None:
+    server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path)
+    try:
+        server.wait_healthy()
+        core = server.engine_core_pid()
+        killed = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+        code = server.proc.wait(timeout=120)
+        took = time.monotonic() - killed
+        print(f"fault->detection {{'fault': 'EngineCore SIGKILL -> wrapper exit', 'seconds': {took:.1f}}}")
+        log = server.log_text()
+        assert code == exit_codes.ENGINE_DEAD, log[-3000:]
+        msg = json.loads(message.read_text())
+        assert msg["reason"] == "EngineDead" and msg["exitCode"] == exit_codes.ENGINE_DEAD
+        assert msg["childExitCode"] == 0, "vLLM itself exits 0 when its engine core dies"
+        assert msg["detail"] and msg["detail"] in log
+    finally:
+        server.stop(grace_s=10)
+
+
+def test_kv_cache_too_small_at_start_up(model_dir: Path, tmp_path: Path) -> None:
+    server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=4M", "--max-model-len=65536"], tmp_path)
+    try:
+        code = server.proc.wait(timeout=vllm_cpu.DEFAULT_STARTUP_TIMEOUT_S)
+        log = server.log_text()
+        assert code == exit_codes.KV_CACHE_TOO_SMALL, log[-3000:]
+        msg = json.loads(message.read_text())
+        assert msg["reason"] == "KVCacheTooSmall" and msg["childExitCode"] != 0
+        assert msg["max_seq_len"] == 65536 and msg["needed_gib"] > msg["available_gib"]
+        assert "larger than the available KV cache memory" in msg["detail"]
+    finally:
+        server.stop(grace_s=10)

@@ -1,0 +1,198 @@
+"""The whole health loop in the operator: kopf timer -> snapshot -> diagnose -> decide -> act, on the simulated
+cluster, with engine pod states injected through the simulated kubelet and engine metrics from fake vLLM engines
+scraped by a real Prometheus.
+
+Checked: repeated EngineOOM moves the pool one rung down and the new rung reaches the rendered Deployment's args,
+with status history and events; a Stalled engine's pod is deleted (once, within budget); while Prometheus is down
+nothing is deleted and MetricsAvailable=False says why, and the deletion happens once it is back.
+Fault-to-action times are logged (and appended to $HEALTH_TIMINGS when set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.health_harness import engines
+from tests.support.operator import running_operator
+from tests.support.paths import EXAMPLES
+from tests.support.prometheus import Prometheus, running_prometheus
+from tests.support.waiting import eventually
+from vllm_operator import constants, names
+from vllm_operator.demo import nodes_for
+from vllm_operator.engine import exit_codes
+from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
+from vllm_operator.sim.cluster import SimCluster
+from vllm_operator.sim.controllers.scheduling import ContainerState
+
+pytestmark = pytest.mark.integration
+
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+CHAT = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
+NS, NAME = CHAT["metadata"]["namespace"], CHAT["metadata"]["name"]
+REMEDIATION = {"restartBudget": 3, "thresholds": {"oomCount": 2, "oomWindowSeconds": 600, "stallSeconds": 3,
+                                                  "windowSeconds": 6}}
+
+
+def record(kind: str, seconds: float) -> None:
+    line = {"fault": kind, "action_after_s": round(seconds, 2), "health_interval_s": 1, "scrape_interval_s": 1}
+    print(f"fault->action {line}")
+    path = os.environ.get("HEALTH_TIMINGS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[SimCluster]:
+    async with SimCluster(nodes=nodes_for([CHAT])) as sim:
+        assert sim.client is not None
+        await sim.client.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": NS}})
+        yield sim
+    assert sim.controller_errors == []
+
+
+@pytest.fixture
+def prom() -> Iterator[Prometheus]:
+    with running_prometheus() as p:
+        yield p
+
+
+def chat() -> dict[str, Any]:
+    obj = copy.deepcopy(CHAT)
+    obj["spec"]["remediation"] = copy.deepcopy(REMEDIATION)
+    return obj
+
+
+def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    return next((c for c in (obj or {}).get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+async def pool_pods(kube: ClientKubeApi, pool: str) -> list[dict[str, Any]]:
+    pods = await kube.list(PODS, NS, f"{constants.LABEL_DEPLOYMENT}={NAME},{constants.LABEL_POOL}={pool}")
+    return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")), key=lambda p: p["metadata"]["name"])
+
+
+async def ready_obj(kube: ClientKubeApi) -> dict[str, Any] | None:
+    obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+    return obj if cond(obj, constants.COND_READY).get("status") == "True" else None
+
+
+def engine_args(dep: dict[str, Any] | None) -> list[str]:
+    return list((dep or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
+                .get("args", []))
+
+
+def oom(restarts: int) -> ContainerState:
+    message = json.dumps({"reason": exit_codes.REASON_ENGINE_OOM, "exitCode": exit_codes.ENGINE_OOM,
+                          "detail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"})
+    return ContainerState(ready=False, restart_count=restarts,
+                          last_terminated={"exitCode": exit_codes.ENGINE_OOM, "reason": "Error", "message": message})
+
+
+async def reasons(kube: ClientKubeApi) -> list[str]:
+    return [e.get("reason", "") for e in await kube.list(EVENTS, NS)]
+
+
+async def test_repeated_engine_oom_steps_the_pool_down_into_the_deployment(cluster: SimCluster) -> None:
+    async with running_operator(cluster, health_enabled=True, health_interval_override=1.0) as kube:
+        await kube.create(VLLM_DEPLOYMENTS, NS, chat())
+        await eventually(lambda: ready_obj(kube), timeout=30)
+        dep_name = names.pool(NAME, "short")
+        before = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
+        util_before = next(a for a in before if a.startswith("--gpu-memory-utilization="))
+        pod = (await pool_pods(kube, "short"))[0]["metadata"]["name"]
+
+        cluster.kubelet.set_state(NS, pod, oom(1))
+
+        async def counted() -> bool:
+            obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+            short = (obj or {}).get("status", {}).get("pools", {}).get("short", {})
+            return len(short.get("restartBudget", {}).get("oomEvents", [])) == 1
+
+        await eventually(counted, timeout=20)
+        injected = time.monotonic()
+        cluster.kubelet.set_state(NS, pod, oom(2))
+
+        async def stepped() -> list[str] | None:
+            args = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
+            return args if util_before not in args else None
+
+        after = await eventually(stepped, timeout=30)
+        record("EngineOOM x2 -> step-down in Deployment args", time.monotonic() - injected)
+        util_after = next(a for a in after if a.startswith("--gpu-memory-utilization="))
+        assert float(util_after.split("=")[1]) == pytest.approx(float(util_before.split("=")[1]) - 0.05)
+        obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert obj is not None
+        step = obj["status"]["pools"]["short"]["stepDown"]
+        assert step["level"] == 1 and "gpu-memory-utilization" in step["history"][-1]["rung"]
+        assert "EngineOOM x2" in step["history"][-1]["reason"]
+        assert obj["status"]["stepDownLevel"] == 1
+        assert obj["status"]["pools"]["long"]["stepDown"].get("level", 0) == 0
+        assert cond(obj, constants.COND_METRICS_AVAILABLE)["reason"] == "PrometheusNotConfigured"
+        events = await reasons(kube)
+        assert "ObservedEngineOOM" in events and "SteppedDown" in events
+        assert (await kube.list(PODS, NS, f"{constants.LABEL_POOL}=short")), "pods were rolled, not deleted"
+
+
+async def test_stalled_engine_deleted_and_nothing_while_prometheus_is_down(cluster: SimCluster,
+                                                                          prom: Prometheus) -> None:
+    async with running_operator(cluster, health_enabled=True, health_interval_override=1.0,
+                                prometheus_url=prom.url) as kube:
+        await kube.create(VLLM_DEPLOYMENTS, NS, chat())
+        await eventually(lambda: ready_obj(kube), timeout=30)
+        specs = [(p["metadata"]["name"], pool) for pool in ("short", "long") for p in await pool_pods(kube, pool)]
+        async with engines(specs, prom, namespace=NS, deployment=NAME) as fleet:
+
+            async def scraped() -> bool:
+                obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+                pools = (obj or {}).get("status", {}).get("pools", {})
+                return (cond(obj, constants.COND_METRICS_AVAILABLE).get("status") == "True"
+                        and all(pools.get(p, {}).get("diagnosis") == "Healthy" for p in ("short", "long")))
+
+            await eventually(scraped, timeout=40, interval=0.5)
+            obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+            assert obj is not None and obj["status"]["pools"]["short"]["observedKVTokens"] == 32768
+
+            stalled = fleet[0]
+            stalled.fake.configure(stall=True)
+            injected = time.monotonic()
+
+            async def deleted(pod: str) -> bool:
+                return pod not in {p["metadata"]["name"] for p in await kube.list(PODS, NS)}
+
+            await eventually(lambda: deleted(stalled.pod), timeout=40, interval=0.25)
+            record("Stalled -> pod deleted", time.monotonic() - injected)
+            obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+            assert obj is not None and obj["status"]["pools"]["short"]["restartBudget"]["used"] == 1
+            assert "RestartedStalledPod" in await reasons(kube)
+
+            # Prometheus goes away; then the long pool's engine stalls. Nothing may be deleted meanwhile.
+            prom.stop()
+            victim = next(e for e in fleet if e.pool == "long")
+            victim.fake.configure(stall=True)
+
+            async def blind() -> bool:
+                return cond(await kube.get(VLLM_DEPLOYMENTS, NS, NAME),
+                            constants.COND_METRICS_AVAILABLE).get("reason") == "PrometheusUnreachable"
+
+            await eventually(blind, timeout=30, interval=0.5)
+            await asyncio.sleep(10)  # three stall windows with a check every second: long enough to have acted
+            assert not await deleted(victim.pod), "a pod was deleted while Prometheus was down"
+            obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+            assert obj is not None and obj["status"]["pools"]["long"]["restartBudget"].get("used", 0) == 0
+
+            prom.start()
+            back = time.monotonic()
+            await eventually(lambda: deleted(victim.pod), timeout=40, interval=0.25)
+            record("Prometheus back -> stalled pod deleted", time.monotonic() - back)
+
