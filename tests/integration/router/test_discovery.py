@@ -166,3 +166,22 @@ async def test_discovery_recovers_from_api_errors(make_sim_api: Any, short_engin
                                                              pool="short", state="healthy") == 0), timeout=20)
     failed = [r for r in api.request_log if r.resource == "endpointslices" and r.status == 500]
     assert len(failed) == 3
+
+
+async def test_large_slices_are_read_from_the_watch(sim_api: SimApi, discovery: kubernetes.client.DiscoveryV1Api,
+                                                    short_engine: FakeVllm, long_engine: FakeVllm,
+                                                    counter: TokenCounter) -> None:
+    """A watch event is one JSON line; a full slice (1000 endpoints, ~250 KB) must not break the stream."""
+    config = router_config([], [long_engine.url], **{
+        "pools.short.service": {"namespace": NS, "name": "demo-short", "port": 8000}})
+    async with running_router(config, counter, kubeconfig=str(sim_api.kubeconfig)) as (_, metrics):
+        await eventually(lambda: asyncio.sleep(0, sample(metrics, "vllm_operator_router_discovery_synced",
+                                                         pool="short") == 1))
+        big = endpoint_slice("big", "demo-short", port_of(short_engine))
+        big["endpoints"] += [
+            {"addresses": [f"10.{i // 250}.{i % 250}.1"], "conditions": {"ready": False},
+             "targetRef": {"kind": "Pod", "namespace": NS, "name": f"demo-short-{'x' * 120}-{i}"}}
+            for i in range(999)]
+        await call(discovery.create_namespaced_endpoint_slice, NS, big)
+        await eventually(lambda: asyncio.sleep(0, sample(metrics, "vllm_operator_router_endpoints",
+                                                         pool="short", state="healthy") == 1))
