@@ -5,9 +5,11 @@ re-reads the files periodically, so a rotated Secret takes effect without a rest
 Secrets in place). Keys are compared as SHA-256 digests with `hmac.compare_digest` against every known key, so the
 time taken does not depend on how much of a key matched nor on which tier it belongs to.
 
-No directory configured = auth off: every request gets the first tier (contract 2). With a directory, a request
-without a key, or with an unknown one, is a 401 — an unknown key never silently falls back to the first tier,
-because that would turn a typo into a cap change nobody notices.
+No directory configured = auth off: every request gets the first tier. With a directory, a request without any
+key also gets the first tier (contract 2: "No API key (or auth off) means the first tier" — tiers are caps, and the
+first tier is the anonymous one), while a key that is sent but unknown, or a malformed Authorization header, is a
+401: an unknown key never silently falls back to the first tier, because that would turn a typo or a revoked key
+into a cap change nobody notices.
 """
 
 from __future__ import annotations
@@ -75,8 +77,7 @@ class Auth:
         if self.directory is None:
             return self.tiers[0]
         if not authorization:
-            return Refusal(401, "Missing API key: send it as 'Authorization: Bearer <key>'.", REASON_UNAUTHORIZED,
-                           code="invalid_api_key", type="authentication_error")
+            return self.tiers[0]
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             return Refusal(401, "Malformed Authorization header: expected 'Bearer <key>'.", REASON_UNAUTHORIZED,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -159,9 +160,13 @@ async def test_api_keys_pick_the_tier(short_engine: FakeVllm, long_engine: FakeV
         assert caught.value.code == "invalid_api_key"
         for client in (pro, free, wrong):
             await client.close()
-    # pro's default 64 exceeds the short pool's 32, so it goes long; free's 16 stays short.
+        # No key at all: the first tier (contract 2).
+        async with aiohttp.ClientSession() as http, http.post(url + "/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}]}) as response:
+            assert response.status == 200
+    # pro's default 64 exceeds the short pool's 32, so it goes long; free's 16 (and anonymous) stays short.
     assert [r.body["max_tokens"] for r in long_engine.requests()] == [64]
-    assert [r.body["max_tokens"] for r in short_engine.requests()] == [16]
+    assert [r.body["max_tokens"] for r in short_engine.requests()] == [16, 16]
     for engine in (short_engine, long_engine):
         assert all("k-" not in str(r.headers.get("Authorization", "")) for r in engine.requests())
 

@@ -35,8 +35,6 @@ def test_known_keys_map_to_their_tier(keys_dir: Path, header: str, tier: str) ->
 
 
 @pytest.mark.parametrize(("header", "message"), [
-    pytest.param(None, "Missing API key", id="missing"),
-    pytest.param("", "Missing API key", id="empty"),
     pytest.param("Basic abc", "Malformed Authorization", id="wrong-scheme"),
     pytest.param("Bearer ", "Malformed Authorization", id="bearer-no-key"),
     pytest.param("Bearer nope", "Incorrect API key", id="unknown"),
@@ -50,6 +48,12 @@ def test_bad_keys_are_401(keys_dir: Path, header: str | None, message: str) -> N
     assert result.status == 401
     assert message in result.message
     assert result.body()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("header", [None, ""], ids=["absent", "empty"])
+def test_no_key_gives_first_tier_with_auth_on(keys_dir: Path, header: str | None) -> None:
+    """Contract 2: no API key means the first tier."""
+    assert Auth(TIERS, str(keys_dir)).tier_for(header) == TIERS[0]
 
 
 def test_auth_off_gives_first_tier() -> None:
