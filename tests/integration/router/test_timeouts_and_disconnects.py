@@ -108,11 +108,11 @@ async def test_idle_timeout_ends_the_stream_with_an_error_event(short_engine: Fa
 
 async def test_client_disconnect_mid_stream_cancels_the_engine_request(
         short_engine: FakeVllm, long_engine: FakeVllm, counter: TokenCounter) -> None:
-    short_engine.configure(natural_tokens=1000, chunk_delay_s=0.02, max_tokens_cap=None)
+    short_engine.configure(natural_tokens=1000, chunk_delay_s=0.2)  # 32 tokens take 6 s: the client leaves first
     config = router_config([short_engine.url], [long_engine.url])
     async with running_router(config, counter) as (url, metrics):
         async with aiohttp.ClientSession() as session:
-            response = await session.post(url + CHAT, json=chat(stream=True))
+            response = await session.post(url + CHAT, json=chat(stream=True, max_tokens=32))
             assert response.status == 200
             await response.content.readline()
             response.close()  # the client goes away mid-stream

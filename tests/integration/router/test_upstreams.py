@@ -51,7 +51,7 @@ async def test_least_outstanding_spreads_concurrent_requests(short_engine: FakeV
                                                              long_engine: FakeVllm, counter: TokenCounter,
                                                              http: aiohttp.ClientSession) -> None:
     for engine in (short_engine, second_short):
-        engine.configure(ttft_s=0.3)
+        engine.configure(ttft_s=1.0)  # no request finishes while the 8 are being dispatched: the split is exact
     config = router_config([short_engine.url, second_short.url], [long_engine.url])
     async with running_router(config, counter) as (url, _):
         results = await asyncio.gather(*(post(http, url, chat()) for _ in range(8)))
