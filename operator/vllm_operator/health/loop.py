@@ -154,6 +154,8 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
         for pool in constants.POOLS:
             entry = getattr(decision.status.pools, pool, None) if decision.status.pools else None
             if entry is not None:
+                for reason in policy.OOM_METRIC_REASONS:  # present at 0, so increase() counts the first OOM
+                    counters.engine_restarts.labels(name, namespace, pool, reason)
                 counters.step_down_level.labels(name, namespace, pool).set(entry.step_down.level
                                                                            + entry.step_down.kv_level)
     if decision.reconcile_needed:

@@ -92,6 +92,14 @@ class ObservedTermination:
     pool: str
     pod: str
     reason: str
+    """The metric's `reason` label (see METRIC_REASONS)."""
+
+
+METRIC_REASONS = {State.HOST_OOM_KILLED: "OOMKilled", State.CRASH_LOOPING: "Error"}
+"""`vllm_operator_engine_restarts_total{reason}` uses the kubelet's words where the kubelet has them (OOMKilled,
+Error) and the wrapper's otherwise (EngineOOM, EngineDead, KVCacheTooSmall); deletions for Stalled count as Stalled."""
+OOM_METRIC_REASONS = ("OOMKilled", "EngineOOM")
+"""Reasons the OOM alert counts; the handler creates these series at 0 so `increase()` sees the first OOM."""
 
 
 @dataclass
@@ -180,7 +188,8 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
             continue
         seen.add(term.key)
         budget.seen_terminations = [*budget.seen_terminations, term.key][-RESTART_HISTORY_MAX:]
-        decision.observed.append(ObservedTermination(pool=pool, pod=term.pod, reason=term.state.value))
+        decision.observed.append(ObservedTermination(pool=pool, pod=term.pod,
+                                                     reason=METRIC_REASONS.get(term.state, term.state.value)))
         decision.events.append(Event("Warning", f"Observed{term.state.value}",
                                      f"Pool {pool}: pod {term.pod} terminated — {term.detail}"))
         stale_rung = last_move is not None and term.finished_at is not None and term.finished_at < last_move
@@ -259,6 +268,7 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
             budget.used = len(budget.restarts)
             budget.window_start = budget.restarts[0]
             decision.deletions.append(DeletePod(pool, pod.pod, pod.uid, pod.message))
+            decision.observed.append(ObservedTermination(pool=pool, pod=pod.pod, reason=State.STALLED.value))
             decision.actions.append((pool, "delete_pod"))
             decision.events.append(Event("Warning", "RestartedStalledPod",
                                          f"Deleted pod {pod.pod} of pool {pool}: {pod.message} (restart "

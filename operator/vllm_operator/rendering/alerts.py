@@ -11,10 +11,18 @@ Series come from two places, with the label contract of ARCHITECTURE.md (contrac
 - the operator's `vllm_operator_engine_restarts_total{vllmdeployment, target_namespace, pool, reason}`, scraped from the
   operator's own pod (its `namespace` label is the operator's namespace, hence `target_namespace`).
 
-The OOM alert also reads kube-state-metrics (`kube_pod_container_status_restarts_total` and
-`kube_pod_container_status_last_terminated_reason`) where it is installed, so OOM kills are caught even while the
-operator is down; without kube-state-metrics that half of the expression is simply empty. Only the operator's metric
-sees `EngineOOM` (a CUDA OOM the engine wrapper reports with its own exit code): the kubelet reports that as `Error`.
+Dependency on kube-state-metrics (optional, documented): the OOM alert also reads
+`kube_pod_container_status_restarts_total`, `kube_pod_container_status_last_terminated_reason` (reason OOMKilled: the
+kernel killed the container) and `kube_pod_container_status_last_terminated_exitcode` (kube-state-metrics 2.10 and
+later; exit code 87 is the engine wrapper's EngineOOM, which the kubelet itself only reports as `Error`). With it, OOM
+restarts are caught even while the operator is down; without it that half of the expression is simply empty and the
+operator's counter alone carries the alert. The kube-state-metrics half counts every restart of an engine container
+whose *last* termination was an OOM within the window — an approximation (kube-state-metrics has no per-termination
+history), exact when the OOMs are what restarts the engine.
+
+The no-progress alert requires requests running for the whole stall window (`min_over_time`), so an idle engine
+that just received a request is not a stall; it is the same rule the health loop's Stalled diagnosis uses, and it
+fires as soon as the window is covered (no extra `for`).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ LENGTH_SHARE = 0.20
 LENGTH_WINDOW = "5m"
 LENGTH_FOR = "10m"
 STALL_SECONDS = 120
-STALL_FOR = "1m"  # a request that arrives at an engine idle for the whole window is not a stall
+ENGINE_OOM_EXIT_CODE = 87  # vllm_operator.engine.exit_codes.ENGINE_OOM (kept literal: rendering stays self-contained)
 KV_USAGE = 0.95
 KV_FOR = "10m"
 ENGINE_CONTAINER = "engine"
@@ -73,8 +81,10 @@ def oom_restarts_expr(plan: Plan) -> str:
         per_pool.append(
             f'label_replace(increase(kube_pod_container_status_restarts_total{{namespace="{plan.namespace}",'
             f'container="{ENGINE_CONTAINER}",pod=~"{pods}"}}[{OOM_WINDOW}]) and on (namespace, pod, container) '
-            f'(kube_pod_container_status_last_terminated_reason{{namespace="{plan.namespace}",'
-            f'container="{ENGINE_CONTAINER}",reason="OOMKilled"}} == 1), "pool", "{pool}", "", "")')
+            f'((kube_pod_container_status_last_terminated_reason{{namespace="{plan.namespace}",'
+            f'container="{ENGINE_CONTAINER}",reason="OOMKilled"}} == 1) or on (namespace, pod, container) '
+            f'(kube_pod_container_status_last_terminated_exitcode{{namespace="{plan.namespace}",'
+            f'container="{ENGINE_CONTAINER}"}} == {ENGINE_OOM_EXIT_CODE})), "pool", "{pool}", "", "")')
     if not per_pool:
         return operator
     kube_state = (f'sum by ({RESTART_LABELS}) (label_replace(label_replace({" or ".join(per_pool)}, '
@@ -97,7 +107,8 @@ def length_share_expr(plan: Plan, share: float) -> str:
 
 def no_progress_expr(plan: Plan, stall_seconds: int) -> str:
     window = duration(stall_seconds)
-    running = f"sum by ({POD_LABELS}) ({{{vllm('num_requests_running')},{_engines(plan)}}}) > 0"
+    running = (f"min by ({POD_LABELS}) (min_over_time({{{vllm('num_requests_running')},{_engines(plan)}}}"
+               f"[{window}])) > 0")
     tokens = (f"sum by ({POD_LABELS}) (increase({{{vllm('generation_tokens_total')},{_engines(plan)}}}[{window}])) "
               "== 0")
     return f"({running}) and on ({POD_LABELS}) ({tokens})"
@@ -142,10 +153,11 @@ def alert_groups(plan: Plan, thresholds: RemediationThresholds | None = None) ->
               f"Over {share:.0%} of requests to {who} pool {pool} stop at max_tokens",
               f"{{{{ $value | humanizePercentage }}}} of finished requests ended with finished_reason=length over "
               f"{LENGTH_WINDOW}, for {LENGTH_FOR}: generations run into the cap (runaway output or caps too low)."),
-        _rule("VLLMNoTokenProgress", no_progress_expr(plan, stall), STALL_FOR, "critical",
+        _rule("VLLMNoTokenProgress", no_progress_expr(plan, stall), None, "critical",
               f"Engine {pod} of {who} pool {pool} has requests running but generates no tokens",
-              f"Requests are running on {pod} and vllm:generation_tokens_total did not move for "
-              f"{duration(stall)}: the engine is stalled."),
+              f"Requests were running on {pod} for the whole last {duration(stall)} and "
+              "vllm:generation_tokens_total did not move: the engine is stalled (the operator deletes the pod "
+              "within its restart budget)."),
         _rule("VLLMKVCacheUsageHigh", kv_usage_expr(plan, usage), KV_FOR, "info",
               f"KV cache of {pod} ({who} pool {pool}) above {usage:.0%}",
               f"vllm:kv_cache_usage_perc has been {{{{ $value | humanizePercentage }}}} for {KV_FOR}: requests queue "

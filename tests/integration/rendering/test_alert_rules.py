@@ -74,6 +74,9 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
             # Stall on p1 (colon spelling): requests running, tokens flat from minute 10.
             series("vllm:num_requests_running", short_p1, "2x30"),
             series("vllm:generation_tokens_total", short_p1, "0+100x10 1000x20"),
+            # p3 idles (no requests, no tokens) until a request arrives at minute 20 and makes no progress.
+            series("vllm:num_requests_running", f'{SEL},pool="short",pod="p3"', "0x19 1x11"),
+            series("vllm:generation_tokens_total", f'{SEL},pool="short",pod="p3"', "0x30"),
             # Length share on p2 (underscore spelling): 3 of 10 finished requests hit the cap; p1 0 of 10.
             series("vllm_request_success_total", f'{long_p2},finished_reason="length"', "0+3x30"),
             series("vllm_request_success_total", f'{long_p2},finished_reason="stop"', "0+7x30"),
@@ -91,7 +94,12 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
             expect("VLLMEngineScrapeDown", "19m"),
             expect("VLLMEngineScrapeDown", "21m", {"severity": "critical", **ENGINE, "pool": "long", "pod": "p2"}),
             expect("VLLMNoTokenProgress", "9m"),
-            expect("VLLMNoTokenProgress", "14m", {"severity": "critical", **ENGINE, "pool": "short", "pod": "p1"}),
+            expect("VLLMNoTokenProgress", "11m"),  # tokens flat only since minute 10: not yet a whole window
+            expect("VLLMNoTokenProgress", "12m", {"severity": "critical", **ENGINE, "pool": "short", "pod": "p1"}),
+            # p3: the request that arrived at an idle engine is not a stall at once, only after a whole window.
+            expect("VLLMNoTokenProgress", "20m", {"severity": "critical", **ENGINE, "pool": "short", "pod": "p1"}),
+            expect("VLLMNoTokenProgress", "22m", {"severity": "critical", **ENGINE, "pool": "short", "pod": "p1"},
+                   {"severity": "critical", **ENGINE, "pool": "short", "pod": "p3"}),
             expect("VLLMLengthShareHigh", "8m"),  # above the share, but not yet for 10 minutes
             expect("VLLMLengthShareHigh", "16m", {"severity": "warning", **ENGINE, "pool": "long"}),
             expect("VLLMKVCacheUsageHigh", "5m"),
@@ -114,6 +122,27 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
                    "0+5x30"),
         ],
         "alert_rule_test": [expect("VLLMEngineOOMRestarts", "6m")],
+    }, {
+        # kube-state-metrics only, operator down: the wrapper's EngineOOM exit code 87 (the kubelet says "Error").
+        "interval": "1m",
+        "input_series": [
+            series("kube_pod_container_status_restarts_total",
+                   'namespace="ml",container="engine",pod="chat-long-5f6d7c8b9-ccccc"', "0+1x30"),
+            series("kube_pod_container_status_last_terminated_reason",
+                   'namespace="ml",container="engine",pod="chat-long-5f6d7c8b9-ccccc",reason="Error"', "1x30"),
+            series("kube_pod_container_status_last_terminated_exitcode",
+                   'namespace="ml",container="engine",pod="chat-long-5f6d7c8b9-ccccc"', "87x30"),
+            # An engine that exits 1 (not an OOM) restarting as often never counts.
+            series("kube_pod_container_status_restarts_total",
+                   'namespace="ml",container="engine",pod="chat-short-7d9f8b6c4-ddddd"', "0+1x30"),
+            series("kube_pod_container_status_last_terminated_exitcode",
+                   'namespace="ml",container="engine",pod="chat-short-7d9f8b6c4-ddddd"', "1x30"),
+        ],
+        "alert_rule_test": [
+            expect("VLLMEngineOOMRestarts", "2m"),
+            expect("VLLMEngineOOMRestarts", "6m",
+                   {"severity": "warning", "target_namespace": "ml", "vllmdeployment": "chat", "pool": "long"}),
+        ],
     }]}
     test_file = tmp_path / "alerts_test.yaml"
     test_file.write_text(yaml.safe_dump(tests))

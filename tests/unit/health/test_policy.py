@@ -277,3 +277,17 @@ def test_remediation_disabled_changes_no_rung() -> None:
     status = status_with(restart_budget=RestartBudgetStatus(oom_events=[ago(300)]))
     d = run([oom_pod("a", 1)], status=status, settings=HealthSettings(**{**S.__dict__, "enabled": False}))
     assert d.rung_changes == [] and cond(d, constants.COND_REMEDIATING) == ("False", "RemediationDisabled")
+
+
+@pytest.mark.parametrize(("last", "reason"), [
+    (OOM, "EngineOOM"), (KV, "KVCacheTooSmall"), (term(137, "OOMKilled"), "OOMKilled"), (term(1), "Error"),
+    (term(88, wrapper="EngineDead"), "EngineDead"),
+], ids=["engine-oom", "kv", "host-oom", "error", "dead"])
+def test_restart_metric_reasons(last: dict[str, Any], reason: str) -> None:
+    d = run([pod("a", ready=False, started_ago=5, restarts=1, last=last)])
+    assert [o.reason for o in d.observed] == [reason]
+
+
+def test_stalled_deletion_is_counted_as_a_restart() -> None:
+    d = run([pod("a")], {"a": stalled("a")})
+    assert [o.reason for o in d.observed] == ["Stalled"]
