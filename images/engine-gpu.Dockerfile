@@ -7,7 +7,7 @@
 ARG VLLM_VERSION=0.33.0
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
-# --- build: only the project's wheel; the wrapper needs nothing beyond the standard library ---------------------------
+# --- build: only the project's wheel; the wrapper needs the standard library and what vLLM depends on (pydantic) ----
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src

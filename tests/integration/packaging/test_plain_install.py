@@ -4,8 +4,9 @@ The context is assembled the way `docker build` would send it (the Dockerfiles' 
 .dockerignore), a wheel is built from it with pip, and installed into fresh virtualenvs:
 - "operator/router image": the wheel with its dependencies (taken from the project venv through a .pth line rather
   than downloaded again), so missing package data or a missing module in the wheel fails here;
-- "engine image": the wheel with NO dependencies, as engine-gpu.Dockerfile installs it next to vLLM's own pins, so
-  the entrypoint wrapper must run on the standard library alone.
+- "engine image": the wheel with NO dependencies, as the engine Dockerfiles install it next to vLLM's own pins, plus
+  only packages vLLM itself depends on (VLLM_PROVIDES: pydantic for its configs, PyYAML), so the entrypoint wrapper
+  must not need kopf, kubernetes, aiohttp or anything else the operator installs.
 """
 
 from __future__ import annotations
@@ -48,17 +49,35 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+# Top-level modules every vLLM image has because vLLM requires them (vllm's requirements: pydantic, pyyaml).
+VLLM_PROVIDES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection", "yaml")
+
+
+def provide_vllm_deps(purelib: Path, target: Path) -> None:
+    """Expose only VLLM_PROVIDES from the project venv, through a directory of symlinks and a .pth line."""
+    target.mkdir()
+    for site_dir in map(Path, site.getsitepackages()):
+        for entry in site_dir.iterdir():
+            if entry.name.removesuffix(".py") in VLLM_PROVIDES and not (target / entry.name).exists():
+                (target / entry.name).symlink_to(entry)
+    found = {p.name.removesuffix(".py") for p in target.iterdir()}
+    assert found == set(VLLM_PROVIDES), f"missing in the project venv: {set(VLLM_PROVIDES) - found}"
+    (purelib / "vllm-provides.pth").write_text(f"{target}\n")
+
+
 def make_venv(root: Path, wheel: Path, *, with_deps: bool) -> Path:
     venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
     python = root / "bin" / "python"
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
                            str(wheel)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
     if with_deps:
-        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
         # Appended after the venv's own site-packages: the wheel's vllm_operator wins over the editable checkout.
-        Path(purelib, "project-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        (purelib / "project-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    else:
+        provide_vllm_deps(purelib, root / "vllm-provides")
     return root
 
 
@@ -102,10 +121,17 @@ def test_image_command_runs_from_a_plain_install(full_env: Path, tmp_path: Path,
 
 
 @pytest.mark.parametrize("name", ["engine-gpu", "engine-cpu"])
-def test_engine_wrapper_runs_on_the_standard_library_alone(bare_env: Path, tmp_path: Path, name: str) -> None:
+def test_engine_wrapper_runs_with_what_the_vllm_image_has(bare_env: Path, tmp_path: Path, name: str) -> None:
     proc = run(bare_env, *image_help_command(name), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout
+
+
+def test_engine_env_really_lacks_the_operator_dependencies(bare_env: Path, tmp_path: Path) -> None:
+    for module in ("kopf", "kubernetes", "aiohttp", "prometheus_client", "tokenizers"):
+        proc = subprocess.run([str(bare_env / "bin" / "python"), "-c", f"import {module}"], capture_output=True,
+                              text=True, cwd=tmp_path, check=False)
+        assert proc.returncode != 0, f"{module} leaked into the engine environment"
 
 
 def test_cli_and_generated_crd_from_a_plain_install(full_env: Path, tmp_path: Path) -> None:
