@@ -317,7 +317,7 @@ class Router:
                        headers: dict[str, str], upstream_headers: dict[str, str], start: float,
                        deadline: float) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        url = endpoint.url + request.path
+        url = endpoint.url_for(request.path)
         first_byte_deadline = min(deadline, loop.time() + self.first_byte_s) if prepared.stream else deadline
         try:
             async with asyncio.timeout_at(first_byte_deadline):

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import aiohttp
+import yarl
 
 from vllm_operator.api.router_config import ServiceRef
 from vllm_operator.router.metrics import RouterMetrics
@@ -49,6 +50,14 @@ class Endpoint:
     outstanding: int = 0
     ejected_at: float | None = None
     ejection_cause: str | None = None
+    _urls: dict[str, yarl.URL] = dataclasses.field(default_factory=dict, repr=False)
+
+    def url_for(self, path: str) -> yarl.URL:
+        """`url + path` as a parsed URL, cached: aiohttp would parse the string again on every request."""
+        found = self._urls.get(path)
+        if found is None:
+            found = self._urls[path] = yarl.URL(self.url + path)
+        return found
 
 
 class Pool:
