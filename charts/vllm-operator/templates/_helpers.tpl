@@ -85,10 +85,10 @@ README section "RBAC" explains every line.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "prometheusrules"]
   verbs: ["get", "list", "create", "patch", "delete"]
-# The health loop reads engine pods (status, termination messages) and deletes a Stalled pod within its budget.
+# The health loop lists engine pods (status, termination messages) and deletes a Stalled one within its budget.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["list", "delete"]
 # Events on VLLMDeployments (the controller's and kopf's).
 - apiGroups: [""]
   resources: ["events"]

@@ -5,7 +5,8 @@ operator's clients (kopf's and k8s.ClientKubeApi's user agents) that no rendered
 kube-apiserver would answer it. Then the operator runs a scenario that walks every code path that touches the API —
 create, adopt same-named orphans of every child kind (create -> 409 -> get -> patch), patch on spec edits, delete
 stale owned children of every kind, `accelerator.type: auto` (Node list), a refused spec (events), monitoring CRDs
-present (PodMonitor / PrometheusRule) — and the request log gives the (group, resource, verb) triples it used.
+present (PodMonitor / PrometheusRule), the health loop deleting a stalled engine's pod (fake engines scraped by a
+real Prometheus) — and the request log gives the (group, resource, verb) triples it used.
 
 Checked: nothing the operator sent was denied (the chart grants enough), and the grants equal the used triples plus
 GRANT_ONLY, each entry of which says why the operator holds a permission it does not itself use. The router's own
@@ -18,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.support.health_harness import engines
 from tests.support.helm import by_kind, render
 from tests.support.operator import running_operator
 from tests.support.paths import CRD_FILE, EXAMPLE_FILES
+from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.router import running_router
 from tests.support.waiting import eventually
 from vllm_operator import constants, names
@@ -57,17 +60,16 @@ CONFIGMAPS = CHILD_RESOURCES[("v1", "ConfigMap")]
 # Held by the operator although it never sends these requests itself; each needs a reason.
 ROUTER_GRANTS = "granted to the router's Role; Kubernetes' escalation check lets the operator create that Role " \
                 "only while it holds the same permissions itself (it holds no bind/escalate)"
-HEALTH_LOOP = "health loop (handlers/health.py): reads engine pods, deletes a Stalled pod within its budget; " \
-              "not yet registered in this tree, so the scenario cannot exercise it"
 GRANT_ONLY: dict[Triple, str] = {
     ("discovery.k8s.io", "endpointslices", "get"): ROUTER_GRANTS,
     ("discovery.k8s.io", "endpointslices", "list"): ROUTER_GRANTS,
     ("discovery.k8s.io", "endpointslices", "watch"): ROUTER_GRANTS,
-    ("", "pods", "get"): HEALTH_LOOP,
-    ("", "pods", "list"): HEALTH_LOOP,
-    ("", "pods", "watch"): HEALTH_LOOP,
-    ("", "pods", "delete"): HEALTH_LOOP,
 }
+# The health loop's thresholds, short enough for a stalled engine to be acted on within seconds.
+REMEDIATION = {"restartBudget": 3, "thresholds": {"oomCount": 2, "oomWindowSeconds": 600, "stallSeconds": 3,
+                                                  "windowSeconds": 6}}
+PODS_RES = Resource("", "v1", "pods", "Pod")
+
 EXAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in EXAMPLE_FILES}
 
 
@@ -167,6 +169,15 @@ def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:
 
 
 @pytest.fixture
+def prom() -> Iterator[Prometheus]:
+    with running_prometheus() as p:
+        yield p
+
+
+HEALTH = {"health_enabled": True, "health_interval_override": 1.0}
+
+
+@pytest.fixture
 async def authorized_cluster(tmp_path: Path, request: pytest.FixtureRequest
                              ) -> AsyncIterator[tuple[SimCluster, Authorizer]]:
     values: dict[str, Any] = request.param
@@ -197,11 +208,11 @@ async def wait_ready(sim: SimCluster, ns: str, name: str, timeout: float = 40) -
     return result
 
 
-async def operator_scenario(sim: SimCluster) -> None:
+async def operator_scenario(sim: SimCluster, prom: Prometheus) -> None:
     """Every API path of the operator, driven through the test's own client (user agent sim-cluster)."""
     assert sim.client is not None
     client = sim.client
-    chat = example("chat")
+    chat = example("chat", remediation=REMEDIATION)
     ns, name = chat["metadata"]["namespace"], chat["metadata"]["name"]
     rendered = offline_children(chat)
     # 1. Same-named orphans (no labels, no owner) of every child kind: the operator's create gets 409, reads the
@@ -267,6 +278,35 @@ async def operator_scenario(sim: SimCluster) -> None:
 
     await asyncio.sleep(0.2)
     await eventually(recreated, timeout=20, interval=0.1)
+    await wait_ready(sim, ns, name)
+    # 7. The health loop: engine metrics through a real Prometheus; a stalled engine's pod is deleted.
+    await stalled_pod_is_deleted(sim, prom, ns, name)
+
+
+async def stalled_pod_is_deleted(sim: SimCluster, prom: Prometheus, ns: str, name: str) -> None:
+    assert sim.client is not None
+    client = sim.client
+    specs = []
+    for pool in constants.POOLS:
+        pods, _ = await client.list(PODS_RES, ns, f"{constants.LABEL_DEPLOYMENT}={name},{constants.LABEL_POOL}={pool}")
+        specs += [(p["metadata"]["name"], pool) for p in pods if not p["metadata"].get("deletionTimestamp")]
+    async with engines(specs, prom, namespace=ns, deployment=name) as fleet:
+
+        async def scraped() -> bool:
+            obj = await client.get(VLLM_DEPLOYMENTS, ns, name)
+            pools = (obj or {}).get("status", {}).get("pools", {})
+            return (condition(obj, constants.COND_METRICS_AVAILABLE).get("status") == "True"
+                    and all(pools.get(p, {}).get("diagnosis") == "Healthy" for p in constants.POOLS))
+
+        await eventually(scraped, timeout=40, interval=0.25)
+        victim = fleet[0]
+        victim.fake.configure(stall=True)
+
+        async def deleted() -> bool:
+            pods, _ = await client.list(PODS_RES, ns)
+            return victim.pod not in {p["metadata"]["name"] for p in pods}
+
+        await eventually(deleted, timeout=40, interval=0.25)
 
 
 CLUSTER_VALUES: dict[str, Any] = {}
@@ -275,10 +315,10 @@ NAMESPACED_VALUES: dict[str, Any] = {"watch": {"mode": "namespaced", "namespaces
 
 @pytest.mark.parametrize("authorized_cluster", [CLUSTER_VALUES], indirect=True, ids=["cluster-mode"])
 async def test_cluster_mode_rules_equal_what_the_operator_uses(
-        authorized_cluster: tuple[SimCluster, Authorizer]) -> None:
+        authorized_cluster: tuple[SimCluster, Authorizer], prom: Prometheus) -> None:
     sim, auth = authorized_cluster
-    async with running_operator(sim):
-        await operator_scenario(sim)
+    async with running_operator(sim, prometheus_url=prom.url, **HEALTH):
+        await operator_scenario(sim, prom)
     assert auth.denied_triples() == set(), "the chart's ClusterRole misses what the operator needs"
     used = auth.used()
     assert not used & set(GRANT_ONLY), f"used, so not grant-only: {sorted(used & set(GRANT_ONLY))}"
@@ -289,10 +329,10 @@ async def test_cluster_mode_rules_equal_what_the_operator_uses(
 
 @pytest.mark.parametrize("authorized_cluster", [NAMESPACED_VALUES], indirect=True, ids=["namespaced-mode"])
 async def test_namespaced_mode_works_with_roles_and_the_node_reader(
-        authorized_cluster: tuple[SimCluster, Authorizer]) -> None:
+        authorized_cluster: tuple[SimCluster, Authorizer], prom: Prometheus) -> None:
     sim, auth = authorized_cluster
-    async with running_operator(sim, namespaces=("ml", "dev")):
-        await operator_scenario(sim)
+    async with running_operator(sim, namespaces=("ml", "dev"), prometheus_url=prom.url, **HEALTH):
+        await operator_scenario(sim, prom)
     assert auth.denied_triples() == set(), "the Roles and ClusterRoles miss what the operator needs"
     cluster_scoped = {triple(r) for r in auth.allowed if not r.namespace}
     assert cluster_scoped == auth.cluster, "every cluster-wide grant is used, and only at the cluster scope"
@@ -313,7 +353,7 @@ async def test_without_the_node_reader_auto_is_refused_and_named_types_work(
     assert sim.client is not None
     assert ("", "nodes", "list") not in auth.cluster
     auto = example("chat", accelerator={"type": "auto", "count": 1})
-    async with running_operator(sim, namespaces=("ml", "dev")):
+    async with running_operator(sim, namespaces=("ml", "dev"), **HEALTH):
         await sim.client.create(VLLM_DEPLOYMENTS, "ml", auto)
         cpu = example("cpu-dev")
         await sim.client.create(VLLM_DEPLOYMENTS, "dev", cpu)
