@@ -115,7 +115,8 @@ def _pool_lines(pool: PoolPlan, acc: AcceleratorFacts) -> list[str]:
                  f"{_gib(b.activation_bytes)} - non-torch {_gib(b.non_torch_bytes)} - CUDA graphs "
                  f"{_gib(b.cuda_graph_bytes)} - margin {_gib(b.margin_bytes)} = {_gib(kv.budget_bytes)} GiB")
     lines.append(f"  KV cache: {kv.bytes_per_token / 1024:g} KiB/token ({pool.kv_cache_dtype}) -> "
-                 f"{kv.planned_tokens:,} tokens (blocks of {kvcache.BLOCK_SIZE})")
+                 f"{kv.planned_tokens:,} tokens (blocks of "
+                 f"{kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE})")
     lines.append(f"  capacity: {kv.concurrency_at_full_length:g} sequences at {pool.max_model_len} tokens, "
                  f"{kv.concurrency_at_typical_length:g} at a typical {kv.typical_sequence_tokens}; "
                  f"max_num_seqs {pool.max_num_seqs}, max_num_batched_tokens {pool.max_num_batched_tokens}")

