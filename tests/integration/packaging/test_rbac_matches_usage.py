@@ -161,6 +161,18 @@ def res_of(manifest: Mapping[str, Any]) -> Resource:
     return CHILD_RESOURCES[(manifest["apiVersion"], manifest["kind"])]
 
 
+def printer_columns(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The CRD's additionalPrinterColumns evaluated on `obj` (their jsonPaths are plain `.a.b` paths)."""
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    out: dict[str, Any] = {}
+    for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
+        value: Any = obj
+        for part in column["jsonPath"].lstrip(".").split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        out[column["name"]] = value
+    return out
+
+
 def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:
     for cond in (obj or {}).get("status", {}).get("conditions", []) or []:
         if cond["type"] == type_:
@@ -224,6 +236,9 @@ async def operator_scenario(sim: SimCluster, prom: Prometheus) -> None:
     await client.create(VLLM_DEPLOYMENTS, ns, chat)
     current = await wait_ready(sim, ns, name)
     uid = current["metadata"]["uid"]
+    columns = printer_columns(current)  # `kubectl get vllmd` (the emulator serves no Table, so read the paths)
+    assert all(value not in (None, "") for value in columns.values()), columns
+    assert columns["Ready"] == "3/3" and columns["Short"] == "2/2" and columns["Long"] == "1/1", columns
     for manifest in rendered:
         got = await client.get(res_of(manifest), ns, manifest["metadata"]["name"])
         assert got and [r["uid"] for r in got["metadata"].get("ownerReferences", [])] == [uid], manifest["kind"]
