@@ -45,7 +45,7 @@ class Engine:
                                      "pod": self.pod})
 
 
-async def _client_loop(session: aiohttp.ClientSession, engine: Engine) -> None:
+async def client_loop(session: aiohttp.ClientSession, engine: Engine) -> None:
     body = {"model": engine.fake.behaviour.model, "prompt": "the quick brown fox", "max_tokens": engine.max_tokens}
     while True:
         body["max_tokens"] = engine.max_tokens
@@ -70,7 +70,7 @@ async def engines(specs: Sequence[tuple[str, str]], prom: Prometheus, *, namespa
             started.append(Engine(pod=pod, pool=pool, fake=fake))
         prom.set_targets([e.target(namespace, deployment) for e in started])
         for engine in started:
-            engine.tasks = [asyncio.create_task(_client_loop(session, engine)) for _ in range(engine.concurrency)]
+            engine.tasks = [asyncio.create_task(client_loop(session, engine)) for _ in range(engine.concurrency)]
         yield started
     finally:
         for engine in started:
@@ -100,3 +100,17 @@ def pod_json(name: str, pool: str, *, started_ago: float = 3600.0, ready: bool =
                                           "state": {"running": {"startedAt": format_time(now - started_ago)}},
                                           "lastState": {}}]},
     }
+
+
+def record_timing(fault: str, seconds: float, **facts: Any) -> None:
+    """Log a fault-to-detection/action time; append it as a JSON line to $HEALTH_TIMINGS when set (the benchmark
+    script benchmarks/health/run.sh collects them). A measurement, never an assertion."""
+    import json
+    import os
+
+    line = {"fault": fault, "seconds": round(seconds, 2), **facts}
+    print(f"fault->detection {line}")
+    path = os.environ.get("HEALTH_TIMINGS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(line) + "\n")

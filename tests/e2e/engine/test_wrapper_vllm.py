@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import vllm_cpu
+from tests.support.health_harness import record_timing
 from vllm_operator.engine import exit_codes
 
 pytestmark = pytest.mark.e2e
@@ -54,26 +55,30 @@ def test_engine_core_killed_becomes_engine_dead(model_dir: Path, tmp_path: Path)
         os.kill(core, signal.SIGKILL)
         code = server.proc.wait(timeout=120)
         took = time.monotonic() - killed
-        print(f"fault->detection {{'fault': 'EngineCore SIGKILL -> wrapper exit', 'seconds': {took:.1f}}}")
         log = server.log_text()
         assert code == exit_codes.ENGINE_DEAD, log[-3000:]
         msg = json.loads(message.read_text())
         assert msg["reason"] == "EngineDead" and msg["exitCode"] == exit_codes.ENGINE_DEAD
         assert msg["childExitCode"] == 0, "vLLM itself exits 0 when its engine core dies"
         assert msg["detail"] and msg["detail"] in log
+        record_timing("EngineCore SIGKILL -> wrapper exit 88", took, tier="real vLLM CPU", matched=msg["detail"])
     finally:
         server.stop(grace_s=10)
 
 
 def test_kv_cache_too_small_at_start_up(model_dir: Path, tmp_path: Path) -> None:
     server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=4M", "--max-model-len=65536"], tmp_path)
+    started = time.monotonic()
     try:
         code = server.proc.wait(timeout=vllm_cpu.DEFAULT_STARTUP_TIMEOUT_S)
+        took = time.monotonic() - started
         log = server.log_text()
         assert code == exit_codes.KV_CACHE_TOO_SMALL, log[-3000:]
         msg = json.loads(message.read_text())
         assert msg["reason"] == "KVCacheTooSmall" and msg["childExitCode"] != 0
         assert msg["max_seq_len"] == 65536 and msg["needed_gib"] > msg["available_gib"]
         assert "larger than the available KV cache memory" in msg["detail"]
+        record_timing("launch -> KV cache too small -> wrapper exit 89", took, tier="real vLLM CPU",
+                      message={k: v for k, v in msg.items() if k != "detail"})
     finally:
         server.stop(grace_s=10)

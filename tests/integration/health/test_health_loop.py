@@ -11,17 +11,18 @@ Fault-to-action times are logged (and appended to $HEALTH_TIMINGS when set).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
-from tests.support.health_harness import engines
+from tests.support.health_harness import Engine, client_loop, engines, record_timing
 from tests.support.operator import running_operator
 from tests.support.paths import EXAMPLES
 from tests.support.prometheus import Prometheus, running_prometheus
@@ -32,6 +33,7 @@ from vllm_operator.engine import exit_codes
 from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
 from vllm_operator.sim.cluster import SimCluster
 from vllm_operator.sim.controllers.scheduling import ContainerState
+from vllm_operator.sim.fake_vllm import FakeVllm
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +45,8 @@ REMEDIATION = {"restartBudget": 3, "thresholds": {"oomCount": 2, "oomWindowSecon
 
 
 def record(kind: str, seconds: float) -> None:
-    line = {"fault": kind, "action_after_s": round(seconds, 2), "health_interval_s": 1, "scrape_interval_s": 1}
-    print(f"fault->action {line}")
-    path = os.environ.get("HEALTH_TIMINGS")
-    if path:
-        with open(path, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
+    record_timing(kind, seconds, tier="operator on simulated cluster", health_interval_s=1, scrape_interval_s=1,
+                  stall_s=3, window_s=6)
 
 
 @pytest.fixture
@@ -68,13 +66,13 @@ def prom() -> Iterator[Prometheus]:
 
 
 def chat() -> dict[str, Any]:
-    obj = copy.deepcopy(CHAT)
+    obj: dict[str, Any] = copy.deepcopy(CHAT)
     obj["spec"]["remediation"] = copy.deepcopy(REMEDIATION)
     return obj
 
 
 def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    return next((c for c in (obj or {}).get("status", {}).get("conditions", []) if c["type"] == type_), {})
+    return dict(next((c for c in (obj or {}).get("status", {}).get("conditions", []) if c["type"] == type_), {}))
 
 
 async def pool_pods(kube: ClientKubeApi, pool: str) -> list[dict[str, Any]]:
@@ -196,3 +194,94 @@ async def test_stalled_engine_deleted_and_nothing_while_prometheus_is_down(clust
             await eventually(lambda: deleted(victim.pod), timeout=40, interval=0.25)
             record("Prometheus back -> stalled pod deleted", time.monotonic() - back)
 
+
+
+async def test_kv_cache_too_small_takes_the_kv_path_into_the_deployment(cluster: SimCluster) -> None:
+    obj = chat()
+    obj["spec"]["remediation"]["allowLowerMaxModelLen"] = True
+    async with running_operator(cluster, health_enabled=True, health_interval_override=1.0) as kube:
+        await kube.create(VLLM_DEPLOYMENTS, NS, obj)
+        await eventually(lambda: ready_obj(kube), timeout=30)
+        dep_name = names.pool(NAME, "long")
+        before = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
+        pod = (await pool_pods(kube, "long"))[0]["metadata"]["name"]
+        message = json.dumps({"reason": exit_codes.REASON_KV_CACHE_TOO_SMALL, "exitCode": exit_codes.KV_CACHE_TOO_SMALL,
+                              "detail": "(4.00 GiB KV cache is needed, which is larger than the available KV cache "
+                                        "memory (2.10 GiB)"})
+        injected = time.monotonic()
+        cluster.kubelet.set_state(NS, pod, ContainerState(
+            ready=False, restart_count=1, waiting_reason="CrashLoopBackOff",
+            last_terminated={"exitCode": exit_codes.KV_CACHE_TOO_SMALL, "reason": "Error", "message": message}))
+
+        async def changed() -> list[str] | None:
+            args = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
+            return args if args != before else None
+
+        after = await eventually(changed, timeout=30)
+        record("KVCacheTooSmall -> KV rung in Deployment args", time.monotonic() - injected)
+        moved = sorted(set(after) ^ set(before))
+        assert moved and all(a.startswith(("--kv-cache-dtype=", "--max-model-len=")) for a in moved), moved
+        current = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert current is not None
+        step = current["status"]["pools"]["long"]["stepDown"]
+        assert step["kvLevel"] == 1 and step.get("level", 0) == 0
+        assert step["history"][-1]["reason"] == "KVCacheTooSmall at start-up"
+        assert "SteppedKVPath" in await reasons(kube)
+
+
+async def test_storm_every_pod_stalls_budget_caps_deletions(cluster: SimCluster, prom: Prometheus) -> None:
+    """Every engine stalls, replacements too: one pod per pool at a time, never more than the budget."""
+    budget = 2
+    obj = chat()
+    obj["spec"]["remediation"]["restartBudget"] = budget
+    fleet: dict[str, Engine] = {}
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+    async def follow_pods(kube: ClientKubeApi) -> None:
+        """Give every engine pod, old or new, a stalled fake engine under traffic, registered with Prometheus."""
+        while True:
+            pods = {p["metadata"]["name"]: p["metadata"]["labels"][constants.LABEL_POOL]
+                    for pool in ("short", "long") for p in await pool_pods(kube, pool)}
+            for name, pool in pods.items():
+                if name not in fleet:
+                    fake = await FakeVllm(stall=True, kv_cache_size_tokens=32768).start()
+                    engine = Engine(pod=name, pool=pool, fake=fake)
+                    engine.tasks = [asyncio.create_task(client_loop(session, engine)) for _ in range(2)]
+                    fleet[name] = engine
+            prom.set_targets([fleet[n].target(NS, NAME) for n in pods])
+            await asyncio.sleep(0.3)
+
+    async with running_operator(cluster, health_enabled=True, health_interval_override=1.0,
+                                prometheus_url=prom.url) as kube:
+        await kube.create(VLLM_DEPLOYMENTS, NS, obj)
+        await eventually(lambda: ready_obj(kube), timeout=30)
+        started = time.monotonic()
+        follower = asyncio.create_task(follow_pods(kube))
+        try:
+            async def exhausted() -> dict[str, Any] | None:
+                current = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+                pools = (current or {}).get("status", {}).get("pools", {})
+                used = [pools.get(p, {}).get("restartBudget", {}).get("used", 0) for p in ("short", "long")]
+                return current if used == [budget, budget] else None
+
+            await eventually(exhausted, timeout=60, interval=0.5)
+            record(f"storm: budget {budget}/pool spent", time.monotonic() - started)
+            await asyncio.sleep(10)  # ten more checks with every pod stalled: nothing more may go
+            current = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+            assert current is not None
+            for pool in ("short", "long"):
+                assert current["status"]["pools"][pool]["restartBudget"]["used"] == budget
+            assert len(fleet) == 3 + 2 * budget, f"pods seen: {sorted(fleet)}"
+            remediating = cond(current, constants.COND_REMEDIATING)
+            assert remediating["status"] == "False" and remediating["reason"] == "BudgetExhausted"
+            assert (await reasons(kube)).count("RestartedStalledPod") == 2 * budget
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            for engine in fleet.values():
+                for task in engine.tasks:
+                    task.cancel()
+                await asyncio.gather(*engine.tasks, return_exceptions=True)
+                await engine.fake.stop()
+            await session.close()

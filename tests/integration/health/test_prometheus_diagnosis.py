@@ -9,15 +9,13 @@ logged (and appended as JSON lines to $HEALTH_TIMINGS when set); they are measur
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp import web
 
-from tests.support.health_harness import DEPLOYMENT, NAMESPACE, Engine, engines, pod_json
+from tests.support.health_harness import DEPLOYMENT, NAMESPACE, Engine, engines, pod_json, record_timing
 from tests.support.prometheus import Prometheus, Target, free_port, running_prometheus
 from vllm_operator import constants
 from vllm_operator.health.diagnose import Diagnosis, State, diagnose
@@ -33,13 +31,8 @@ PODS = [("chat-short-a", "short"), ("chat-short-b", "short"), ("chat-long-a", "l
 
 
 def record(kind: str, seconds: float) -> None:
-    line = {"fault": kind, "detected_after_s": round(seconds, 2), "scrape_interval_s": 1,
-            "stall_s": SETTINGS.stall_s, "window_s": SETTINGS.window_s}
-    print(f"fault->detection {line}")
-    path = os.environ.get("HEALTH_TIMINGS")
-    if path:
-        with open(path, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
+    record_timing(kind, seconds, tier="prometheus+diagnose", scrape_interval_s=1, stall_s=SETTINGS.stall_s,
+                  window_s=SETTINGS.window_s, check_every_s=0.5)
 
 
 @pytest.fixture
