@@ -29,7 +29,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Attach the health timer to `registry`."""
     source = PrometheusSource(config.prometheus_url) if config.prometheus_url else None
     tick = min(TICK_S, config.health_interval_override) if config.health_interval_override else TICK_S
-    last_check: dict[str, float] = {}
 
     @kopf.timer(*RESOURCE, interval=tick, registry=registry)
     async def _health(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
@@ -39,11 +38,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         remediation = (body.get("spec") or {}).get("remediation") or {}
         interval = (config.health_interval_override or remediation.get("intervalSeconds")
                     or settings.DEFAULT_INTERVAL_S)
-        uid = str(meta.get("uid"))
         now = time.monotonic()
-        if now - last_check.get(uid, -1e9) < float(interval) - tick / 2:
+        last = getattr(memo, "health_last_check", None)  # kopf's memo is per object (a copy of the operator's)
+        if last is not None and now - float(last) < float(interval) - tick / 2:
             return
-        last_check[uid] = now
+        memo.health_last_check = now
         try:
             result = await loop.check(memo.kube, source, body, interval_override=config.health_interval_override)
             if result is not None:

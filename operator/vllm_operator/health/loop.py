@@ -80,7 +80,8 @@ def ladder_views(the_plan: Plan, allow_lower_max_model_len: bool) -> dict[str, p
         views[name] = policy.LadderView(
             next_memory=(mem, ladder.describe_rung(the_plan, name, mem)) if mem is not None else None,
             next_kv=(kv, ladder.describe_kv_rung(the_plan, name, kv, allow_lower_max_model_len))
-            if kv is not None else None)
+            if kv is not None else None,
+            host_memory=not the_plan.accelerator.is_gpu)
     return views
 
 

@@ -57,6 +57,9 @@ class LadderView:
 
     next_memory: tuple[int, str] | None = None
     next_kv: tuple[int, str] | None = None
+    host_memory: bool = False
+    """CPU pools keep weights, activations and the KV cache in the pod's memory: there an OOMKilled container is
+    the engine running out of memory and counts towards the step-down like EngineOOM."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
         decision.events.append(Event("Warning", f"Observed{term.state.value}",
                                      f"Pool {pool}: pod {term.pod} terminated — {term.detail}"))
         stale_rung = last_move is not None and term.finished_at is not None and term.finished_at < last_move
-        if term.state is State.ENGINE_OOM and not stale_rung:
+        oom = term.state is State.ENGINE_OOM or (term.state is State.HOST_OOM_KILLED and ladder.host_memory)
+        if oom and not stale_rung:
             when = format_time(term.finished_at) if term.finished_at is not None else stamp
             budget.oom_events = [*budget.oom_events, when][-RESTART_HISTORY_MAX:]
         if term.state is State.KV_CACHE_TOO_SMALL and not stale_rung:

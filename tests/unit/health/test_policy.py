@@ -291,3 +291,13 @@ def test_restart_metric_reasons(last: dict[str, Any], reason: str) -> None:
 def test_stalled_deletion_is_counted_as_a_restart() -> None:
     d = run([pod("a")], {"a": stalled("a")})
     assert [o.reason for o in d.observed] == ["Stalled"]
+
+
+@pytest.mark.parametrize(("host_memory", "steps"), [(False, 0), (True, 1)], ids=["gpu-pool", "cpu-pool"])
+def test_host_oom_kills_step_cpu_pools_down(host_memory: bool, steps: int) -> None:
+    killed = {**term(137, "OOMKilled"), "finishedAt": ago(20)}
+    status = status_with(restart_budget=RestartBudgetStatus(oom_events=[ago(300)]))
+    view = LadderView(next_memory=(1, "kv-cache-memory share 1.0->0.9"), host_memory=host_memory)
+    d = run([pod("a", ready=False, started_ago=5, restarts=1, last=killed)], status=status,
+            ladders={"short": view})
+    assert len(d.rung_changes) == steps
