@@ -276,6 +276,12 @@ class ApiServer(kmock.KubernetesEmulator):
             if not fault.after_commit:
                 if fault.delay:
                     await asyncio.sleep(fault.delay)
+                    transport = request._raw_request.transport if request._raw_request is not None else None
+                    if transport is None or transport.is_closing():
+                        # The client gave up while the server "hung": like a cancelled request context on a
+                        # real server, the request is dropped unserved (use after_commit for "applied, reply lost").
+                        record.status = 504
+                        return self._fault_response(Fault(status=504), record)
                 if fault.status:
                     record.status = fault.status
                     return self._fault_response(fault, record)

@@ -192,8 +192,23 @@ def test_fault_statuses_carry_the_real_reasons(make_sim_api: object) -> None:
         core.list_namespaced_config_map("default")
     body = json.loads(err.value.body)
     assert (err.value.status, body["reason"], body["message"]) == (
-        403, "Forbidden", 'configmaps is forbidden: User "x" cannot list resource "configmaps"')
+        403,
+        "Forbidden",
+        'configmaps is forbidden: User "x" cannot list resource "configmaps"',
+    )
     with pytest.raises(ApiException) as err:
         core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}})
     assert (err.value.status, json.loads(err.value.body)["reason"]) == (429, "TooManyRequests")
     assert err.value.headers["Retry-After"] == "1"
+
+
+def test_a_hung_request_the_client_abandoned_is_not_applied(make_sim_api: object) -> None:
+    sim = make_sim_api(faults=lambda r: Fault(delay=0.8) if r.verb == "create" else None)  # type: ignore[operator]
+    core = core_api(sim)
+    with pytest.raises(Exception, match=r"(?i)timed? ?out"):
+        core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}}, _request_timeout=0.2)
+    time.sleep(1.2)
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_config_map("cm", "default")
+    assert err.value.status == 404
+    assert [r.status for r in sim.request_log.filter(verb="create")] == [504]
