@@ -33,7 +33,8 @@ class Fault:
     """What to do to one request: wait `delay` seconds, then answer `status` (None: serve it normally).
 
     With `after_commit`, the request is served (the write happens) and only then delayed and/or answered with
-    `status`, as when a response is lost on the way back.
+    `status`, as when a response is lost on the way back. Without it, a delay models a hung server: a client that
+    gave up meanwhile leaves the request unserved.
     """
 
     status: int | None = None
