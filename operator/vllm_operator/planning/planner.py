@@ -356,14 +356,14 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         warnings.append(f"pools.{name}: {full:.2f} sequences of {s.max_model_len} tokens fit in the KV cache "
                         f"({tokens} tokens) on {acc.type}; the {spec.workload_class.value} class expects at least "
                         f"{prof.required_concurrency:g} (more GPUs, FP8 KV, or a shorter maxModelLen)")
-    if acc.is_gpu and not version.overhead.cuda_graphs_in_budget:
+    if acc.is_gpu:
         assert s.gpu_memory_utilization is not None
         outside = acc.memory_bytes - int(acc.memory_bytes * s.gpu_memory_utilization)
-        graphs = int(version.overhead.cuda_graph_gib * GIB)
-        if outside < graphs + GRAPH_HEADROOM_BYTES:
+        beyond = max(int(version.overhead.cuda_graph_gib * GIB) - b.cuda_graph_bytes, 0)
+        if outside < beyond + GRAPH_HEADROOM_BYTES:
             warnings.append(f"pools.{name}: gpu-memory-utilization {s.gpu_memory_utilization} leaves "
-                            f"{_gib(outside)} GiB outside the budget; CUDA graphs (~{_gib(graphs)} GiB, captured "
-                            "outside it) may run out of memory")
+                            f"{_gib(outside)} GiB outside the budget; CUDA graphs may need ~{_gib(beyond)} GiB more "
+                            "than vLLM's estimate there and run out of memory")
     chunked = prof.chunked_prefill or s.max_model_len > s.max_num_batched_tokens
     hf = spec.model.source.hugging_face if spec.model.source else None
     served = spec.model.served_model_name or spec.model.name

@@ -73,7 +73,8 @@ def test_h200_measurements_within_5_percent(util: float, dtype: str, measured: i
     planned = p.pools["long"].kv.planned_tokens
     assert planned == pytest.approx(measured, rel=0.05)
     assert planned <= measured  # the margin makes the prediction an under-estimate, never a promise vLLM breaks
-    assert p.pools["long"].kv.breakdown.cuda_graph_bytes == 0  # 0.26 does not subtract CUDA graphs
+    # vLLM's CUDA-graph estimate (6 MiB per layer) explains the 0.19 GiB the measured terms leave unaccounted
+    assert p.pools["long"].kv.breakdown.cuda_graph_bytes / GIB == pytest.approx(0.19, abs=0.01)
 
 
 def test_h200_budget_breakdown_matches_measured_terms() -> None:
