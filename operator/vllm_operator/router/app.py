@@ -23,6 +23,7 @@ from aiohttp import web
 
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
+from vllm_operator.router import http1
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.proxy import Router
@@ -56,7 +57,8 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS, ttl_dns_cache=30)
         session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        router = Router(config, counter, auth, pools, metrics, session)
+        upstream = http1.Pool(keepalive_s=UPSTREAM_KEEPALIVE_SECONDS)
+        router = Router(config, counter, auth, pools, metrics, upstream)
         app[ROUTER_KEY] = router
         access = None
         for name, route in routes.items():
@@ -78,6 +80,7 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
             yield
         finally:
             await cancel_all(tasks)
+            upstream.close()
             await session.close()
 
     app.cleanup_ctx.append(lifecycle)

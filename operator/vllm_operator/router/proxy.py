@@ -35,11 +35,11 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
-import aiohttp
 from aiohttp import web
 
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
+from vllm_operator.router import http1
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
 from vllm_operator.router.metrics import RouterMetrics
@@ -136,19 +136,17 @@ class Router:
     """Handlers for the two model endpoints; owns nothing but references."""
 
     def __init__(self, config: RouterConfig, counter: TokenCounter, auth: Auth, pools: Mapping[str, Pool],
-                 metrics: RouterMetrics, session: aiohttp.ClientSession) -> None:
+                 metrics: RouterMetrics, upstream: http1.Pool) -> None:
         self.config = config
         self.limits = Limits.from_config(config)
         self.counter = counter
         self.auth = auth
         self.pools = pools
         self.metrics = metrics
-        self.session = session
+        self.upstream = upstream
         t = config.timeouts
         self.connect_s, self.first_byte_s, self.idle_s, self.total_s = (
             t.connect_seconds, t.first_byte_seconds, t.idle_seconds, t.total_seconds)
-        self.client_timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_seconds,
-                                                    sock_connect=t.connect_seconds)
         self.retry_after = str(max(1, math.ceil(config.health.interval_seconds)))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -317,26 +315,25 @@ class Router:
                        headers: dict[str, str], upstream_headers: dict[str, str], start: float,
                        deadline: float) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        url = endpoint.url_for(request.path)
         first_byte_deadline = min(deadline, loop.time() + self.first_byte_s) if prepared.stream else deadline
         try:
             async with asyncio.timeout_at(first_byte_deadline):
-                upstream = await self.session.post(url, data=prepared.body, headers=upstream_headers,
-                                                   timeout=self.client_timeout)
-        except aiohttp.ConnectionTimeoutError as err:
+                upstream = await self.upstream.post(endpoint.host, endpoint.port, request.path, prepared.body,
+                                                    upstream_headers, connect_timeout=self.connect_s)
+        except http1.ConnectTimeout as err:
             raise _Timeout("connect", self.connect_s) from err
         except TimeoutError as err:
             which = "first-byte" if first_byte_deadline < deadline else "total"
             raise _Timeout(which, self.first_byte_s if which == "first-byte" else self.total_s) from err
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+        except (http1.ConnectError, http1.Disconnected) as err:
             log.info("Could not deliver a request to %s (%s)", endpoint.url, err)
-            raise _Retry("connect" if isinstance(err, aiohttp.ClientConnectorError) else "disconnected") from err
+            raise _Retry("connect" if isinstance(err, http1.ConnectError) else "disconnected") from err
         try:
             if upstream.status >= 500:
                 try:
                     async with asyncio.timeout_at(deadline):
                         body = await upstream.read()
-                except (TimeoutError, aiohttp.ClientError):
+                except (TimeoutError, http1.Disconnected):
                     body = b""
                 raise _Retry("status_5xx", upstream.status, body, upstream.content_type or _JSON)
             if prepared.stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
@@ -346,14 +343,14 @@ class Router:
         finally:
             upstream.close()
 
-    async def _relay_whole(self, prepared: _Prepared, pool: Pool, upstream: aiohttp.ClientResponse,
+    async def _relay_whole(self, prepared: _Prepared, pool: Pool, upstream: http1.Response,
                            headers: dict[str, str], start: float, deadline: float) -> web.StreamResponse:
         try:
             async with asyncio.timeout_at(deadline):
                 body = await upstream.read()
         except TimeoutError as err:
             raise _Timeout("total", self.total_s) from err
-        except aiohttp.ClientError:
+        except http1.Disconnected:
             self.metrics.child(self.metrics.upstream_errors, pool.name, "disconnected").inc()
             self.metrics.child(self.metrics.finished, pool.name, "error").inc()
             return error_response(_UPSTREAM_CUT, headers)
@@ -363,25 +360,25 @@ class Router:
             outcome.scan(body)
             self._account(pool.name, prepared, outcome, None)
         return web.Response(status=upstream.status, body=body,
-                            headers={**headers, "Content-Type": upstream.headers.get("Content-Type", _JSON)})
+                            headers={**headers, "Content-Type": upstream.headers.get("content-type", _JSON)})
 
     async def _relay_stream(self, request: web.Request, prepared: _Prepared, pool: Pool,
-                            upstream: aiohttp.ClientResponse, headers: dict[str, str], start: float,
+                            upstream: http1.Response, headers: dict[str, str], start: float,
                             first_byte_deadline: float, deadline: float) -> web.StreamResponse:
         """Relay SSE events as they complete. The client's response starts with the engine's first body chunk, so
         a first-byte timeout (or an engine that drops before answering) is still a proper 504/502 status."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(first_byte_deadline):
-                data = await upstream.content.readany()
+                data = await upstream.readany()
         except TimeoutError as err:
             which = "total" if first_byte_deadline >= deadline else "first-byte"
             raise _Timeout(which, self.total_s if which == "total" else self.first_byte_s) from err
-        except aiohttp.ClientError as err:
+        except http1.Disconnected as err:
             raise _Retry("disconnected") from err
         self.metrics.child(self.metrics.ttft, pool.name).observe(time.perf_counter() - start)
         response = web.StreamResponse(status=200, headers={
-            **headers, "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+            **headers, "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
             "Cache-Control": "no-cache"})
         await response.prepare(request)
         outcome = _Outcome()
@@ -400,7 +397,7 @@ class Router:
                         if events:
                             await response.write(events)
                     timer.reschedule(min(deadline, loop.time() + self.idle_s))
-                    data = await upstream.content.readany()
+                    data = await upstream.readany()
         except TimeoutError:
             which = "total" if loop.time() >= deadline - 0.001 else "idle"
             seconds = self.total_s if which == "total" else self.idle_s
@@ -408,7 +405,7 @@ class Router:
             ended_by = "error"
             await _write_quietly(response, b"data: " + json.dumps(_Timeout(which, seconds).refusal().body()).encode()
                                  + b"\n\n")
-        except aiohttp.ClientError:
+        except http1.Disconnected:
             self.metrics.child(self.metrics.upstream_errors, pool.name, "disconnected").inc()
             ended_by = "error"
             await _write_quietly(response, b"data: " + json.dumps(_UPSTREAM_CUT.body()).encode() + b"\n\n")

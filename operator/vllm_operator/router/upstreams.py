@@ -50,14 +50,15 @@ class Endpoint:
     outstanding: int = 0
     ejected_at: float | None = None
     ejection_cause: str | None = None
-    _urls: dict[str, yarl.URL] = dataclasses.field(default_factory=dict, repr=False)
+    host: str = dataclasses.field(init=False)
+    port: int = dataclasses.field(init=False)
 
-    def url_for(self, path: str) -> yarl.URL:
-        """`url + path` as a parsed URL, cached: aiohttp would parse the string again on every request."""
-        found = self._urls.get(path)
-        if found is None:
-            found = self._urls[path] = yarl.URL(self.url + path)
-        return found
+    def __post_init__(self) -> None:
+        parsed = yarl.URL(self.url)
+        if parsed.scheme != "http" or not parsed.host:
+            raise ValueError(f"engine endpoint {self.url!r} must be http://host:port")
+        self.host = parsed.host
+        self.port = parsed.port or 80
 
 
 class Pool:
