@@ -228,6 +228,17 @@ class VllmServer:
                         total += int(line.split()[1]) * 1024
         return total
 
+    def pss_bytes(self) -> int:
+        """Proportional set size of the server and its descendants (shared pages split): the memory they really
+        cost together, from /proc/PID/smaps_rollup."""
+        total = 0
+        for pid in [self.pid, *self.descendants()]:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+
     def metrics_text(self, timeout: float = 5.0) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=timeout) as resp:
             return str(resp.read().decode())
@@ -243,17 +254,20 @@ class VllmServer:
             return int(e.code), json.loads(e.read() or b"{}")
 
     def stop(self, grace_s: float = 20.0) -> int:
-        """SIGTERM the process group, SIGKILL it after `grace_s`; reap the server; return its exit code.
+        """SIGTERM the server (it shuts its engine core and workers down itself), SIGKILL the whole process group
+        after `grace_s`; reap the server; return its exit code.
 
-        Also kills descendants that left the group (none do today) so no engine core outlives a test module.
+        Only the server gets SIGTERM: signalling the group at once kills the engine core under a live API server,
+        which then logs "EngineCore encountered an issue" — the line that means engine death elsewhere. Descendants
+        that left the group (none do today) are killed too, SIGSTOPped ones included, so nothing outlives a test.
         """
         stragglers = self.descendants()
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.kill(self.proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         for pid in stragglers:
             with contextlib.suppress(ProcessLookupError):
