@@ -284,7 +284,7 @@ class ApiServer(kmock.KubernetesEmulator):
                         return self._fault_response(Fault(status=504), record)
                 if fault.status:
                     record.status = fault.status
-                    return self._fault_response(fault, record)
+                    return self._fault_response(fault, record, request)
         try:
             response = await self._dispatch(request)
         except ApiError as exc:
@@ -294,16 +294,20 @@ class ApiServer(kmock.KubernetesEmulator):
                 await asyncio.sleep(fault.delay)
             if fault.status:
                 record.status = fault.status
-                return self._fault_response(fault, record)
+                return self._fault_response(fault, record, request)
         record.status = response.status
         # kmock keeps every request for its DSL assertions; bound that so long demos do not grow forever.
         if len(self._requests) > 20_000:
             del self._requests[:5_000]
         return response
 
-    def _fault_response(self, fault: Fault, record: RequestRecord) -> aiohttp.web.StreamResponse:
+    def _fault_response(self, fault: Fault, record: RequestRecord,
+                        request: rendering.Request | None = None) -> aiohttp.web.StreamResponse:
+        name = record.name
+        if not name and request is not None and isinstance(request.data, dict):
+            name = str((request.data.get("metadata") or {}).get("name") or "")
         if fault.status == 409 and not fault.message:
-            err = errors.conflict(record.resource, record.group, record.name or "unknown")
+            err = errors.conflict(record.resource, record.group, name)
         else:
             details = {k: v for k, v in (("name", record.name), ("group", record.group),
                                          ("kind", record.resource)) if v}
