@@ -20,6 +20,7 @@ import pydantic
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.router.app import build_app, serve
 from vllm_operator.router.tokens import TokenizerLoadError, load_counter
+from vllm_operator.router.upstreams import Endpoint
 
 log = logging.getLogger("vllm_operator.router")
 
@@ -42,10 +43,17 @@ def load_config(path: str) -> RouterConfig:
     except OSError as err:
         raise ValueError(f"cannot read router config {path}: {err}") from err
     try:
-        return RouterConfig.model_validate_json(text)
+        config = RouterConfig.model_validate_json(text)
     except pydantic.ValidationError as err:
         problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors())
         raise ValueError(f"invalid router config {path}: {problems}") from err
+    for name, route in (("short", config.pools.short), ("long", config.pools.long)):
+        for url in route.endpoints:
+            try:
+                Endpoint(url.rstrip("/"), name)
+            except ValueError as err:
+                raise ValueError(f"invalid router config {path}: pools.{name}.endpoints: {err}") from err
+    return config
 
 
 async def _run(args: argparse.Namespace, config: RouterConfig) -> None:

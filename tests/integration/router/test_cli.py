@@ -149,6 +149,9 @@ async def test_downloads_the_tokenizer_from_the_hub(short_engine: FakeVllm, long
     pytest.param(lambda w: w.update(maxBodyBytes=10), "maxBodyBytes", id="body-limit-too-small"),
     pytest.param(lambda w: w.update(tokenizer={"path": "/nonexistent"}), "/nonexistent", id="tokenizer-path"),
     pytest.param(lambda w: w.update(tokenizer={"hfRepo": "acme/missing"}), "acme/missing", id="tokenizer-repo"),
+    pytest.param(lambda w: w["pools"]["long"].update(endpoints=["https://engine:8000"]),
+                 "pools.long.endpoints: engine endpoint 'https://engine:8000' must be http://host:port",
+                 id="https-endpoint"),
     pytest.param(None, "cannot read router config", id="no-file"),
 ])
 async def test_bad_start_exits_2_naming_the_problem(tmp_path: Path, hf_hub: tuple[str, list[dict[str, Any]]],
