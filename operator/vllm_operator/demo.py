@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -24,7 +23,7 @@ import yaml
 from vllm_operator import constants
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.run import run_operator
+from vllm_operator.handlers.run import OperatorThread
 from vllm_operator.k8s import DEPLOYMENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.sim.cluster import SimCluster, cpu_node, gpu_node
@@ -107,12 +106,12 @@ async def demo(examples_dir: Path, timeout: float) -> int:
     examples = load_examples(examples_dir)
     started = time.monotonic()
     async with SimCluster(nodes=nodes_for(examples)) as cluster:
-        kube = ClientKubeApi.from_environment(kubeconfig=str(cluster.kubeconfig))
-        stop, ready = asyncio.Event(), asyncio.Event()
-        config = OperatorConfig(http_port=0, api_server=cluster.url)
-        operator = asyncio.create_task(run_operator(config, kube, stop_flag=stop, ready_flag=ready))
+        kubeconfig = str(cluster.kubeconfig)
+        kube = ClientKubeApi.from_environment(kubeconfig=kubeconfig)
+        operator = OperatorThread(OperatorConfig(http_port=0, api_server=cluster.url),
+                                  lambda: ClientKubeApi.from_environment(kubeconfig=kubeconfig))
+        await asyncio.to_thread(operator.start, timeout)
         try:
-            await asyncio.wait_for(ready.wait(), timeout)
             print(f"Simulated cluster at {cluster.url} with nodes: "
                   + ", ".join(n["metadata"]["name"] for n in nodes_for(examples)))
             for ns in sorted({o["metadata"]["namespace"] for o in examples}):
@@ -131,10 +130,8 @@ async def demo(examples_dir: Path, timeout: float) -> int:
                 print(describe_pools(obj, deps) + "\n")
             await show_refusal(kube, current[0])
         finally:
-            stop.set()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(operator, 10)
             kube.close()
+            await asyncio.to_thread(operator.stop)
     return 0
 
 

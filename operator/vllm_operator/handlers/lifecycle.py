@@ -32,7 +32,7 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
     settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 30
-    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     settings.execution.max_workers = 8
 
 
@@ -41,7 +41,8 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any) -> N
         outcome = await reconcile(kube, body)
     except KubeError as err:
         metrics.reconcile_errors.inc()
-        raise kopf.TemporaryError(f"API request failed: {err}", delay=5) from err
+        # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
+        raise kopf.TemporaryError(f"API request failed: {err}", delay=1 if err.conflict else 5) from err
     if outcome.spec_error is not None:
         metrics.reconciles.labels("refused").inc()
         raise kopf.PermanentError(str(outcome.spec_error))

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_operator import constants
+from vllm_operator import constants, names
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
@@ -73,7 +73,8 @@ def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def child_selector(name: str) -> str:
-    return f"{constants.LABEL_DEPLOYMENT}={name},{constants.LABEL_NAME}={constants.APP_NAME}"
+    """Label selector of a VLLMDeployment's children (label values are capped at 63 characters, as names are)."""
+    return f"{constants.LABEL_DEPLOYMENT}={names.dns_label(name)},{constants.LABEL_NAME}={constants.APP_NAME}"
 
 
 def spec_hash(obj: Mapping[str, Any] | None) -> str | None:

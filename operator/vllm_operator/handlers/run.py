@@ -14,7 +14,8 @@ import importlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import kopf
 from aiohttp import web
@@ -42,7 +43,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     if config.health_enabled:
         for name in OPTIONAL_HANDLER_MODULES:
-            module = importlib.import_module(name)
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as err:
+                if err.name != name:
+                    raise
+                log.warning("Skipped %s: not installed in this build", name)
+                continue
             module.register(registry, config)
     return registry
 
@@ -66,12 +73,22 @@ async def serve_http(config: OperatorConfig, metrics: OperatorMetrics, ready: as
 
 
 async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
-                       stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None) -> None:
-    """Run until `stop_flag` is set (or forever). `kube` defaults to the environment's kubeconfig/in-cluster."""
+                       stop_flag: asyncio.Event | threading.Event | None = None,
+                       ready_flag: asyncio.Event | threading.Event | None = None) -> None:
+    """Run until `stop_flag` is set (or forever). `kube` defaults to the environment's kubeconfig/in-cluster.
+
+    kopf cancels every task created in its event loop after it started when it exits, so anything else that must
+    keep running (a simulated cluster in tests or the demo) belongs in another thread: see `OperatorThread`.
+    """
     own_kube = kube is None
     kube_api: KubeApi = kube if kube is not None else ClientKubeApi.from_environment()
     metrics = OperatorMetrics()
-    ready = ready_flag or asyncio.Event()
+    ready = asyncio.Event()
+    if ready_flag is not None:
+        async def _signal_ready(flag: asyncio.Event | threading.Event) -> None:
+            await ready.wait()
+            flag.set()
+        forwarder = asyncio.create_task(_signal_ready(ready_flag))
     runner = await serve_http(config, metrics, ready) if config.http_port else None
     memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config)
     try:
@@ -85,10 +102,49 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             ready_flag=ready,
         )
     finally:
+        if ready_flag is not None:
+            forwarder.cancel()
         if runner is not None:
             await runner.cleanup()
         if own_kube and isinstance(kube_api, ClientKubeApi):
             kube_api.close()
+
+
+class OperatorThread:
+    """The operator in a thread of its own with its own event loop (tests, demo, benchmarks).
+
+    kopf owns its loop: on exit it cancels every task created after it started. Running it in a thread keeps a
+    simulated cluster or a test's own tasks safe, and looks to the API server exactly like a separate process.
+    """
+
+    def __init__(self, config: OperatorConfig, kube_factory: Callable[[], KubeApi]) -> None:
+        self.config = config
+        self._kube_factory = kube_factory
+        self._stop = threading.Event()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="vllm-operator", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(run_operator(self.config, self._kube_factory(), stop_flag=self._stop,
+                                     ready_flag=self.ready))
+        except BaseException as err:  # surfaced to the caller by stop()
+            self.error = err
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._thread.start()
+        if not self.ready.wait(timeout):
+            self.stop()
+            raise TimeoutError(f"the operator was not ready within {timeout}s (error: {self.error!r})")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the operator did not stop within {timeout}s")
+        if self.error is not None and not isinstance(self.error, asyncio.CancelledError | KeyboardInterrupt):
+            raise RuntimeError(f"the operator failed: {self.error!r}") from self.error
 
 
 def parse_args(argv: Sequence[str]) -> OperatorConfig:

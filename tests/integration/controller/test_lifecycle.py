@@ -51,7 +51,7 @@ async def test_example_lifecycle(cluster: SimCluster, name: str) -> None:
     ns, dep_name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     async with running_operator(cluster) as kube:
         await kube.create(VLLM_DEPLOYMENTS, ns, obj)
-        current = await eventually(lambda: ready(kube, ns, dep_name), timeout=30)
+        current = await eventually(lambda: ready(kube, ns, dep_name), timeout=90)
         kids = await children(kube, ns, dep_name)
         uid = current["metadata"]["uid"]
         assert all(k["metadata"]["ownerReferences"][0]["uid"] == uid for k in kids.values())
@@ -84,7 +84,7 @@ async def converge(kube: ClientKubeApi, ns: str, name: str, generation: int) -> 
     async def done() -> dict[str, Any] | None:
         obj = await ready(kube, ns, name)
         return obj if obj and obj["status"].get("observedGeneration") == generation else None
-    result: dict[str, Any] = await eventually(done, timeout=30)
+    result: dict[str, Any] = await eventually(done, timeout=90)
     return result
 
 
