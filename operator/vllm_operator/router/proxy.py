@@ -157,7 +157,7 @@ class Router:
 
     # ------------------------------------------------------------------------------------------------ prepare
 
-    async def _prepare(self, request: web.Request, chat: bool) -> _Prepared | Refusal:
+    async def _prepare(self, request: web.Request, chat: bool) -> _Prepared | Refusal | tuple[Refusal, Count]:
         tier = self.auth.tier_for(request.headers.get("Authorization"))
         if isinstance(tier, Refusal):
             return tier
@@ -205,7 +205,7 @@ class Router:
             decision, count = self.counter.settle(prompt, decide_at)
         self.metrics.child(self.metrics.token_counts, count.method).inc()
         if isinstance(decision, Refusal):
-            return decision
+            return decision, count
         keys = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None] or ["max_tokens"]
         for key in keys:
             body[key] = decision.max_tokens
@@ -234,10 +234,14 @@ class Router:
         start = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         prepared = await self._prepare(request, chat)
-        if isinstance(prepared, Refusal):
-            self.metrics.child(self.metrics.refusals, prepared.reason).inc()
-            self.metrics.child(self.metrics.requests, "none", endpoint, str(prepared.status)).inc()
-            return error_response(prepared)
+        if not isinstance(prepared, _Prepared):
+            refusal, counted = prepared if isinstance(prepared, tuple) else (prepared, None)
+            self.metrics.child(self.metrics.refusals, refusal.reason).inc()
+            self.metrics.child(self.metrics.requests, "none", endpoint, str(refusal.status)).inc()
+            if counted is None:
+                return error_response(refusal)
+            return error_response(refusal, {HEADER_PROMPT_TOKENS: str(counted.tokens),
+                                            HEADER_COUNT_METHOD: counted.method})
         route = prepared.route
         pool_name = self._choose_pool(route)
         for cap in route.clamps:

@@ -83,6 +83,8 @@ def test_sync_prompt_over_long_limit_is_a_400_that_never_reaches_an_engine(
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words(1200)}])
     error = caught.value
+    assert error.response.headers["x-vllm-operator-prompt-tokens"] == "1200"
+    assert error.response.headers["x-vllm-operator-prompt-tokens-method"] == "exact"
     assert error.status_code == 400
     assert error.code == "context_length_exceeded"
     assert error.param == "messages"
