@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import sys
@@ -20,15 +19,12 @@ from collections.abc import Callable, Sequence
 import kopf
 from aiohttp import web
 
-from vllm_operator.handlers import lifecycle
+from vllm_operator.handlers import health, lifecycle
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.k8s import ClientKubeApi, KubeApi
 
 log = logging.getLogger(__name__)
-
-# Handler modules beside lifecycle that register themselves when present (the health loop).
-OPTIONAL_HANDLER_MODULES = ("vllm_operator.handlers.health",)
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -42,15 +38,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             return kopf.ConnectionInfo(server=server, insecure=True)
 
     if config.health_enabled:
-        for name in OPTIONAL_HANDLER_MODULES:
-            try:
-                module = importlib.import_module(name)
-            except ModuleNotFoundError as err:
-                if err.name != name:
-                    raise
-                log.warning("Skipped %s: not installed in this build", name)
-                continue
-            module.register(registry, config)
+        health.register(registry, config)
     return registry
 
 
