@@ -46,7 +46,11 @@ CASES: dict[str, list[str]] = {
     # Old spelling (removed upstream; --enable-log-requests / --no-enable-log-requests now).
     "disable-log-requests": [KV64M, "--max-model-len=4096", "--disable-log-requests"],
     "no-enable-log-requests": [KV64M, "--max-model-len=4096", "--no-enable-log-requests"],
+    # The llama-3.1-8b shape's case: vocab_size 128256 but a ~2k-token tokenizer, so random weights sample ids the
+    # tokenizer does not have. Same tiny model otherwise.
+    "wide-vocab": [KV64M, "--max-model-len=4096"],
 }
+WIDE_VOCAB = 128256
 
 LOG_PATTERNS = [r"CPU KV cache size: .*", r"Explicitly set .*GiB for KV cache.*", r"Auto set .*GiB for KV cache.*",
                 r"init engine .* took .*", r"non-default args: .*", r"ValueError: .*", r"error: .*", r"Error.*: .*"]
@@ -86,10 +90,11 @@ def run_case(name: str, args: list[str], model: Path, logs: Path) -> dict[str, A
         request: dict[str, Any] = {"model": model_name, "messages": [{"role": "user", "content": "Say something."}],
                                    "ignore_eos": True}
         if FUSE not in args:  # without the fuse an omitted max_tokens runs to max_model_len
-            request["max_tokens"] = 8
+            request["max_tokens"] = 32
         status, body = server.post_json("/v1/chat/completions", request, timeout=120)
+        choices: Any = body.get("choices") or [{}]
         result["probe"] = {"max_tokens": request.get("max_tokens"), "status": status, "usage": body.get("usage"),
-                           "error": body.get("error")}
+                           "error": body.get("error"), "text": (choices[0].get("message") or {}).get("content")}
         result["rss_mib_after_request"] = server.rss_bytes() // 2**20
         result["pss_mib_after_request"] = server.pss_bytes() // 2**20
     finally:
@@ -105,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="vllm-cpu-measure-"))
     model = vllm_cpu.make_model("tiny", work / "tiny-llama")
+    wide = vllm_cpu.make_model("tiny", work / "tiny-wide-vocab")
+    config = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**config, "vocab_size": WIDE_VOCAB}, indent=2))
     results = []
     for name in args.case or list(CASES):
-        res = run_case(name, CASES[name], model, work)
+        res = run_case(name, CASES[name], wide if name == "wide-vocab" else model, work)
         print(json.dumps({k: v for k, v in res.items() if k != "cache_config_info"}), flush=True)
         results.append(res)
         args.json.write_text(json.dumps(results, indent=1) + "\n")
