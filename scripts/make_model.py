@@ -186,7 +186,7 @@ def tokenizer_files(tokenizer_json: str, max_len: int) -> dict[str, str]:
 def _tokenizer_vocab_size(tokenizer_json: str) -> int:
     data = json.loads(tokenizer_json)
     ids = set(data["model"]["vocab"].values()) | {t["id"] for t in data.get("added_tokens", [])}
-    return max(ids) + 1
+    return int(max(ids)) + 1
 
 
 def _special_id(tokenizer_json: str, token: str) -> int:
