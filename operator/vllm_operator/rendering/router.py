@@ -11,7 +11,9 @@ filesystem; `/tmp` is an emptyDir and `HF_HOME` points into it for a tokenizer d
 
 Defaults: 2 replicas (one node drain or one crash never takes the endpoint away), the project's router image, and
 requests of 250m CPU / 512 MiB (a tokenizer such as Llama-3's takes a few hundred MiB) with a 1 GiB memory limit.
-Probes use `/health` on the router port; startup allows 2 minutes for a tokenizer download.
+Probes: readiness is `/health` (503 while no pool has a healthy engine, so Services skip a router that cannot
+serve); startup and liveness are `/livez` (the process answers), because engines that take minutes to load must not
+make the kubelet restart routers. Startup allows 2 minutes for a tokenizer download.
 """
 
 from __future__ import annotations
@@ -152,11 +154,11 @@ def deployment(plan: Plan, spec: VLLMDeploymentSpec) -> common.Manifest:
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],
         "resources": {k: v for k, v in resources.items() if v},
         "volumeMounts": mounts,
-        "startupProbe": _probe("/health", periodSeconds=2, timeoutSeconds=2, failureThreshold=60,
+        "startupProbe": _probe("/livez", periodSeconds=2, timeoutSeconds=2, failureThreshold=60,
                                successThreshold=1),
         "readinessProbe": _probe("/health", periodSeconds=5, timeoutSeconds=2, failureThreshold=3,
                                  successThreshold=1),
-        "livenessProbe": _probe("/health", periodSeconds=10, timeoutSeconds=3, failureThreshold=3,
+        "livenessProbe": _probe("/livez", periodSeconds=10, timeoutSeconds=3, failureThreshold=3,
                                 successThreshold=1),
         "securityContext": {
             "allowPrivilegeEscalation": False,
