@@ -2,8 +2,9 @@
 
 import json
 import sys
+from pathlib import Path
 
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+rows = [json.loads(line) for line in Path(sys.argv[1]).read_text().splitlines() if line.strip()]
 print("| fault | seconds | setup |")
 print("|---|---:|---|")
 for r in rows:
