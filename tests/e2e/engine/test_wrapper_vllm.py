@@ -82,3 +82,27 @@ def test_kv_cache_too_small_at_start_up(model_dir: Path, tmp_path: Path) -> None
                       message={k: v for k, v in msg.items() if k != "detail"})
     finally:
         server.stop(grace_s=10)
+
+
+def test_sigterm_drains_real_vllm_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
+    """The kubelet's SIGTERM reaches vLLM through the wrapper; vLLM shuts down cleanly and nothing is reported."""
+    server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path)
+    try:
+        server.wait_healthy()
+        children = server.descendants()
+        assert children, "vLLM runs as the wrapper's child"
+        stopped = time.monotonic()
+        os.kill(server.pid, signal.SIGTERM)  # the wrapper only, as the kubelet signals PID 1
+        code = server.proc.wait(timeout=120)
+        took = time.monotonic() - stopped
+        log = server.log_text()
+        assert code == 0, log[-3000:]
+        assert not message.exists(), message.read_text()
+        assert "Forwarded signal 15" in log
+        record_timing("SIGTERM -> wrapper exit 0 (graceful)", took, tier="real vLLM CPU")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in children):
+            time.sleep(0.2)
+        assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "vLLM processes outlived the wrapper"
+    finally:
+        server.stop(grace_s=10)
