@@ -22,8 +22,9 @@ estimate whose source is written down:
 * margin: 1 % of device memory, explicit; it absorbs the estimates' error and makes the prediction a slight
   under-estimate (the planner promises no more than vLLM will give).
 
-Tokens = whole blocks of 16 (vLLM's default GPU block size): `budget // (16 × bytes_per_token) × 16`; on CPU whole
-blocks of 128.
+Tokens as vLLM reports them: whole blocks of 16 (the GPU default; 128 on CPU), `blocks = budget // (block ×
+bytes_per_token)`, counted per max_model_len request: `int(blocks / ceil(L / block) × L)` — the same as
+`blocks × block` whenever L is a multiple of the block size (benchmarks/vllm-cpu/README.md, measured exact on CPU).
 
 Against the measurements on the H200 (vLLM 0.26, Llama-3.1-8B, max_model_len 32768, 8192 batched tokens, 1024 seqs):
 utilisation 0.45 → 369,680 tokens bf16 (measured 381,552: −3.1 %), 739,376 fp8 (762,608: −3.0 %); utilisation 0.9
@@ -58,7 +59,9 @@ class OverheadModel:
     cuda_graph_estimate_mib_per_layer: float = 6.0
     cuda_graph_gib: float = 1.0  # what the captured graphs really take (8B shape: 0.97 GiB), for the headroom check
     margin_fraction: float = 0.01
-    # CPU pods: the vLLM process itself (Python, torch, tokenizer, server) before weights and KV.
+    # CPU pods: the engine's processes (API server, engine core, worker, resource tracker) before weights and KV:
+    # measured 1.72 GiB summed RSS / 1.45 GiB PSS with the tiny model (benchmarks/vllm-cpu/README.md); 2.5 leaves
+    # room for a real tokenizer and vocabulary, and heap growth under load.
     cpu_runtime_gib: float = 2.5
     cpu_margin_fraction: float = 0.05
 
@@ -126,19 +129,42 @@ def budget_bytes(b: KVBreakdown) -> int:
     return int(b.device_bytes * b.utilization) - b.weights_bytes - overhead_bytes(b)
 
 
+def num_blocks(budget: int, per_token: int, block_size: int = BLOCK_SIZE) -> int:
+    """Whole blocks of `block_size` tokens that fit the budget, as vLLM allocates them."""
+    return budget // (per_token * block_size) if budget > 0 else 0
+
+
 def tokens_for_budget(budget: int, per_token: int, block_size: int = BLOCK_SIZE) -> int:
-    """Whole blocks of `block_size` tokens, as vLLM allocates them."""
-    if budget <= 0:
-        return 0
-    return budget // (per_token * block_size) * block_size
+    """Token slots of the whole blocks that fit the budget."""
+    return num_blocks(budget, per_token, block_size) * block_size
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What vLLM reports for a KV cache (`vllm:cache_config_info` kv_cache_size_tokens / kv_cache_max_concurrency)."""
+
+    blocks: int
+    tokens: int
+    max_concurrency: float
+
+
+def reported_capacity(budget: int, per_token: int, max_model_len: int, block_size: int = BLOCK_SIZE) -> Capacity:
+    """vLLM's own arithmetic (v1/core/kv_cache_utils.get_kv_cache_capacity): a request at max_model_len takes
+    ceil(L / block) whole blocks, concurrency = blocks / that, tokens = int(concurrency × L). When L is a multiple
+    of the block size this is blocks × block; otherwise fewer (benchmarks/vllm-cpu: 512 blocks at L 1000 -> 64,000)."""
+    blocks = num_blocks(budget, per_token, block_size)
+    per_request = -(-max_model_len // block_size)
+    max_concurrency = blocks / per_request
+    return Capacity(blocks, int(max_concurrency * max_model_len), max_concurrency)
 
 
 def concurrency(tokens: int, sequence_tokens: int) -> float:
-    """Sequences of `sequence_tokens` that fit at once (vLLM's "Maximum concurrency" figure)."""
+    """Sequences of `sequence_tokens` that fit at once, to two decimals."""
     return round(tokens / sequence_tokens, 2) if sequence_tokens > 0 else 0.0
 
 
-def cpu_kv_tokens(kv_cache_memory_bytes: int, per_token: int, block_size: int = CPU_BLOCK_SIZE) -> int:
-    """Tokens vLLM's CPU backend makes of `--kv-cache-memory-bytes`: the bytes exactly (no profiling), in whole
-    128-token blocks."""
-    return tokens_for_budget(kv_cache_memory_bytes, per_token, block_size)
+def cpu_kv_tokens(kv_cache_memory_bytes: int, per_token: int, max_model_len: int,
+                  block_size: int = CPU_BLOCK_SIZE) -> int:
+    """Tokens vLLM's CPU backend reports for `--kv-cache-memory-bytes`: the bytes exactly (no profiling), in whole
+    128-token blocks, counted per max_model_len request (`reported_capacity`)."""
+    return reported_capacity(kv_cache_memory_bytes, per_token, max_model_len, block_size).tokens

