@@ -39,7 +39,7 @@ import kmock
 import yaml
 from kmock._internal import apps, parsing, rendering
 
-from vllm_operator.sim import builtin, errors, patching, selectors
+from vllm_operator.sim import builtin, builtin_admission, errors, patching, selectors
 from vllm_operator.sim.crds import CRD_RESOURCE, CustomResourceDefinition, parse_crd
 from vllm_operator.sim.errors import ApiError, FieldCause
 from vllm_operator.sim.faults import Fault, FaultHook
@@ -126,6 +126,8 @@ class ApiServer(kmock.KubernetesEmulator):
     _internal_errors: list[BaseException] = attrs.field(factory=list, init=False)
     _builtin_payloads: int = attrs.field(default=0, init=False)
     _index: dict[kmock.resource, dict[ObjKey, None]] = attrs.field(factory=dict, init=False)
+    _cluster_ips: set[str] = attrs.field(factory=set, init=False)
+    _next_ip: int = attrs.field(default=10, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -719,6 +721,7 @@ class ApiServer(kmock.KubernetesEmulator):
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
         warnings: list[str] = []
         crd_def = self._crd_for(res)
+        self._admit_builtin(res, kind, name, body, None)
         if crd_def is not None:
             body, warnings = crd_def.admit(body, None, version=res.version or "", params=request.params)
         new_crd: CustomResourceDefinition | None = None
@@ -744,6 +747,26 @@ class ApiServer(kmock.KubernetesEmulator):
         if meta.get("ownerReferences"):
             self._gc_wakeup.set()
         return self._reply(201, self._present(res, body), warnings)
+
+    def _admit_builtin(self, res: kmock.resource, kind: str, name: str, obj: dict[str, Any],
+                       old: dict[str, Any] | None) -> None:
+        """Defaults and validation of built-in kinds (metadata only for custom resources); raises 422."""
+        group_plural = (res.group or "", res.plural or "")
+        if self._crd_for(res) is not None or group_plural == CRD_RESOURCE:
+            causes = builtin_admission.validate_metadata(obj.get("metadata") or {})
+        else:
+            builtin_admission.apply_defaults(group_plural, obj, self._allocate_cluster_ip)
+            causes = builtin_admission.validate(group_plural, obj, old)
+        if causes:
+            raise errors.invalid(kind, res.group or "", name, causes)
+
+    def _allocate_cluster_ip(self) -> str:
+        while True:
+            self._next_ip += 1
+            address = f"10.96.{self._next_ip // 250}.{self._next_ip % 250 + 1}"
+            if address not in self._cluster_ips:
+                self._cluster_ips.add(address)
+                return address
 
     def _reply(self, status: int, payload: Any, warnings: Iterable[str] = ()) -> rendering.Response:
         headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
@@ -880,6 +903,12 @@ class ApiServer(kmock.KubernetesEmulator):
             if not meta.get("ownerReferences"):
                 meta.pop("ownerReferences", None)
         new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if sub != "status":
+            if (res.group or "", res.plural or "") == ("", "services"):
+                for field in ("clusterIP", "clusterIPs"):  # an update that omits them keeps the allocation
+                    if field in (current.get("spec") or {}) and field not in (new.get("spec") or {}):
+                        new.setdefault("spec", {})[field] = copy.deepcopy(current["spec"][field])
+            self._admit_builtin(res, self._kind(res), name, new, current)
         warnings: list[str] = []
         crd_def = self._crd_for(res)
         if crd_def is not None:

@@ -37,7 +37,8 @@ def test_delete_returns_a_status_the_official_client_accepts(core: kubernetes.cl
 
 
 def test_pod_delete_returns_the_pod(core: kubernetes.client.CoreV1Api) -> None:
-    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}})
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"},
+                                          "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
     deleted = core.delete_namespaced_pod("p", "default")
     assert deleted.kind == "Pod" and deleted.metadata.name == "p"  # typed: the client expects a V1Pod
 
@@ -49,8 +50,9 @@ def test_finalizers_hold_the_object_until_removed(core: kubernetes.client.CoreV1
     current = core.read_namespaced_config_map("cm", "default")
     assert current.metadata.deletion_timestamp is not None
     with pytest.raises(ApiException) as err:
-        core.patch_namespaced_config_map("cm", "default",
-                                         {"metadata": {"finalizers": ["example.com/hold", "example.com/new"]}})
+        core.patch_namespaced_config_map(
+            "cm", "default", {"metadata": {"finalizers": ["example.com/hold", "example.com/new"]}}
+        )
     assert err.value.status == 422 and "no new finalizers" in err.value.body
     core.patch_namespaced_config_map("cm", "default", [{"op": "remove", "path": "/metadata/finalizers"}])
     assert names(core) == []
@@ -59,24 +61,47 @@ def test_finalizers_hold_the_object_until_removed(core: kubernetes.client.CoreV1
 def test_delete_preconditions(core: kubernetes.client.CoreV1Api) -> None:
     cm = core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}})
     with pytest.raises(ApiException) as err:
-        core.delete_namespaced_config_map("cm", "default", body=kubernetes.client.V1DeleteOptions(
-            preconditions=kubernetes.client.V1Preconditions(uid="not-the-uid")))
+        core.delete_namespaced_config_map(
+            "cm",
+            "default",
+            body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid="not-the-uid")),
+        )
     assert err.value.status == 409 and "Precondition failed" in err.value.body
-    core.delete_namespaced_config_map("cm", "default", body=kubernetes.client.V1DeleteOptions(
-        preconditions=kubernetes.client.V1Preconditions(uid=cm.metadata.uid)))
+    core.delete_namespaced_config_map(
+        "cm",
+        "default",
+        body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=cm.metadata.uid)),
+    )
     assert names(core) == []
 
 
 def test_background_gc_deletes_dependents_and_honours_their_finalizers(
-        sim_api: SimApi, core: kubernetes.client.CoreV1Api) -> None:
+    sim_api: SimApi, core: kubernetes.client.CoreV1Api
+) -> None:
     owner = core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-    core.create_namespaced_config_map("default", {"metadata": {"name": "child", "ownerReferences": [
-        owner_ref(owner, controller=True, blockOwnerDeletion=True)]}})
-    core.create_namespaced_config_map("default", {"metadata": {
-        "name": "held-child", "finalizers": ["example.com/cleanup"], "ownerReferences": [owner_ref(owner)]}})
+    core.create_namespaced_config_map(
+        "default",
+        {
+            "metadata": {
+                "name": "child",
+                "ownerReferences": [owner_ref(owner, controller=True, blockOwnerDeletion=True)],
+            }
+        },
+    )
+    core.create_namespaced_config_map(
+        "default",
+        {
+            "metadata": {
+                "name": "held-child",
+                "finalizers": ["example.com/cleanup"],
+                "ownerReferences": [owner_ref(owner)],
+            }
+        },
+    )
     grandchild_owner = core.read_namespaced_config_map("child", "default")
-    core.create_namespaced_config_map("default", {"metadata": {"name": "grandchild",
-                                                               "ownerReferences": [owner_ref(grandchild_owner)]}})
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "grandchild", "ownerReferences": [owner_ref(grandchild_owner)]}}
+    )
     core.delete_namespaced_config_map("owner", "default")
     sim_api.settled()
     assert names(core) == ["held-child"]
@@ -87,11 +112,13 @@ def test_background_gc_deletes_dependents_and_honours_their_finalizers(
 
 
 def test_dangling_owner_reference_is_removed_when_another_owner_lives(
-        sim_api: SimApi, core: kubernetes.client.CoreV1Api) -> None:
+    sim_api: SimApi, core: kubernetes.client.CoreV1Api
+) -> None:
     a = core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
     b = core.create_namespaced_config_map("default", {"metadata": {"name": "b"}})
-    core.create_namespaced_config_map("default", {"metadata": {"name": "kid", "ownerReferences": [
-        owner_ref(a), owner_ref(b)]}})
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "kid", "ownerReferences": [owner_ref(a), owner_ref(b)]}}
+    )
     core.delete_namespaced_config_map("a", "default")
     sim_api.settled()
     kid = core.read_namespaced_config_map("kid", "default")
@@ -100,8 +127,7 @@ def test_dangling_owner_reference_is_removed_when_another_owner_lives(
 
 def test_orphan_propagation_keeps_dependents(sim_api: SimApi, core: kubernetes.client.CoreV1Api) -> None:
     owner = core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-    core.create_namespaced_config_map("default", {"metadata": {"name": "kid",
-                                                               "ownerReferences": [owner_ref(owner)]}})
+    core.create_namespaced_config_map("default", {"metadata": {"name": "kid", "ownerReferences": [owner_ref(owner)]}})
     core.delete_namespaced_config_map("owner", "default", propagation_policy="Orphan")
     sim_api.settled()
     assert names(core) == ["kid"]
@@ -110,8 +136,9 @@ def test_orphan_propagation_keeps_dependents(sim_api: SimApi, core: kubernetes.c
 
 def test_foreground_propagation_deletes_dependents_first(sim_api: SimApi, core: kubernetes.client.CoreV1Api) -> None:
     owner = core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-    core.create_namespaced_config_map("default", {"metadata": {"name": "kid", "finalizers": ["example.com/x"],
-                                                               "ownerReferences": [owner_ref(owner)]}})
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "kid", "finalizers": ["example.com/x"], "ownerReferences": [owner_ref(owner)]}}
+    )
     core.delete_namespaced_config_map("owner", "default", propagation_policy="Foreground")
     sim_api.settled()
     waiting = core.read_namespaced_config_map("owner", "default")
@@ -126,11 +153,26 @@ def test_gc_crosses_kinds_custom_owner_and_builtin_child(sim_api: SimApi) -> Non
     client = kubernetes.client.ApiClient(sim_api.client_configuration())
     custom = kubernetes.client.CustomObjectsApi(client)
     core = kubernetes.client.CoreV1Api(client)
-    owner = custom.create_namespaced_custom_object(toy_crd.GROUP, toy_crd.VERSION, "default", toy_crd.PLURAL,
-                                                   toy_crd.widget("w"))
-    core.create_namespaced_config_map("default", {"metadata": {"name": "cfg", "ownerReferences": [{
-        "apiVersion": f"{toy_crd.GROUP}/{toy_crd.VERSION}", "kind": toy_crd.KIND, "name": "w",
-        "uid": owner["metadata"]["uid"], "controller": True}]}})
+    owner = custom.create_namespaced_custom_object(
+        toy_crd.GROUP, toy_crd.VERSION, "default", toy_crd.PLURAL, toy_crd.widget("w")
+    )
+    core.create_namespaced_config_map(
+        "default",
+        {
+            "metadata": {
+                "name": "cfg",
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{toy_crd.GROUP}/{toy_crd.VERSION}",
+                        "kind": toy_crd.KIND,
+                        "name": "w",
+                        "uid": owner["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            }
+        },
+    )
     custom.delete_namespaced_custom_object(toy_crd.GROUP, toy_crd.VERSION, "default", toy_crd.PLURAL, "w")
     sim_api.settled()
     assert names(core) == []
@@ -152,8 +194,9 @@ def test_deleting_a_crd_removes_its_resource_and_objects(sim_api: SimApi) -> Non
     sim_api.load_crd(toy_crd.toy_crd())
     client = kubernetes.client.ApiClient(sim_api.client_configuration())
     custom = kubernetes.client.CustomObjectsApi(client)
-    custom.create_namespaced_custom_object(toy_crd.GROUP, toy_crd.VERSION, "default", toy_crd.PLURAL,
-                                           toy_crd.widget("w"))
+    custom.create_namespaced_custom_object(
+        toy_crd.GROUP, toy_crd.VERSION, "default", toy_crd.PLURAL, toy_crd.widget("w")
+    )
     ext = kubernetes.client.ApiextensionsV1Api(client)
     ext.delete_custom_resource_definition(f"{toy_crd.PLURAL}.{toy_crd.GROUP}")
     sim_api.settled()

@@ -45,7 +45,8 @@ def test_status_writes_cannot_change_spec_or_metadata(client: kubernetes.client.
     api = _custom(client)
     api.create_namespaced_custom_object(*ARGS, toy_crd.widget("w", size=2))
     patched = api.patch_namespaced_custom_object_status(
-        *ARGS, "w", {"spec": {"size": 9}, "metadata": {"labels": {"sneaky": "yes"}}, "status": {"phase": "Ready"}})
+        *ARGS, "w", {"spec": {"size": 9}, "metadata": {"labels": {"sneaky": "yes"}}, "status": {"phase": "Ready"}}
+    )
     assert patched["spec"]["size"] == 2
     assert "labels" not in patched["metadata"]
     assert patched["status"]["phase"] == "Ready"
@@ -54,10 +55,19 @@ def test_status_writes_cannot_change_spec_or_metadata(client: kubernetes.client.
 
 def test_status_isolation_on_a_builtin_kind(client: kubernetes.client.ApiClient) -> None:
     apps = kubernetes.client.AppsV1Api(client)
-    apps.create_namespaced_deployment("default", {
-        "metadata": {"name": "web"}, "status": {"replicas": 7},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"a": "b"}},
-                 "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c"}]}}}})
+    apps.create_namespaced_deployment(
+        "default",
+        {
+            "metadata": {"name": "web"},
+            "status": {"replicas": 7},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"a": "b"}},
+                "template": {"metadata": {"labels": {"a": "b"}},
+                             "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+            },
+        },
+    )
     assert apps.read_namespaced_deployment("web", "default").status.replicas is None
     apps.patch_namespaced_deployment_status("web", "default", {"status": {"replicas": 2, "readyReplicas": 1}})
     after = apps.patch_namespaced_deployment("web", "default", {"status": {"readyReplicas": 99}})
@@ -88,23 +98,31 @@ def test_scale_subresource_reads_and_writes_the_declared_paths(client: kubernete
 @pytest.fixture
 def labelled(client: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1Api:
     core = kubernetes.client.CoreV1Api(client)
-    for name, labels in {"a": {"app": "web", "tier": "front"}, "b": {"app": "web", "tier": "back"},
-                         "c": {"app": "db"}, "d": {}}.items():
+    for name, labels in {
+        "a": {"app": "web", "tier": "front"},
+        "b": {"app": "web", "tier": "back"},
+        "c": {"app": "db"},
+        "d": {},
+    }.items():
         core.create_namespaced_config_map("default", {"metadata": {"name": name, "labels": labels}})
     return core
 
 
-@pytest.mark.parametrize(("selector", "expected"), [
-    ("app=web", ["a", "b"]),
-    ("app==web", ["a", "b"]),
-    ("app!=web", ["c", "d"]),
-    ("tier in (front,middle)", ["a"]),
-    ("tier notin (front)", ["b", "c", "d"]),
-    ("tier", ["a", "b"]),
-    ("!tier", ["c", "d"]),
-    ("app=web,tier!=back", ["a"]),
-    ("app in (web, db),!tier", ["c"]),
-], ids=["eq", "double-eq", "neq", "in", "notin", "exists", "not-exists", "and", "set-and-not-exists"])
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("app=web", ["a", "b"]),
+        ("app==web", ["a", "b"]),
+        ("app!=web", ["c", "d"]),
+        ("tier in (front,middle)", ["a"]),
+        ("tier notin (front)", ["b", "c", "d"]),
+        ("tier", ["a", "b"]),
+        ("!tier", ["c", "d"]),
+        ("app=web,tier!=back", ["a"]),
+        ("app in (web, db),!tier", ["c"]),
+    ],
+    ids=["eq", "double-eq", "neq", "in", "notin", "exists", "not-exists", "and", "set-and-not-exists"],
+)
 def test_label_selectors_on_list(labelled: kubernetes.client.CoreV1Api, selector: str, expected: list[str]) -> None:
     items = labelled.list_namespaced_config_map("default", label_selector=selector).items
     assert [i.metadata.name for i in items] == expected
@@ -117,8 +135,9 @@ def test_malformed_label_selector_is_400(labelled: kubernetes.client.CoreV1Api) 
 
 
 def test_field_selectors_and_unknown_fields(labelled: kubernetes.client.CoreV1Api) -> None:
-    names = [i.metadata.name for i in
-             labelled.list_config_map_for_all_namespaces(field_selector="metadata.name=b").items]
+    names = [
+        i.metadata.name for i in labelled.list_config_map_for_all_namespaces(field_selector="metadata.name=b").items
+    ]
     assert names == ["b"]
     others = labelled.list_namespaced_config_map("default", field_selector="metadata.name!=b").items
     assert [i.metadata.name for i in others] == ["a", "c", "d"]
@@ -132,10 +151,12 @@ def test_pod_field_selector_spec_node_name(client: kubernetes.client.ApiClient) 
     for name, node in (("p1", "n1"), ("p2", "n2"), ("p3", None)):
         spec = {"containers": [{"name": "c", "image": "x"}], **({"nodeName": node} if node else {})}
         core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": spec})
-    assert [p.metadata.name for p in core.list_namespaced_pod("default", field_selector="spec.nodeName=n1").items] \
-        == ["p1"]
-    assert [p.metadata.name for p in core.list_namespaced_pod("default", field_selector="spec.nodeName=").items] \
-        == ["p3"]
+    assert [p.metadata.name for p in core.list_namespaced_pod("default", field_selector="spec.nodeName=n1").items] == [
+        "p1"
+    ]
+    assert [p.metadata.name for p in core.list_namespaced_pod("default", field_selector="spec.nodeName=").items] == [
+        "p3"
+    ]
     assert {p.status.phase for p in core.list_namespaced_pod("default").items} == {"Pending"}
 
 
