@@ -239,7 +239,8 @@ def _fit_error(draft: _PoolDraft, acc: AcceleratorFacts, b: KVBreakdown, need: i
                          "GPU or a quantized checkpoint")
     return SpecError(f"spec.pools.{draft.name}.maxModelLen",
                      f"needs {_gib(need)} GiB of KV cache for one {draft.max_model_len}-token sequence; about "
-                     f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}")
+                     f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}"
+                     + (f" at gpu-memory-utilization {b.utilization}" if acc.is_gpu else ""))
 
 
 def _model_path(spec: VLLMDeploymentSpec) -> str:
