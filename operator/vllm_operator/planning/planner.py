@@ -224,7 +224,7 @@ def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts
     return requested.value, []
 
 
-def _fit_error(draft: _PoolDraft, acc: AcceleratorFacts, b: KVBreakdown, need: int,
+def _fit_error(pool: str, max_model_len: int, acc: AcceleratorFacts, b: KVBreakdown, need: int,
                budget: int) -> SpecError:
     used = b.weights_bytes + kvcache.overhead_bytes(b)
     where = acc.type if acc.is_gpu else f"cpu ({_gib(acc.memory_bytes)} GiB pod memory)"
@@ -237,8 +237,8 @@ def _fit_error(draft: _PoolDraft, acc: AcceleratorFacts, b: KVBreakdown, need: i
                          f"GiB of weights{tp} and {_gib(used - b.weights_bytes)} GiB of overhead exceed the "
                          f"{_gib(allowed)} GiB that {knob} allows; use more GPUs (accelerator.count), a larger "
                          "GPU or a quantized checkpoint")
-    return SpecError(f"spec.pools.{draft.name}.maxModelLen",
-                     f"needs {_gib(need)} GiB of KV cache for one {draft.max_model_len}-token sequence; about "
+    return SpecError(f"spec.pools.{pool}.maxModelLen",
+                     f"needs {_gib(need)} GiB of KV cache for one {max_model_len}-token sequence; about "
                      f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}"
                      + (f" at gpu-memory-utilization {b.utilization}" if acc.is_gpu else ""))
 
@@ -348,7 +348,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     per_token = kvcache.bytes_per_token(model, s.kv_cache_dtype, tp)
     need = per_token * s.max_model_len
     if draft.enabled and budget < need:
-        raise _fit_error(_PoolDraft(name, ps, prof, True, s.max_model_len, s.max_tokens, []), acc, b, need, budget)
+        raise _fit_error(name, s.max_model_len, acc, b, need, budget)
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
     capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
     tokens = capacity.tokens
