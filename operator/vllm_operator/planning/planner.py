@@ -347,10 +347,10 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv_memory_bytes = max(budget, 0)
     per_token = kvcache.bytes_per_token(model, s.kv_cache_dtype, tp)
     need = per_token * s.max_model_len
-    if draft.enabled and budget < need:
-        raise _fit_error(name, s.max_model_len, acc, b, need, budget)
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
     capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
+    if draft.enabled and (budget < need or capacity.max_concurrency < 1):  # vLLM: ceil(L / block) whole blocks
+        raise _fit_error(name, s.max_model_len, acc, b, need, budget)
     tokens = capacity.tokens
     full = round(capacity.max_concurrency, 2)
     typical = min(prof.typical_sequence_tokens, s.max_model_len)
