@@ -14,6 +14,10 @@ Steps (each one engine start; see benchmarks/gpu/README.md for which call runs w
 Every step records the planned vs observed KV cache of its engine.
 Layout summaries are merged from the shares that exist so far (`loadgen.py summarize`).
 
+A GPU command is killed at its time limit, and a killed session would bring nothing back, so `--budget-s` makes the
+session skip (and record as skipped) any engine start or share that would not fit in the time left, and SIGTERM
+(`timeout -s TERM ...` around the call) still stops the engine and writes the archive.
+
 Standard library only (plus the two sibling scripts it runs): the GPU machine has a bare Python 3.12.
 """
 
@@ -47,6 +51,34 @@ WORKLOAD = [
     "--long-bursts", "3", "--long-burst-size", "8", "--long-first-burst", "5", "--long-burst-every", "20",
     "--seed", "12",
 ]  # fmt: skip
+START_EST_S = 150.0
+"""Time an engine start may take on the H200 (90-150 s seen, ../shared/gpu/README.md)."""
+RUN_EST_S = 80.0
+"""Time one share takes: 60 s of arrivals, the last burst's drain, calibration and warm-up."""
+ARCHIVE_RESERVE_S = 20.0
+"""Kept back for stopping the last engine and writing the archive."""
+
+
+class Interrupted(Exception):
+    """SIGTERM arrived (the call's time limit is near): stop the engine, keep what ran, write the archive."""
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    raise Interrupted(f"signal {signum}")
+
+
+@dataclass
+class Budget:
+    """Wall-clock seconds this session may use from its start (0: no limit)."""
+
+    total_s: float
+    t0: float
+
+    def left(self) -> float:
+        return float("inf") if self.total_s <= 0 else self.total_s - (time.monotonic() - self.t0)
+
+    def fits(self, need_s: float) -> bool:
+        return self.left() >= need_s + ARCHIVE_RESERVE_S
 
 
 @dataclass(frozen=True)
@@ -140,13 +172,19 @@ def engine_argv(args: argparse.Namespace, plan: Path, pool: str) -> tuple[list[s
     return argv, dict(data["env"])
 
 
-def run_step(args: argparse.Namespace, name: str, out: Path) -> dict[str, object]:
+def run_step(args: argparse.Namespace, name: str, out: Path, budget: Budget) -> dict[str, object]:
     step = STEPS[name]
     plan = Path(args.plans) / f"{step.plan}.json"
     sdir = out / name
     sdir.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{args.port}"
     record: dict[str, object] = {"step": name, "plan": str(plan), "pool": step.pool}
+    need = START_EST_S + (RUN_EST_S if step.runs else 0.0)
+    if not budget.fits(need):
+        what = "a start and a share" if step.runs else "a start"
+        record["skipped"] = f"{budget.left():.0f} s left, {what} needs ~{need:.0f}"
+        log(f"{name} skipped: {record['skipped']}")
+        return record
     argv, plan_env = engine_argv(args, plan, step.pool)
     env = {**os.environ, **ENGINE_ENV, **plan_env}
     if args.site:
@@ -169,6 +207,10 @@ def run_step(args: argparse.Namespace, name: str, out: Path) -> dict[str, object
             model = args.model or served_model(plan, step.pool)
             for run in step.runs:
                 rdir = out / "runs" / run.name
+                if not budget.fits(RUN_EST_S):
+                    record[f"run:{run.name}"] = f"skipped: {budget.left():.0f} s left, a share needs ~{RUN_EST_S:.0f}"
+                    log(f"run {run.name} {record[f'run:{run.name}']}")
+                    continue
                 cmd = [sys.executable, str(LOADGEN), "run", "--layout", run.layout, "--replica", str(run.replica),
                        "--url", url, "--model", model, "--label", run.name, "--out", str(rdir), *WORKLOAD,
                        *shlex.split(args.loadgen_args)]  # fmt: skip
@@ -222,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loadgen-args", default="", help="extra loadgen flags, after the standard workload")
     ap.add_argument("--archive", default=None, help="where the .tar.xz goes (default: next to --out); put it in $OUT")
     ap.add_argument("--engine-cmd", default=None, help="rehearsal: run this instead of vLLM ({port} is filled in)")
+    ap.add_argument(
+        "--budget-s", type=float, default=0.0, help="wall seconds this session may use; what would not fit is skipped"
+    )
     args = ap.parse_args(argv)
     names = [s for s in args.steps.split(",") if s]
     unknown = [s for s in names if s not in STEPS]
@@ -230,13 +275,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget_s, time.monotonic())
+    signal.signal(signal.SIGTERM, on_sigterm)
     records: list[dict[str, object]] = []
     for name in names:
         try:
-            records.append(run_step(args, name, out))
+            records.append(run_step(args, name, out, budget))
+        except Interrupted as err:  # the time limit is near: no further steps, but the archive must be written
+            log(f"step {name} interrupted: {err}")
+            records.append({"step": name, "error": f"interrupted ({err})"})
+            break
         except Exception as err:  # keep going: whatever ran must still reach the archive
             log(f"step {name} failed: {type(err).__name__}: {err}")
             records.append({"step": name, "error": f"{type(err).__name__}: {err}"})
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     summary = {"steps": records, "layouts": summarize_layouts(out)}
     (out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
     archive = Path(args.archive) if args.archive else out.parent / f"{out.name}.tar.xz"
@@ -245,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         tar.add(out, arcname=out.name)
     log(f"wrote {archive} ({archive.stat().st_size} bytes)")
     print(json.dumps(summary["layouts"], indent=2))
-    failed = any("error" in r or any(v != 0 for k, v in r.items() if k.startswith("run:")) for r in records)
+    failed = any(
+        "error" in r or "skipped" in r or any(v != 0 for k, v in r.items() if k.startswith("run:")) for r in records
+    )
     return 1 if failed else 0
 
 

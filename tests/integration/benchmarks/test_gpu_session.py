@@ -12,8 +12,11 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.loadgen import GPU_BENCH, load_script
 
@@ -83,6 +86,14 @@ def test_stop_waits_for_the_whole_engine_group(tmp_path: Path) -> None:
     assert not session.group_alive(proc.pid)
 
 
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
 def group_members(pgid: int) -> list[int]:
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -93,3 +104,50 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(stat.parent.name))
     return members
+
+
+def test_budget_skips_what_would_not_fit_and_still_archives(tmp_path: Path) -> None:
+    """A GPU command is killed at its time limit; a session that ran past it would bring nothing back."""
+    engine = f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --max-model-len 32768"
+    out = tmp_path / "results"
+    cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "short,bf16", "--plans", str(tmp_path),
+           "--out", str(out), "--site", "", "--port", str(free_port()), "--model", "fake-model",
+           "--engine-cmd", engine, "--budget-s", "100", "--archive", str(tmp_path / "call.tar.xz")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    steps = {s["step"]: s for s in json.loads((out / "session.json").read_text())["steps"]}
+    # 100 s leave room for neither a start (150 s estimated) nor a share: nothing was started
+    assert steps["short"]["skipped"] == "100 s left, a start and a share needs ~230"
+    assert steps["bf16"]["skipped"] == "100 s left, a start needs ~150"
+    assert not (out / "short" / "engine.log").exists()
+    with tarfile.open(tmp_path / "call.tar.xz") as tar:
+        assert "results/session.json" in tar.getnames()
+
+
+def test_sigterm_stops_the_engine_and_still_archives(tmp_path: Path) -> None:
+    """`timeout -s TERM` around a call: the engine's group is stopped, what ran is kept, the archive is written."""
+    engine = f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --max-model-len 32768 --ttft-ms 5"
+    out, port = tmp_path / "results", free_port()
+    loadgen = "--duration 600 --short-rate 2 --long-bursts 0 --tokens-per-word 1 --warmup 0"
+    cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "short,bf16", "--plans", str(tmp_path),
+           "--out", str(out), "--site", "", "--port", str(port), "--model", "fake-model",
+           "--engine-cmd", engine, "--loadgen-args", loadgen, "--start-timeout", "60",
+           "--archive", str(tmp_path / "call.tar.xz")]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    engine_log = out / "short" / "engine.log"
+    deadline = time.monotonic() + 60
+    while not healthy(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert healthy(port)
+    time.sleep(2.0)  # the share is running now (no calibration, no warm-up)
+    proc.terminate()
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 1, output
+    steps = json.loads((out / "session.json").read_text())["steps"]
+    assert [s["step"] for s in steps] == ["short"]  # bf16 never started
+    assert steps[0]["error"] == "interrupted (signal 15)"
+    assert engine_log.exists()
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):  # the engine is gone, its port is free
+        s.connect(("127.0.0.1", port))
+    with tarfile.open(tmp_path / "call.tar.xz") as tar:
+        assert "results/short/engine.log" in tar.getnames()
