@@ -67,7 +67,7 @@ def test_injected_delay_times_out_the_client(make_sim_api: object) -> None:
     started = time.monotonic()
     with pytest.raises(Exception, match=r"(?i)timed? ?out"):
         core.read_namespaced_config_map("cm", "default", _request_timeout=0.3)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 1.9  # gave up before the 2 s the server hung
 
 
 def test_random_faults_hit_about_the_requested_fraction_of_writes(make_sim_api: object) -> None:
@@ -207,8 +207,10 @@ def test_a_hung_request_the_client_abandoned_is_not_applied(make_sim_api: object
     core = core_api(sim)
     with pytest.raises(Exception, match=r"(?i)timed? ?out"):
         core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}}, _request_timeout=0.2)
-    time.sleep(1.2)
+    deadline = time.monotonic() + 10
+    while [r.status for r in sim.request_log.filter(verb="create")] != [504]:  # the hang ends, then the drop
+        assert time.monotonic() < deadline, "the abandoned request was not dropped"
+        time.sleep(0.05)
     with pytest.raises(ApiException) as err:
         core.read_namespaced_config_map("cm", "default")
     assert err.value.status == 404
-    assert [r.status for r in sim.request_log.filter(verb="create")] == [504]
