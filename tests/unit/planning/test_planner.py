@@ -27,10 +27,13 @@ def plan_file(path: Path) -> Plan:
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
 def test_every_example_plans(path: Path) -> None:
     p = plan_file(path)
+    written = yaml.safe_load(path.read_text())["spec"].get("pools") or {}
     assert set(p.pools) == {"short", "long"}
     for pool in p.pools.values():
         assert pool.kv.planned_tokens >= pool.max_model_len  # at least one full sequence fits
-        assert pool.engine_args == sorted(pool.engine_args)  # the examples have no extraArgs
+        extra = [str(a) for a in (written.get(pool.name) or {}).get("extraArgs", [])]
+        managed = pool.engine_args[:len(pool.engine_args) - len(extra)]
+        assert managed == sorted(managed) and pool.engine_args[len(managed):] == extra  # extraArgs go last, as given
         assert f"--max-model-len={pool.max_model_len}" in pool.engine_args
         assert f'--override-generation-config={{"max_new_tokens":{pool.max_tokens}}}' in pool.engine_args
         assert "--host=$(POD_IP)" in pool.engine_args and f"--port={constants.ENGINE_PORT}" in pool.engine_args

@@ -1,0 +1,683 @@
+"""A process-backed node for the simulated cluster: pods run as real local processes built from their pod spec.
+
+Why: the end-to-end tier proves the whole loop with real parts — the operator's rendered pod spec must start real
+vLLM servers and a real router, exactly as a kubelet would start the containers, so that what the planner wrote
+(argv, env, probes, volumes) is what runs. There is no container runtime on these machines, so this node maps the
+few things a container has onto the host:
+
+* **Pod IP**: each pod gets its own loopback address `127.<subnet>.x.y` (Linux routes all of 127/8 to `lo`), so
+  `--host=$(POD_IP)` binds the engine to its own address and every pod can use its container port unchanged.
+  A program that listens on all addresses inside its pod (the router's default `0.0.0.0`) is told the pod IP instead,
+  since all processes here share the host's network namespace.
+* **Command**: `command` + `args` with `$(VAR)` expanded from the container env as the kubelet does (`$$(VAR)` stays
+  literal `$(VAR)`, unknown names stay as written); env values from literals, the downward API (`status.podIP`,
+  `metadata.name`, `metadata.namespace`, `spec.nodeName`, `status.hostIP`), ConfigMap and Secret keys.
+  The image picks the local program through `IMAGE_TABLE` (below).
+* **Volumes**: a PVC maps to a host directory given per claim (`pvcs={"models": dir}`); ConfigMap and Secret volumes
+  become files written from the API objects; emptyDirs become directories of the pod. Container paths under a mount
+  path are rewritten to the host paths in the command, args and env, and in the text of projected ConfigMap files
+  (the router's router.json names its tokenizer directory by container path).
+* **terminationMessagePath**: a file of the container's own, whose content becomes `lastState.terminated.message`
+  (with `FallbackToLogsOnError`, the log's tail when the file is empty and the exit code is not 0).
+* **Restart policy Always with back-off**: an exited process is reported terminated (real exit code; 128+N for a
+  signal) and the container waits in `CrashLoopBackOff` for 10 s, 20 s, 40 s … (capped at 300 s, reset after 10 min
+  running), like the kubelet; `restartCount` counts the restarts.
+* **Probes**: startup, readiness and liveness `httpGet` probes are polled with the container's own timings against
+  the pod IP; readiness gates the pod's Ready condition (so EndpointSlices follow it), a failed liveness or startup
+  probe kills the container (SIGTERM, then SIGKILL after the grace period) and it restarts.
+* **CPU binding**: engine containers get `VLLM_CPU_OMP_THREADS_BIND` set to `limits.cpu` cores of their own, taken
+  from the cores this process may run on, least-used first, so two engines on two cores do not starve each other.
+* **Stop**: SIGTERM to the container's main process (as the runtime signals PID 1), SIGKILL to its whole process
+  group after the pod's grace period (capped by `max_grace_s`); stopped (SIGSTOPped) processes are killed too.
+* **Metrics discovery**: pods that the rendered PodMonitor selects (`app.kubernetes.io/name=vllm-operator`, component
+  engine or router) are written to a Prometheus file_sd file with the label contract the PodMonitor's relabelings
+  produce (`namespace`, `pod`, `vllmdeployment`, `pool`, `component`), at `<pod IP>:<port named http>`.
+
+IMAGE_TABLE (image repository -> local program; the tag is ignored):
+
+* `ghcr.io/vllm-operator/engine-cpu` (and `.../engine`), command `vllm-operator engine [OPTS] -- vllm serve MODEL
+  ARGS` -> the project venv's `vllm-operator engine --launcher=api-server --python=<.venv-vllm>/bin/python
+  --termination-message-path=<file> --preflight=off [OPTS] -- vllm serve MODEL ARGS`; the wrapper then runs
+  `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS` (vllm-cpu's `vllm` console script does not start).
+* `ghcr.io/vllm-operator/router`, command `vllm-operator router --config FILE` -> the project venv's
+  `vllm-operator router --host=<pod IP> --kubeconfig=<the cluster's> --config FILE`.
+
+Only the simulated cluster and tests use this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from vllm_operator import constants
+from vllm_operator.k8s import Resource
+from vllm_operator.sim.client import SimClient
+from vllm_operator.sim.controllers.scheduling import ContainerState
+
+log = logging.getLogger(__name__)
+
+CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
+SECRETS = Resource("", "v1", "secrets", "Secret")
+
+REPO = Path(__file__).resolve().parents[3]
+PROJECT_BIN = Path(sys.executable).parent
+"""The project venv's bin directory (this interpreter's), where the `vllm-operator` console script lives."""
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+BACKOFF_INITIAL_S = 10.0
+BACKOFF_MAX_S = 300.0
+BACKOFF_RESET_S = 600.0
+"""The kubelet's container restart back-off: 10 s doubling to 5 min, reset after 10 min of running."""
+TERMINATION_MESSAGE_MAX_BYTES = 4096
+FALLBACK_LOG_LINES = 80
+"""FallbackToLogsOnError: the kubelet takes the last 80 lines (at most 2048 bytes) of the log."""
+FALLBACK_LOG_BYTES = 2048
+
+BASE_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "TZ")
+"""Host variables a process needs to run at all; nothing else leaks in (a container starts from its image's env)."""
+PROCESS_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion: defined names are replaced, `$$` is a literal `$`, unknown refs stay."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env[name] if name in env else m.group(0)
+
+    return _VAR.sub(sub, text)
+
+
+def map_paths(text: str, mounts: Sequence[tuple[str, Path]]) -> str:
+    """Rewrite container paths under a mount path (at the start of `text`, or after `=`, `:`, whitespace or a quote)
+    to the host path of that mount; the longest mount path wins."""
+    for mount, host in sorted(mounts, key=lambda m: -len(m[0])):
+        pattern = re.compile(r"(^|(?<=[=:\s\"']))" + re.escape(mount.rstrip("/")) + r"(?=/|$|[\s\"',])")
+        replacement = str(host).replace("\\", "\\\\")
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def image_repository(image: str) -> str:
+    """`registry/repo:tag@digest` -> `registry/repo`."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the image table produces for one container."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    pod_ip: str
+    termination_file: Path
+    kubeconfig: Path | None
+    vllm_python: Path
+
+
+def _engine(command: list[str], ctx: LaunchContext) -> Launch:
+    if command[:2] != ["vllm-operator", "engine"]:
+        raise ValueError(f"engine image: expected command `vllm-operator engine ...`, got {command[:2]}")
+    argv = [str(PROJECT_BIN / "vllm-operator"), "engine", "--launcher=api-server", f"--python={ctx.vllm_python}",
+            f"--termination-message-path={ctx.termination_file}", "--preflight=off", *command[2:]]
+    return Launch(argv, {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1"})
+
+
+def _router(command: list[str], ctx: LaunchContext) -> Launch:
+    if command[:2] != ["vllm-operator", "router"]:
+        raise ValueError(f"router image: expected command `vllm-operator router ...`, got {command[:2]}")
+    extra = [f"--host={ctx.pod_ip}"]
+    if ctx.kubeconfig is not None:
+        extra.append(f"--kubeconfig={ctx.kubeconfig}")
+    return Launch([str(PROJECT_BIN / "vllm-operator"), "router", *extra, *command[2:]])
+
+
+IMAGE_TABLE: dict[str, Callable[[list[str], LaunchContext], Launch]] = {
+    "ghcr.io/vllm-operator/engine-cpu": _engine,
+    "ghcr.io/vllm-operator/engine": _engine,
+    "ghcr.io/vllm-operator/router": _router,
+}
+"""Image repository -> how its container command runs here (see the module docstring's table)."""
+
+
+def quantity_cores(value: Any) -> int:
+    """`limits.cpu` as whole cores (at least 1): "1" -> 1, "1500m" -> 2, 2 -> 2."""
+    text = str(value)
+    cores = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return max(1, int(-(-cores // 1)))
+
+
+@dataclass
+class Probe:
+    path: str
+    port: int
+    initial_delay_s: float
+    period_s: float
+    timeout_s: float
+    failure_threshold: int
+    success_threshold: int
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any] | None, container: Mapping[str, Any]) -> Probe | None:
+        if not spec or "httpGet" not in spec:
+            return None
+        get = spec["httpGet"]
+        port: Any = get.get("port")
+        if isinstance(port, str) and not port.isdigit():
+            named = [p for p in container.get("ports", []) or [] if p.get("name") == port]
+            if not named:
+                raise ValueError(f"probe port {port!r} names no port of container {container.get('name')!r}")
+            port = named[0]["containerPort"]
+        return cls(path=get.get("path", "/"), port=int(port), initial_delay_s=float(spec.get("initialDelaySeconds", 0)),
+                   period_s=float(spec.get("periodSeconds", 10)), timeout_s=float(spec.get("timeoutSeconds", 1)),
+                   failure_threshold=int(spec.get("failureThreshold", 3)),
+                   success_threshold=int(spec.get("successThreshold", 1)))
+
+
+@dataclass
+class Container:
+    """One supervised container (the pod's first) and what was reported about it."""
+
+    namespace: str
+    pod: str
+    ip: str
+    root: Path
+    report: Callable[[ContainerState], None]
+    spec: dict[str, Any]
+    pod_spec: dict[str, Any]
+    labels: dict[str, str]
+    cores: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """The container env as resolved at preparation (literals, downward API, ConfigMap/Secret keys)."""
+    proc: asyncio.subprocess.Process | None = None
+    argv: list[str] = field(default_factory=list)
+    restart_count: int = 0
+    last_terminated: dict[str, Any] | None = None
+    stopping: bool = False
+    task: asyncio.Task[None] | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Every start and exit, with monotonic times (tests and benchmarks read fault -> restart timings here)."""
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "container.log"
+
+    @property
+    def termination_file(self) -> Path:
+        return self.root / "termination-log"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class ProcessRuntime:
+    """A `PodRuntime` that runs each pod's container as a local process tree (see the module docstring)."""
+
+    def __init__(self, work_dir: Path, *, pvcs: Mapping[str, Path] | None = None, targets_file: Path | None = None,
+                 cpus: Sequence[int] | None = None, subnet: int = 10, vllm_python: Path = VLLM_PYTHON,
+                 max_grace_s: float = 10.0, backoff_initial_s: float = BACKOFF_INITIAL_S,
+                 backoff_max_s: float = BACKOFF_MAX_S) -> None:
+        self.work_dir = work_dir
+        self.pvcs = dict(pvcs or {})
+        self.targets_file = targets_file
+        self.cpus = list(cpus) if cpus is not None else sorted(os.sched_getaffinity(0))
+        self.subnet = subnet
+        self.vllm_python = vllm_python
+        self.max_grace_s = max_grace_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.api_url: str | None = None
+        self.kubeconfig: Path | None = None
+        self.containers: dict[tuple[str, str], Container] = {}
+        self._next_ip = 2
+        self.errors: list[BaseException] = []
+
+    def connect(self, api_url: str, kubeconfig: Path) -> None:
+        """Where ConfigMaps and Secrets are read from and what the router's discovery uses (the cluster's API)."""
+        self.api_url = api_url
+        self.kubeconfig = kubeconfig
+
+    # -- PodRuntime -------------------------------------------------------------------------------------------------
+
+    async def start(self, pod: dict[str, Any], report: Callable[[ContainerState], None]) -> str:
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        containers = pod["spec"].get("containers", [])
+        if len(containers) != 1:
+            raise ValueError(f"pod {namespace}/{name}: the process runtime runs single-container pods, got "
+                             f"{len(containers)} containers")
+        index = self._next_ip
+        self._next_ip += 1
+        ip = f"127.{self.subnet}.{index // 250}.{index % 250 + 2}"
+        root = self.work_dir / namespace / name
+        root.mkdir(parents=True, exist_ok=True)
+        container = Container(namespace=namespace, pod=name, ip=ip, root=root, report=report, spec=containers[0],
+                              pod_spec=pod["spec"], labels=dict(meta.get("labels", {}) or {}))
+        self.containers[(namespace, name)] = container
+        report(ContainerState(ready=False, running=False))
+        container.task = asyncio.create_task(self._supervise(container), name=f"pod-{namespace}-{name}")
+        return ip
+
+    async def stop(self, namespace: str, name: str) -> None:
+        container = self.containers.pop((namespace, name), None)
+        if container is None:
+            return
+        container.stopping = True
+        grace = min(float(container.pod_spec.get("terminationGracePeriodSeconds", 30)), self.max_grace_s)
+        await self._kill(container, grace)
+        if container.task is not None:
+            container.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await container.task
+        self._write_targets()
+        log.info("Stopped pod %s/%s", namespace, name)
+
+    async def close(self) -> None:
+        """Stop every pod (the cluster is going away)."""
+        for namespace, name in list(self.containers):
+            await self.stop(namespace, name)
+
+    # -- lookups for tests ------------------------------------------------------------------------------------------
+
+    def container(self, namespace: str, name: str) -> Container:
+        return self.containers[(namespace, name)]
+
+    # -- supervision ------------------------------------------------------------------------------------------------
+
+    async def _supervise(self, c: Container) -> None:
+        backoff = self.backoff_initial_s
+        try:
+            launch = await self._prepare(c)
+            while not c.stopping:
+                started = time.monotonic()
+                with contextlib.suppress(FileNotFoundError):
+                    c.termination_file.unlink()
+                c.termination_file.touch()
+                await self._spawn(c, launch)
+                c.history.append({"event": "started", "t": started, "pid": c.proc.pid if c.proc else None})
+                self._write_targets()
+                c.report(ContainerState(ready=False, running=True, restart_count=c.restart_count,
+                                        last_terminated=c.last_terminated))
+                prober = asyncio.create_task(self._probe(c))
+                assert c.proc is not None
+                code = await c.proc.wait()
+                prober.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prober
+                await self._kill(c, 0)  # whatever the main process left behind in its group
+                if c.stopping:
+                    return
+                ran = time.monotonic() - started
+                c.last_terminated = self._terminated(c, code)
+                c.history.append({"event": "exited", "t": time.monotonic(), "exitCode": c.last_terminated["exitCode"]})
+                c.restart_count += 1
+                if ran > BACKOFF_RESET_S:
+                    backoff = self.backoff_initial_s
+                log.info("Container of pod %s/%s exited with %s; restarting in %.0f s", c.namespace, c.pod,
+                         c.last_terminated["exitCode"], backoff)
+                c.report(ContainerState(ready=False, running=False, restart_count=c.restart_count,
+                                        waiting_reason="CrashLoopBackOff", last_terminated=c.last_terminated))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.backoff_max_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.exception("Runtime failed on pod %s/%s", c.namespace, c.pod)
+            self.errors.append(err)
+            c.report(ContainerState(ready=False, running=False, waiting_reason="CreateContainerError"))
+
+    def _terminated(self, c: Container, code: int) -> dict[str, Any]:
+        exit_code = 128 - code if code < 0 else code
+        try:
+            message = c.termination_file.read_bytes()[:TERMINATION_MESSAGE_MAX_BYTES].decode("utf-8", "replace")
+        except OSError:
+            message = ""
+        if not message.strip() and exit_code != 0 and \
+                c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            lines = c.log_tail(64_000).splitlines()[-FALLBACK_LOG_LINES:]
+            message = "\n".join(lines)[-FALLBACK_LOG_BYTES:]
+        reason = "OOMKilled" if code == -signal.SIGKILL and self._oom_killed(c) else (
+            "Completed" if exit_code == 0 else "Error")
+        entry: dict[str, Any] = {"exitCode": exit_code, "reason": reason}
+        if code < 0:
+            entry["signal"] = -code
+        if message.strip():
+            entry["message"] = message.rstrip("\n")
+        return entry
+
+    @staticmethod
+    def _oom_killed(_c: Container) -> bool:
+        """No memory cgroup per pod here: a SIGKILL is never attributed to the OOM killer."""
+        return False
+
+    async def _spawn(self, c: Container, launch: Launch) -> None:
+        env = {k: v for k, v in os.environ.items() if k in BASE_ENV_KEEP}
+        env.update(PROCESS_ENV)
+        env.update(launch.env)
+        env.update(self._env_for(c))
+        c.argv = launch.argv
+        with c.log_path.open("ab") as log_file:
+            log_file.write(f"--- start {time.strftime('%H:%M:%S')} restart {c.restart_count}: "
+                           f"{' '.join(launch.argv)}\n".encode())
+            log_file.flush()
+            c.proc = await asyncio.create_subprocess_exec(
+                *launch.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+                env=env, cwd=str(c.root), start_new_session=True)
+        log.info("Started pod %s/%s at %s (pid %d): %s", c.namespace, c.pod, c.ip, c.proc.pid,
+                 " ".join(launch.argv))
+
+    def _env_for(self, c: Container) -> dict[str, str]:
+        """Container env (resolved in `_prepare`), plus the engine's core binding."""
+        env = dict(c.env)
+        if c.cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, c.cores))
+        return env
+
+    async def _kill(self, c: Container, grace: float) -> None:
+        proc = c.proc
+        if proc is None:
+            return
+        pids = descendants(proc.pid)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=grace)
+        for pid in [proc.pid, *pids, *descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=10)
+
+    # -- probes -----------------------------------------------------------------------------------------------------
+
+    async def _probe(self, c: Container) -> None:
+        startup = Probe.from_spec(c.spec.get("startupProbe"), c.spec)
+        readiness = Probe.from_spec(c.spec.get("readinessProbe"), c.spec)
+        liveness = Probe.from_spec(c.spec.get("livenessProbe"), c.spec)
+        async with aiohttp.ClientSession() as session:
+            if startup is not None and not await self._until(session, c, startup, want=True):
+                c.history.append({"event": "startup-probe-failed", "t": time.monotonic()})
+                log.info("Startup probe of pod %s/%s failed %d times; killing the container", c.namespace, c.pod,
+                         startup.failure_threshold)
+                await self._kill(c, min(self.max_grace_s, 30.0))
+                return
+            tasks = []
+            if liveness is not None:
+                tasks.append(asyncio.create_task(self._liveness(session, c, liveness)))
+            try:
+                if readiness is not None:
+                    await self._readiness(session, c, readiness)
+                c.report(ContainerState(ready=True, restart_count=c.restart_count, last_terminated=c.last_terminated))
+                c.history.append({"event": "ready", "t": time.monotonic()})
+                await asyncio.Event().wait()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _check(self, session: aiohttp.ClientSession, c: Container, probe: Probe) -> bool:
+        url = f"http://{c.ip}:{probe.port}{probe.path}"
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=probe.timeout_s)) as resp:
+                await resp.read()
+                return 200 <= resp.status < 400
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def _until(self, session: aiohttp.ClientSession, c: Container, probe: Probe, *, want: bool) -> bool:
+        """Startup probe: True once it succeeds; False after failureThreshold failures."""
+        await asyncio.sleep(probe.initial_delay_s)
+        failures = 0
+        while True:
+            if await self._check(session, c, probe) == want:
+                return True
+            failures += 1
+            if failures >= probe.failure_threshold:
+                return False
+            await asyncio.sleep(probe.period_s)
+
+    async def _readiness(self, session: aiohttp.ClientSession, c: Container, probe: Probe) -> None:
+        await asyncio.sleep(probe.initial_delay_s)
+        ready = False
+        successes = failures = 0
+        while True:
+            ok = await self._check(session, c, probe)
+            successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
+            if not ready and successes >= probe.success_threshold:
+                ready = True
+            elif ready and failures >= probe.failure_threshold:
+                ready = False
+            else:
+                await asyncio.sleep(probe.period_s)
+                continue
+            c.history.append({"event": "ready" if ready else "unready", "t": time.monotonic()})
+            log.info("Pod %s/%s became %s", c.namespace, c.pod, "ready" if ready else "not ready")
+            c.report(ContainerState(ready=ready, restart_count=c.restart_count, last_terminated=c.last_terminated))
+            await asyncio.sleep(probe.period_s)
+
+    async def _liveness(self, session: aiohttp.ClientSession, c: Container, probe: Probe) -> None:
+        await asyncio.sleep(probe.initial_delay_s)
+        failures = 0
+        while True:
+            await asyncio.sleep(probe.period_s)
+            failures = 0 if await self._check(session, c, probe) else failures + 1
+            if failures >= probe.failure_threshold:
+                c.history.append({"event": "liveness-failed", "t": time.monotonic()})
+                log.info("Liveness probe of pod %s/%s failed %d times; killing the container", c.namespace, c.pod,
+                         failures)
+                await self._kill(c, min(float(c.pod_spec.get("terminationGracePeriodSeconds", 30)),
+                                        self.max_grace_s))
+                return
+
+    # -- preparing a pod --------------------------------------------------------------------------------------------
+
+    async def _prepare(self, c: Container) -> Launch:
+        """Volumes, env and argv of the container; waits (ContainerCreating) for ConfigMaps/Secrets that are missing."""
+        while True:
+            try:
+                return await self._prepare_once(c)
+            except LookupError as err:
+                log.info("Pod %s/%s waits for %s", c.namespace, c.pod, err)
+                await asyncio.sleep(1.0)
+
+    async def _read(self, res: Resource, namespace: str, name: str) -> dict[str, Any]:
+        if self.api_url is None:
+            raise RuntimeError("ProcessRuntime.connect(api_url, kubeconfig) was not called")
+        async with SimClient(self.api_url, user_agent="sim-process-kubelet") as client:
+            obj = await client.get(res, namespace, name)
+        if obj is None:
+            raise LookupError(f"{res.kind} {namespace}/{name}")
+        return obj
+
+    async def _prepare_once(self, c: Container) -> Launch:
+        volumes = {v["name"]: v for v in c.pod_spec.get("volumes", []) or []}
+        mounts: list[tuple[str, Path]] = []
+        for mount in c.spec.get("volumeMounts", []) or []:
+            volume = volumes.get(mount["name"])
+            if volume is None:
+                raise ValueError(f"pod {c.namespace}/{c.pod}: volumeMount {mount['name']!r} names no volume")
+            host = await self._volume(c, volume)
+            if mount.get("subPath"):
+                host = host / mount["subPath"]
+            mounts.append((mount["mountPath"], host))
+        projected = [host for _, host in mounts if host.is_relative_to(c.root / "volumes")]
+        for path in (p for host in projected for p in host.rglob("*") if p.is_file()):
+            # projected text may name other mounts of the pod by container path (router.json's tokenizer path)
+            with contextlib.suppress(UnicodeDecodeError):
+                text = path.read_text()
+                mapped = map_paths(text, mounts)
+                if mapped != text:
+                    path.write_text(mapped)
+        env = {k: map_paths(v, mounts) for k, v in (await self._resolve_env(c)).items()}
+        c.env = env
+        command = [map_paths(expand(x, env), mounts) for x in [*c.spec.get("command", []), *c.spec.get("args", [])]]
+        image = image_repository(c.spec.get("image", ""))
+        make = IMAGE_TABLE.get(image)
+        if make is None:
+            raise ValueError(f"pod {c.namespace}/{c.pod}: image {c.spec.get('image')!r} is not in the process "
+                             f"runtime's IMAGE_TABLE ({', '.join(sorted(IMAGE_TABLE))})")
+        if c.labels.get(constants.LABEL_COMPONENT) == constants.COMPONENT_ENGINE:
+            c.cores = self._assign_cores(c)
+        return make(command, LaunchContext(pod_ip=c.ip, termination_file=c.termination_file,
+                                           kubeconfig=self.kubeconfig, vllm_python=self.vllm_python))
+
+    def _assign_cores(self, c: Container) -> list[int]:
+        limits = (c.spec.get("resources", {}) or {}).get("limits", {}) or {}
+        want = min(quantity_cores(limits.get("cpu", 1)), len(self.cpus))
+        used: dict[int, int] = {cpu: 0 for cpu in self.cpus}
+        for other in self.containers.values():
+            if other is not c:
+                for cpu in other.cores:
+                    used[cpu] = used.get(cpu, 0) + 1
+        return sorted(sorted(self.cpus, key=lambda cpu: (used[cpu], cpu))[:want])
+
+    async def _volume(self, c: Container, volume: Mapping[str, Any]) -> Path:
+        name = volume["name"]
+        if "persistentVolumeClaim" in volume:
+            claim = str(volume["persistentVolumeClaim"]["claimName"])
+            if claim not in self.pvcs:
+                raise ValueError(f"pod {c.namespace}/{c.pod}: PVC {claim!r} has no host directory "
+                                 f"(ProcessRuntime(pvcs=...) knows {sorted(self.pvcs)})")
+            return self.pvcs[claim]
+        host: Path = c.root / "volumes" / str(name)
+        host.mkdir(parents=True, exist_ok=True)
+        if "configMap" in volume:
+            obj = await self._read(CONFIG_MAPS, c.namespace, volume["configMap"]["name"])
+            self._project(host, {k: v.encode() for k, v in (obj.get("data") or {}).items()}, volume["configMap"])
+        elif "secret" in volume:
+            obj = await self._read(SECRETS, c.namespace, volume["secret"]["secretName"])
+            data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+            data.update({k: v.encode() for k, v in (obj.get("stringData") or {}).items()})
+            self._project(host, data, volume["secret"])
+        elif "emptyDir" not in volume:
+            raise ValueError(f"pod {c.namespace}/{c.pod}: volume {name!r} has a kind the process runtime does not "
+                             f"map ({sorted(k for k in volume if k != 'name')})")
+        return host
+
+    @staticmethod
+    def _project(host: Path, data: Mapping[str, bytes], source: Mapping[str, Any]) -> None:
+        items = source.get("items")
+        pairs = [(i["key"], i["path"]) for i in items] if items else [(k, k) for k in data]
+        for key, rel in pairs:
+            if key not in data:
+                raise LookupError(f"key {key!r} in {source}")
+            path = host / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data[key])
+
+    async def _resolve_env(self, c: Container) -> dict[str, str]:
+        env: dict[str, str] = {}
+        fields = {"status.podIP": c.ip, "metadata.name": c.pod, "metadata.namespace": c.namespace,
+                  "spec.nodeName": str(c.pod_spec.get("nodeName", "")), "status.hostIP": "127.0.0.1"}
+        for item in c.spec.get("env", []) or []:
+            name = item["name"]
+            if "value" in item:
+                env[name] = expand(str(item["value"]), env)
+                continue
+            source = item.get("valueFrom", {}) or {}
+            if "fieldRef" in source:
+                path = source["fieldRef"]["fieldPath"]
+                if path not in fields:
+                    raise ValueError(f"pod {c.namespace}/{c.pod}: env {name} fieldRef {path!r} is not supported")
+                env[name] = fields[path]
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                obj = await self._read(SECRETS, c.namespace, ref["name"])
+                env[name] = base64.b64decode((obj.get("data") or {})[ref["key"]]).decode()
+            elif "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
+                obj = await self._read(CONFIG_MAPS, c.namespace, ref["name"])
+                env[name] = (obj.get("data") or {})[ref["key"]]
+            else:
+                raise ValueError(f"pod {c.namespace}/{c.pod}: env {name} has an unsupported source {sorted(source)}")
+        return env
+
+    # -- Prometheus file_sd -----------------------------------------------------------------------------------------
+
+    def _write_targets(self) -> None:
+        if self.targets_file is None:
+            return
+        groups = []
+        for c in self.containers.values():
+            target = scrape_target(c)
+            if target is not None:
+                groups.append(target)
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=1, sort_keys=True))
+        os.replace(tmp, self.targets_file)
+
+
+def scrape_target(c: Container) -> dict[str, Any] | None:
+    """The file_sd group the rendered PodMonitor would give this pod, or None when it selects it not."""
+    labels = c.labels
+    if labels.get(constants.LABEL_NAME) != constants.APP_NAME or labels.get(constants.LABEL_COMPONENT) not in (
+            constants.COMPONENT_ENGINE, constants.COMPONENT_ROUTER) or constants.LABEL_DEPLOYMENT not in labels:
+        return None
+    ports = [p for p in c.spec.get("ports", []) or [] if p.get("name") == "http"]
+    if not ports:
+        return None
+    contract = {"namespace": c.namespace, "pod": c.pod, "vllmdeployment": labels[constants.LABEL_DEPLOYMENT],
+                "component": labels[constants.LABEL_COMPONENT]}
+    if constants.LABEL_POOL in labels:
+        contract["pool"] = labels[constants.LABEL_POOL]
+    return {"targets": [f"{c.ip}:{ports[0]['containerPort']}"], "labels": contract}
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def process_argv(pid: int) -> list[str]:
+    """The argv of a running process (/proc/PID/cmdline)."""
+    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return [part.decode() for part in raw.split(b"\0") if part]
