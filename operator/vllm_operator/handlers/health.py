@@ -19,7 +19,7 @@ from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.reconcile import reconcile
 from vllm_operator.health import loop, settings
 from vllm_operator.health.source import PrometheusSource
-from vllm_operator.k8s import KubeError
+from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeError
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 TICK_S = 5.0
@@ -44,9 +44,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             return
         memo.health_last_check = now
         try:
-            result = await loop.check(memo.kube, source, body, interval_override=config.health_interval_override)
+            # kopf's body may lag the API; the loop's status write is conditional on what it read, so read afresh.
+            fresh = await memo.kube.get(VLLM_DEPLOYMENTS, meta.get("namespace"), meta.get("name"))
+            if fresh is None:
+                return
+            result = await loop.check(memo.kube, source, fresh, interval_override=config.health_interval_override)
             if result is not None:
-                await loop.execute(memo.kube, body, result, reconcile=reconcile, counters=memo.metrics)
+                await loop.execute(memo.kube, fresh, result, reconcile=reconcile, counters=memo.metrics)
         except KubeError as err:
             logger.warning("Health check of VLLMDeployment %s/%s failed on an API call (retried next interval): %s",
                            meta.get("namespace"), meta.get("name"), err)

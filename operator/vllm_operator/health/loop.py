@@ -4,7 +4,10 @@
 writing, in an order chosen for crash safety: status first (the restart budget is spent and the rung recorded before
 any pod goes or any Deployment changes, so a crash in between never spends more than the budget or loses a rung),
 then pod deletions, events and counters, and finally — after a rung change — the controller's own reconcile with
-the new status, because kopf does not fire update handlers for status-only changes (contract 4).
+the new status, because kopf does not fire update handlers for status-only changes (contract 4). The status write
+carries the resourceVersion that was read: when the controller (or anyone) wrote the status in between, the write is
+refused with 409 and nothing is done this round, so neither side's update is lost. The caller should therefore hand
+in a freshly read object, not a cached one.
 """
 
 from __future__ import annotations
@@ -132,7 +135,18 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
     old = {k: v for k, v in (obj.get("status") or {}).items() if not str(k).startswith("kopf")}
     patch = merge_patch(old, decision.status.to_wire())
     if patch:
-        await kube.patch_status(VLLM_DEPLOYMENTS, namespace, name, {"status": patch})
+        body: dict[str, Any] = {"status": patch}
+        if meta.get("resourceVersion"):
+            # Optimistic concurrency: the decision rests on the status it read; if anyone wrote since, act on nothing
+            # now (no deletion, no rung) and decide again from fresh data at the next check.
+            body["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+        try:
+            await kube.patch_status(VLLM_DEPLOYMENTS, namespace, name, body)
+        except KubeError as err:
+            if not err.conflict:
+                raise
+            log.info("Skipped acting on VLLMDeployment %s/%s: its status changed since it was read", namespace, name)
+            return
     for deletion in decision.deletions:
         try:
             await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid)

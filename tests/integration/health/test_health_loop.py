@@ -30,6 +30,8 @@ from tests.support.waiting import eventually
 from vllm_operator import constants, names
 from vllm_operator.demo import nodes_for
 from vllm_operator.engine import exit_codes
+from vllm_operator.handlers.reconcile import reconcile
+from vllm_operator.health import loop
 from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
 from vllm_operator.sim.cluster import SimCluster
 from vllm_operator.sim.controllers.scheduling import ContainerState
@@ -285,3 +287,46 @@ async def test_storm_every_pod_stalls_budget_caps_deletions(cluster: SimCluster,
                 await asyncio.gather(*engine.tasks, return_exceptions=True)
                 await engine.fake.stop()
             await session.close()
+
+
+async def test_a_decision_on_a_stale_status_is_not_acted_on(cluster: SimCluster) -> None:
+    """The controller writes the status between the loop's read and its write: the loop's write gets 409 and it
+    does nothing this round (no rung, no event, no lost controller update); the next check, on fresh data, acts."""
+    kube = ClientKubeApi.from_environment(kubeconfig=str(cluster.kubeconfig))
+    try:
+        await kube.create(VLLM_DEPLOYMENTS, NS, chat())
+        created = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert created is not None
+        await reconcile(kube, created)
+        pods = await eventually(lambda: pool_pods(kube, "long"), timeout=20)
+        dep_name = names.pool(NAME, "long")
+        before = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
+        message = json.dumps({"reason": exit_codes.REASON_KV_CACHE_TOO_SMALL,
+                              "exitCode": exit_codes.KV_CACHE_TOO_SMALL})
+        cluster.kubelet.set_state(NS, pods[0]["metadata"]["name"], ContainerState(
+            ready=False, restart_count=1, waiting_reason="CrashLoopBackOff",
+            last_terminated={"exitCode": exit_codes.KV_CACHE_TOO_SMALL, "reason": "Error", "message": message}))
+
+        async def kv_seen() -> Any:
+            obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+            result = await loop.check(kube, None, obj or {})
+            return (obj, result) if result is not None and result.decision.rung_changes else None
+
+        obj, result = await eventually(kv_seen, timeout=20)
+        await kube.patch_status(VLLM_DEPLOYMENTS, NS, NAME, {"status": {"ready": "controller-was-here"}})
+        await loop.execute(kube, obj, result, reconcile=reconcile)
+        after = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert after is not None and after["status"]["ready"] == "controller-was-here"
+        assert after["status"]["pools"]["long"]["stepDown"].get("kvLevel", 0) == 0
+        assert engine_args(await kube.get(DEPLOYMENTS, NS, dep_name)) == before
+        assert "SteppedKVPath" not in await reasons(kube)
+        fresh = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert fresh is not None
+        again = await loop.check(kube, None, fresh)
+        assert again is not None
+        await loop.execute(kube, fresh, again, reconcile=reconcile)
+        done = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert done is not None and done["status"]["pools"]["long"]["stepDown"]["kvLevel"] == 1
+        assert engine_args(await kube.get(DEPLOYMENTS, NS, dep_name)) != before
+    finally:
+        kube.close()
