@@ -744,7 +744,7 @@ class ApiServer(kmock.KubernetesEmulator):
             self._register_crd(new_crd)
         self._store_new(key[0], key[1], body)
         await self._emit(res, "ADDED", copy.deepcopy(body), None)
-        if meta.get("ownerReferences"):
+        if self._has_dead_owner(meta, key[1]):  # a dependent of a missing owner is collected, as on a cluster
             self._gc_wakeup.set()
         return self._reply(201, self._present(res, body), warnings)
 
@@ -943,8 +943,8 @@ class ApiServer(kmock.KubernetesEmulator):
         if (res.group or "", res.plural or "") == CRD_RESOURCE:
             crd_def = parse_crd(new)
             self._register_crd(crd_def)
-        if meta.get("ownerReferences") != current["metadata"].get("ownerReferences") or meta.get(
-                "deletionTimestamp"):
+        if meta.get("deletionTimestamp") or (meta.get("ownerReferences") != current["metadata"].get(
+                "ownerReferences") and self._has_dead_owner(meta, key[1])):
             self._gc_wakeup.set()
         return new
 
@@ -1161,6 +1161,9 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def _resource_of_key(self, key: ObjKey) -> kmock.resource:
         return key[0]
+
+    def _has_dead_owner(self, meta: dict[str, Any], namespace: str | None) -> bool:
+        return any(not self._owner_alive(ref, namespace) for ref in meta.get("ownerReferences") or [])
 
     def _owner_alive(self, ref: dict[str, Any], child_ns: str | None) -> bool:
         owner_key = self._uids.get(str(ref.get("uid")))

@@ -205,3 +205,10 @@ def test_deleting_a_crd_removes_its_resource_and_objects(sim_api: SimApi) -> Non
     assert err.value.status == 404
     assert sim_api.api.objects  # the store itself survives; only the CRD's objects are gone
     assert not [k for k in sim_api.api.objects if k[0].group == toy_crd.GROUP and not sim_api.api.objects[k].deleted]
+
+
+def test_dependent_of_a_missing_owner_is_collected(sim_api: SimApi, core: kubernetes.client.CoreV1Api) -> None:
+    core.create_namespaced_config_map("default", {"metadata": {"name": "orphan", "ownerReferences": [{
+        "apiVersion": "v1", "kind": "ConfigMap", "name": "ghost", "uid": "00000000-0000-0000-0000-000000000000"}]}})
+    sim_api.settled()
+    assert names(core) == []
