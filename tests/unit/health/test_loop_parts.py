@@ -1,0 +1,76 @@
+"""The health loop's pure helpers: status merge patches, the ladder view from a real plan, settings resolution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.paths import EXAMPLES
+from vllm_operator.api.resource import parse_resource
+from vllm_operator.api.spec import RemediationSpec
+from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
+from vllm_operator.health import settings
+from vllm_operator.health.loop import accelerator_in_effect, ladder_views, merge_patch
+from vllm_operator.planning import RemediationState, plan
+
+
+@pytest.mark.parametrize(("old", "new", "patch"), [
+    ({"a": 1}, {"a": 1}, None),
+    ({"a": 1, "b": 2}, {"a": 1}, {"b": None}),
+    ({"a": {"x": 1, "y": 2}}, {"a": {"x": 1}}, {"a": {"y": None}}),
+    ({"a": [1, 2]}, {"a": [1]}, {"a": [1]}),
+    ({}, {"a": {"x": 1}}, {"a": {"x": 1}}),
+    ({"a": {"x": 1}}, {"a": 5}, {"a": 5}),
+], ids=["equal", "removed-key", "nested-removal", "list-replaced", "added", "type-change"])
+def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any] | None) -> None:
+    assert merge_patch(old, new) == patch
+
+
+def chat_plan(level: int = 0, kv_level: int = 0) -> Any:
+    resource = parse_resource(yaml.safe_load((EXAMPLES / "chat.yaml").read_text()))
+    status = VLLMDeploymentStatus(pools=PoolsStatus(short=PoolStatus(step_down=StepDownStatus(level=level,
+                                                                                              kv_level=kv_level))))
+    return plan(resource.spec, None, RemediationState.from_status(status), name="chat", namespace="ml")
+
+
+def test_ladder_view_from_the_plan_in_effect() -> None:
+    views = ladder_views(chat_plan(), allow_lower_max_model_len=False)
+    assert views["short"].next_memory == (1, "gpu-memory-utilization 0.9->0.85")
+    assert views["short"].next_kv == (1, "kv-cache-dtype auto->fp8")
+    assert not views["short"].host_memory
+    moved = ladder_views(chat_plan(level=1), allow_lower_max_model_len=False)
+    assert moved["short"].next_memory is not None and moved["short"].next_memory[0] == 2
+    assert "max-num-batched-tokens" in moved["short"].next_memory[1]
+    assert ladder_views(chat_plan(kv_level=1), allow_lower_max_model_len=False)["short"].next_kv is None
+
+
+def test_cpu_pools_count_host_oom() -> None:
+    resource = parse_resource(yaml.safe_load((EXAMPLES / "cpu-dev.yaml").read_text()))
+    the_plan = plan(resource.spec, None, RemediationState(), name="dev", namespace="dev")
+    assert all(v.host_memory for v in ladder_views(the_plan, False).values())
+
+
+def test_auto_accelerator_needs_the_resolved_one() -> None:
+    raw = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
+    raw["spec"]["accelerator"]["type"] = "auto"
+    spec = parse_resource(raw).spec
+    from vllm_operator.api.errors import SpecError
+    with pytest.raises(SpecError, match="auto is not resolved yet"):
+        accelerator_in_effect(spec, None)
+    status = VLLMDeploymentStatus.model_validate({"accelerator": {"type": "nvidia-l4-24gb", "count": 1}})
+    facts = accelerator_in_effect(spec, status)
+    assert facts is not None and facts.type == "nvidia-l4-24gb" and facts.is_gpu
+
+
+def test_settings_defaults_and_overrides() -> None:
+    d = settings.resolve(None)
+    assert (d.interval_s, d.stall_s, d.window_s, d.restart_budget, d.oom_count) == (30, 120, 600, 3, 2)
+    assert (d.length_share_watch, d.length_share_alert, d.kv_pressure) == (0.05, 0.20, 0.95)
+    assert d.stale_after_s == 60
+    spec = RemediationSpec.model_validate({"intervalSeconds": 10, "restartBudget": 0, "stepDown": False,
+                                           "thresholds": {"stallSeconds": 30, "oomCount": 3}})
+    s = settings.resolve(spec, interval_override=1)
+    assert (s.interval_s, s.restart_budget, s.step_down, s.stall_s, s.oom_count) == (1, 0, False, 30, 3)
+    assert s.stale_after_s == 15
