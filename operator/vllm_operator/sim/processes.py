@@ -109,12 +109,13 @@ def expand(text: str, env: Mapping[str, str]) -> str:
 
 def map_paths(text: str, mounts: Sequence[tuple[str, Path]]) -> str:
     """Rewrite container paths under a mount path (at the start of `text`, or after `=`, `:`, whitespace or a quote)
-    to the host path of that mount; the longest mount path wins."""
-    for mount, host in sorted(mounts, key=lambda m: -len(m[0])):
-        pattern = re.compile(r"(^|(?<=[=:\s\"']))" + re.escape(mount.rstrip("/")) + r"(?=/|$|[\s\"',])")
-        replacement = str(host).replace("\\", "\\\\")
-        text = pattern.sub(replacement, text)
-    return text
+    to the host path of that mount, in one pass (a host path is never rewritten again); the longest mount wins."""
+    if not mounts:
+        return text
+    hosts = {mount.rstrip("/") or "/": str(host) for mount, host in mounts}
+    alternatives = "|".join(re.escape(m) for m in sorted(hosts, key=len, reverse=True))
+    pattern = re.compile(r"(?:^|(?<=[=:\s\"']))(" + alternatives + r")(?=/|$|[\s\"',])")
+    return pattern.sub(lambda m: hosts[m.group(1)], text)
 
 
 def image_repository(image: str) -> str:

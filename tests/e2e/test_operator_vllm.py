@@ -1,0 +1,311 @@
+"""The whole loop with real engines: `examples/cpu-dev.yaml` applied to the simulated cluster becomes real vLLM servers
+(started from the operator's rendered pods by `sim.processes.ProcessRuntime`), a real router that discovers them
+through EndpointSlices, a real Prometheus scraping them, and the operator's health loop acting on what it sees.
+
+Started once for the module (`stack`): two engines and the router, ~1-2 min on 2 cores. Tests that need a healthy
+system start by waiting for it, so the fault tests (engine-core death, stall) run last and leave it healed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import tokenizers
+
+from tests.support.e2e_stack import (
+    EXAMPLE,
+    Stack,
+    Traffic,
+    cond,
+    counter,
+    engine_core_pid,
+    engine_url,
+    http_status,
+    metrics_text,
+    model_name,
+    router_metric,
+    running_stack,
+    the_plan,
+)
+from vllm_operator import constants
+from vllm_operator.sim.processes import descendants, process_argv
+
+pytestmark = pytest.mark.e2e
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("e2e"), tiny_model_dir) as s:
+        yield s
+
+
+@pytest.fixture
+def healthy(stack: Stack) -> Stack:
+    """The system Ready (a previous fault test may have left it healing)."""
+    stack.wait_ready()
+    return stack
+
+
+def client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.router_url() + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def engine_counter(stack: Stack, pool: str, name: str) -> float:
+    return counter(metrics_text(engine_url(stack, pool)), name)
+
+
+def prompt_of(tokenizer: tokenizers.Tokenizer, n_tokens: int) -> str:
+    """A completions prompt that the model's tokenizer (BOS included) turns into exactly n_tokens tokens."""
+    words = " ".join(f"w{i % 97}" for i in range(n_tokens * 2))
+    ids = tokenizer.encode(words, add_special_tokens=False).ids[: n_tokens - 1]
+    text = tokenizer.decode(ids)
+    assert len(tokenizer.encode(text).ids) == n_tokens, "prompt construction drifted"
+    return text
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+
+
+# -- 8: the planner's argv runs --------------------------------------------------------------------------------------
+
+
+def test_engine_processes_run_exactly_the_planned_argv(healthy: Stack) -> None:
+    planned = the_plan()
+    for pool in ("short", "long"):
+        container = healthy.engine(pool)
+        servers = [pid for pid in descendants(container.proc.pid)  # type: ignore[union-attr]
+                   if SERVER_MODULE in process_argv(pid)]
+        assert len(servers) == 1, f"one vLLM API server below the wrapper of {container.pod}"
+        argv = process_argv(servers[0])
+        model = str(healthy.model_dir)
+        expected_args = [a.replace("$(POD_IP)", container.ip) for a in planned.pools[pool].engine_args]
+        assert argv[1:] == ["-m", SERVER_MODULE, "--model", model, *expected_args]
+        assert f"--host={container.ip}" in argv and container.ip.startswith("127.")
+        assert container.env.get("POD_IP") == container.ip
+
+
+# -- 1: routing by length, through the real router, with the official client --------------------------------------
+
+
+def test_short_and_long_prompts_land_on_their_pools(healthy: Stack, tokenizer: tokenizers.Tokenizer) -> None:
+    oai = client(healthy)
+    threshold = the_plan().router.prompt_length_threshold
+    before = {p: engine_counter(healthy, p, "vllm:prompt_tokens_total") for p in ("short", "long")}
+
+    raw = oai.completions.with_raw_response.create(model=model_name(), prompt=prompt_of(tokenizer, 20), max_tokens=4)
+    short = raw.parse()
+    assert raw.headers["x-vllm-operator-pool"] == "short"
+    assert short.usage is not None and short.usage.prompt_tokens == 20 and short.choices[0].text is not None
+    mid = {p: engine_counter(healthy, p, "vllm:prompt_tokens_total") for p in ("short", "long")}
+    assert (mid["short"] - before["short"], mid["long"] - before["long"]) == (20, 0)
+
+    n_long = threshold + 100
+    raw = oai.completions.with_raw_response.create(model=model_name(), prompt=prompt_of(tokenizer, n_long),
+                                                   max_tokens=4)
+    long = raw.parse()
+    assert raw.headers["x-vllm-operator-pool"] == "long"
+    assert long.usage is not None and long.usage.prompt_tokens == n_long
+    after = {p: engine_counter(healthy, p, "vllm:prompt_tokens_total") for p in ("short", "long")}
+    assert (after["short"] - mid["short"], after["long"] - mid["long"]) == (0, n_long)
+
+    chat = oai.chat.completions.with_raw_response.create(
+        model=model_name(), messages=[{"role": "user", "content": "Hello there"}], max_tokens=3)
+    assert chat.headers["x-vllm-operator-pool"] == "short" and chat.parse().choices[0].message is not None
+
+
+# -- 7: planned vs observed KV tokens ---------------------------------------------------------------------------------
+
+
+def test_planned_and_observed_kv_tokens_agree(healthy: Stack) -> None:
+    def both() -> dict[str, Any] | None:
+        pools = healthy.obj().get("status", {}).get("pools", {})
+        ok = all(pools.get(p, {}).get("observedKVTokens") and pools.get(p, {}).get("plannedKVTokens")
+                 for p in ("short", "long"))
+        return pools if ok else None
+
+    pools = healthy.wait(both, 90, what="observedKVTokens and plannedKVTokens in status for both pools")
+    for pool in ("short", "long"):
+        planned, observed = pools[pool]["plannedKVTokens"], pools[pool]["observedKVTokens"]
+        assert abs(observed - planned) <= 0.05 * planned, (pool, planned, observed)
+        text = metrics_text(engine_url(healthy, pool))
+        info = next(line for line in text.splitlines() if re.match(r"^vllm[:_]cache_config_info\{", line))
+        assert f'kv_cache_size_tokens="{observed}"' in info, "status carries what the engine reports"
+
+
+# -- 2: the runaway fuse ----------------------------------------------------------------------------------------------
+
+
+def test_runaway_fuse_router_defaults_caps_and_engine_side_fuse(healthy: Stack) -> None:
+    tier = the_plan().router.tiers[0]
+    oai = client(healthy)
+    no_eos = {"ignore_eos": True}
+    chat = oai.chat.completions.create(model=model_name(), messages=[{"role": "user", "content": "Go on forever."}],
+                                       extra_body=no_eos)
+    assert chat.usage is not None and chat.usage.completion_tokens == tier.default_max_tokens
+    assert chat.choices[0].finish_reason == "length"
+    comp = oai.completions.create(model=model_name(), prompt="Once upon a time", extra_body=no_eos)
+    assert comp.usage is not None and comp.usage.completion_tokens == tier.default_max_tokens, "not vLLM's 16"
+
+    long_before = engine_counter(healthy, "long", "vllm:generation_tokens_total")
+    raw = oai.chat.completions.with_raw_response.create(
+        model=model_name(), messages=[{"role": "user", "content": "More."}], max_tokens=100_000, extra_body=no_eos)
+    clamped = raw.parse()
+    assert clamped.usage is not None and clamped.usage.completion_tokens == tier.max_tokens
+    assert raw.headers["x-vllm-operator-max-tokens"] == str(tier.max_tokens)
+    assert raw.headers["x-vllm-operator-pool"] == "long", "above the short pool's fuse"
+    assert engine_counter(healthy, "long", "vllm:generation_tokens_total") - long_before == tier.max_tokens
+
+    # The router bypassed: each engine's own fuse (--override-generation-config max_new_tokens) holds.
+    for pool in ("short", "long"):
+        fuse = the_plan().pools[pool].max_tokens
+        direct = openai.OpenAI(base_url=engine_url(healthy, pool) + "/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        unbounded = direct.chat.completions.create(
+            model=model_name(), messages=[{"role": "user", "content": "Never stop."}], extra_body=no_eos)
+        assert unbounded.usage is not None and unbounded.usage.completion_tokens == fuse, pool
+        over = direct.chat.completions.create(
+            model=model_name(), messages=[{"role": "user", "content": "Never stop."}], max_tokens=fuse + 500,
+            extra_body=no_eos)
+        assert over.usage is not None and over.usage.completion_tokens == fuse, pool
+
+
+# -- 3: over-limit prompts never reach an engine ----------------------------------------------------------------------
+
+
+def test_over_limit_prompt_gets_the_routers_400_and_no_engine_sees_it(healthy: Stack,
+                                                                      tokenizer: tokenizers.Tokenizer) -> None:
+    limit = the_plan().router.pools.long.max_model_len
+    names_ = ("vllm:prompt_tokens_total", "vllm:request_success_total")
+    before = {p: [engine_counter(healthy, p, n) for n in names_] for p in ("short", "long")}
+    n_tokens = limit + 10
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(healthy).completions.create(model=model_name(), prompt=prompt_of(tokenizer, n_tokens), max_tokens=4)
+    error = caught.value
+    assert error.status_code == 400 and error.code == "context_length_exceeded"
+    assert str(n_tokens) in error.message and str(limit) in error.message, error.message
+    assert error.response.headers["x-vllm-operator-prompt-tokens"] == str(n_tokens)
+    after = {p: [engine_counter(healthy, p, n) for n in names_] for p in ("short", "long")}
+    assert after == before, "an engine saw the refused prompt"
+    refusals = counter(metrics_text(healthy.router_url()), "vllm_operator_router_refusals_total",
+                       reason="prompt_too_long")
+    assert refusals >= 1
+
+
+# -- 6: runaway share -> condition and event --------------------------------------------------------------------------
+
+
+def test_traffic_hitting_the_cap_raises_runaway_generation(healthy: Stack) -> None:
+    oai = client(healthy)
+    for i in range(12):
+        done = oai.completions.create(model=model_name(), prompt=f"Count to infinity {i}", max_tokens=8,
+                                      extra_body={"ignore_eos": True})
+        assert done.choices[0].finish_reason == "length"
+
+    def raised() -> dict[str, Any] | None:
+        runaway = cond(healthy.obj(), constants.COND_RUNAWAY)
+        return runaway if runaway.get("status") == "True" else None
+
+    runaway = healthy.wait(raised, 120, interval=1.0, what="RunawayGeneration=True")
+    assert "length" in runaway.get("message", "") or runaway.get("reason"), runaway
+    reasons = {e.get("reason") for e in healthy.events()}
+    assert f"{constants.COND_RUNAWAY}True" in reasons, sorted(r for r in reasons if r)
+
+
+# -- 4 and 5: faults -------------------------------------------------------------------------------------------------
+
+
+def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
+    pool = "short"
+    container = healthy.engine(pool)
+    pod = container.pod
+    restarts = container.restart_count
+    ejections = router_metric(healthy, "vllm_operator_router_ejections_total", pool=pool)
+    with Traffic(healthy) as traffic:
+        healthy.wait(lambda: any(p == pool for _, s, p in traffic.results if s == 200), 60, what="traffic on short")
+        core = engine_core_pid(healthy, pool)
+        killed = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+        healthy.wait(lambda: http_status(engine_url(healthy, pool) + "/health") in (503, None), 30, interval=0.05,
+                     what="/health 503")
+        unhealthy = time.monotonic()
+        healthy.wait(lambda: router_metric(healthy, "vllm_operator_router_ejections_total", pool=pool) > ejections,
+                     60, interval=0.1, what="router ejected the engine")
+        ejected = time.monotonic()
+        errors_at_ejection = router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool)
+        healthy.wait(lambda: container.restart_count > restarts, 60, interval=0.2, what="vLLM exited")
+        healthy.wait(lambda: any(e["event"] == "ready" and e["t"] > killed for e in container.history),
+                     300, interval=0.5, what="restarted container ready")
+        healthy.wait(lambda: any(t > killed and s == 200 and p == pool for t, s, p in traffic.results), 120,
+                     interval=0.2, what="short pool serving again")
+        serving = min(t for t, s, p in traffic.results if t > killed and s == 200 and p == pool)
+    assert router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool) == errors_at_ejection, \
+        "a request was sent to the engine between its ejection and its readiness"
+    failed = [(round(t - killed, 2), s) for t, s, _ in traffic.results if t > ejected and s != 200]
+    assert failed == [], f"requests failed after the ejection (short prompts fall back to the long pool): {failed}"
+    assert any(killed < t < serving and s == 200 and p == "long" for t, s, p in traffic.results), \
+        "while ejected, short prompts were served by the long pool"
+
+    exited = container.last_terminated or {}
+    assert exited.get("exitCode") == 88 and '"reason":"EngineDead"' in exited.get("message", ""), exited
+    status = next(p for p in healthy.pods(pool) if p["metadata"]["name"] == pod)["status"]["containerStatuses"][0]
+    assert status["restartCount"] == restarts + 1
+    assert status["lastState"]["terminated"]["exitCode"] == 88
+    assert "EngineDead" in status["lastState"]["terminated"]["message"]
+    healthy.wait(lambda: "ObservedEngineDead" in {e.get("reason") for e in healthy.events()}, 60,
+                 what="the operator observed the EngineDead termination")
+    record("engine core SIGKILL", {"health_503_s": unhealthy - killed, "router_ejected_s": ejected - killed,
+                                   "serving_again_s": serving - killed})
+
+
+def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -> None:
+    pool = "short"
+    thresholds = EXAMPLE["spec"]["remediation"]["thresholds"]
+    window = thresholds["stallSeconds"] + thresholds["windowSeconds"]
+    container = healthy.engine(pool)
+    pod = container.pod
+    with Traffic(healthy, max_tokens=120, threads=2, timeout=30) as traffic:
+        def running() -> bool:
+            return counter(metrics_text(engine_url(healthy, pool)), "vllm:num_requests_running") > 0
+
+        healthy.wait(running, 60, interval=0.1, what="requests running on the short engine")
+        core = engine_core_pid(healthy, pool)
+        stopped = time.monotonic()
+        os.kill(core, signal.SIGSTOP)
+        try:
+            def gone() -> bool:
+                return pod not in {p["metadata"]["name"] for p in healthy.pods(pool)}
+
+            healthy.wait(gone, window + 30, interval=0.25, what=f"Stalled pod {pod} deleted")
+            deleted = time.monotonic()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core, signal.SIGCONT)
+        assert deleted - stopped <= window, f"deleted after {deleted - stopped:.1f} s, window {window} s"
+        reasons = [e for e in healthy.events() if e.get("reason") == "RestartedStalledPod"]
+        assert reasons and pod in reasons[-1].get("message", ""), reasons
+        healthy.wait(lambda: len(healthy.pods(pool)) == 1 and healthy.pods(pool)[0]["metadata"]["name"] != pod
+                     and cond(healthy.pods(pool)[0], "Ready").get("status") == "True", 300, interval=1.0,
+                     what="replacement pod Ready")
+        healthy.wait(lambda: any(t > deleted and s == 200 and p == pool for t, s, p in traffic.results), 120,
+                     interval=0.2, what="short pool serving again")
+        serving = min(t for t, s, p in traffic.results if t > deleted and s == 200 and p == pool)
+    obj = healthy.obj()
+    assert obj["status"]["pools"][pool]["restartBudget"]["used"] >= 1
+    record("engine core SIGSTOP", {"pod_deleted_s": deleted - stopped, "serving_again_s": serving - stopped})
+
+
+def record(fault: str, seconds: dict[str, float]) -> None:
+    """Print fault timings (the figures in benchmarks/e2e/README.md come from benchmarks/e2e/faults.py)."""
+    print(f"{fault}: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
