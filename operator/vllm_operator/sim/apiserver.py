@@ -39,7 +39,7 @@ import kmock
 import yaml
 from kmock._internal import apps, parsing, rendering
 
-from vllm_operator.sim import builtin, builtin_admission, errors, patching, selectors
+from vllm_operator.sim import applying, builtin, builtin_admission, errors, patching, selectors
 from vllm_operator.sim.crds import CRD_RESOURCE, CustomResourceDefinition, parse_crd
 from vllm_operator.sim.errors import ApiError, FieldCause
 from vllm_operator.sim.faults import Fault, FaultHook
@@ -127,6 +127,7 @@ class ApiServer(kmock.KubernetesEmulator):
     _builtin_payloads: int = attrs.field(default=0, init=False)
     _index: dict[kmock.resource, dict[ObjKey, None]] = attrs.field(factory=dict, init=False)
     _cluster_ips: set[str] = attrs.field(factory=set, init=False)
+    _apply_owners: dict[str, applying.Owners] = attrs.field(factory=dict, init=False)
     _next_ip: int = attrs.field(default=10, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -821,14 +822,7 @@ class ApiServer(kmock.KubernetesEmulator):
         key = self._key(res, request.namespace, request.name)
         current = self._current(key)
         if content_type == patching.APPLY_PATCH:
-            if not request.params.get("fieldManager"):
-                raise errors.invalid("PatchOptions", "meta.k8s.io", "", [FieldCause(
-                    "fieldManager", "FieldValueRequired", "Required value: is required for apply patch")])
-            if current is None and not sub:
-                if not isinstance(patch, dict):
-                    raise errors.bad_request("apply patch must be an object")
-                patch.setdefault("metadata", {})["name"] = request.name
-                return await self._create(res, request, body=patch)
+            return await self._server_side_apply(res, request, key, current, patch, sub)
         if current is None:
             raise errors.not_found(res.plural or "", res.group or "", request.name)
         if sub == "scale":
@@ -849,6 +843,48 @@ class ApiServer(kmock.KubernetesEmulator):
         if patched_rv is not None and str(patched_rv) != current["metadata"]["resourceVersion"]:
             raise errors.conflict(res.plural or "", res.group or "", request.name)
         return await self._update(res, key, current, patched, request, sub)
+
+    async def _server_side_apply(self, res: kmock.resource, request: rendering.Request, key: ObjKey,
+                                 current: dict[str, Any] | None, applied: Any, sub: str) -> rendering.Response:
+        assert request.name is not None
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise errors.invalid("PatchOptions", "meta.k8s.io", "", [FieldCause(
+                "fieldManager", "FieldValueRequired", "Required value: is required for apply patch")])
+        if not isinstance(applied, dict):
+            raise errors.bad_request("an apply patch must be an object (JSON or YAML)")
+        if sub and sub != "status":
+            raise errors.no_route()
+        if current is None:
+            if sub:
+                raise errors.not_found(res.plural or "", res.group or "", request.name)
+            body = copy.deepcopy(applied)
+            body.setdefault("metadata", {})["name"] = request.name
+            reply = await self._create(res, request, body=body)
+            if isinstance(reply.payload, dict):
+                self._apply_owners[reply.payload["metadata"]["uid"]] = {manager: set(applying.leaf_paths(applied))}
+            return reply
+        uid = str(current["metadata"].get("uid"))
+
+        def merge(target: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+            if self._crd_for(res) is None:
+                return cast(dict[str, Any], patching.strategic_merge_patch(target, config))
+            return cast(dict[str, Any], patching.merge_patch(target, config))
+
+        try:
+            patched, owners = applying.apply(current, applied, manager, self._apply_owners.get(uid, {}),
+                                             force=request.params.get("force") == "true", merge=merge)
+        except applying.ApplyConflict as exc:
+            raise ApiError(409, "Conflict", str(exc), {
+                "name": request.name, "kind": res.plural, **({"group": res.group} if res.group else {}),
+                "causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}"',
+                            "field": "." + ".".join(path)} for m, path in exc.conflicts]}) from exc
+        patched_rv = (patched.get("metadata") or {}).get("resourceVersion")
+        if patched_rv is not None and str(patched_rv) != current["metadata"]["resourceVersion"]:
+            raise errors.conflict(res.plural or "", res.group or "", request.name)
+        reply = await self._update(res, key, current, patched, request, sub)
+        self._apply_owners[uid] = owners
+        return reply
 
     def _apply_patch(self, content_type: str, target: dict[str, Any], patch: Any) -> Any:
         if content_type == patching.JSON_PATCH:
@@ -963,6 +999,7 @@ class ApiServer(kmock.KubernetesEmulator):
         old = self._current(key)
         self._objects[key].delete()
         self._uids.pop(final["metadata"].get("uid", ""), None)
+        self._apply_owners.pop(str(final["metadata"].get("uid", "")), None)
         await self._emit(res, "DELETED", copy.deepcopy(final), old)
         if (res.group or "", res.plural or "") == CRD_RESOURCE:
             self._unregister_crd(final)
