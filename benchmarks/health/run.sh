@@ -8,5 +8,5 @@ cd "$(dirname "$0")/../.."
 out=benchmarks/health/results.jsonl
 rm -f "$out"
 HEALTH_TIMINGS="$PWD/$out" .venv/bin/pytest -q -p no:cacheprovider -s \
-  tests/integration/health tests/e2e/engine ${1:+-k "$1"} | grep -E "fault->detection|passed|failed" || true
+  tests/integration/health tests/e2e/engine tests/e2e/health ${1:+-k "$1"} | grep -E "fault->detection|passed|failed" || true
 .venv/bin/python benchmarks/health/summarize.py "$out"

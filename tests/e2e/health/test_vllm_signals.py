@@ -1,0 +1,137 @@
+"""The health loop's metric signals against a REAL vLLM on CPU scraped by a real Prometheus.
+
+One engine, labelled with the label contract through a file_sd target, under traffic from a thread. The loop's own
+`read_metrics -> diagnose` must see: fresh samples and vLLM's own KV cache size (`vllm:cache_config_info`), every
+finished request ending at max_tokens as RunawayGeneration (vLLM's real `finished_reason="length"`), and an engine
+core frozen with SIGSTOP while requests run as Stalled — `/health` stays 200 meanwhile, which is why nothing but the
+operator catches it. Detection times are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import vllm_cpu
+from tests.support.health_harness import record_timing
+from tests.support.prometheus import Prometheus, Target, running_prometheus
+from vllm_operator.health.diagnose import Diagnosis, State, diagnose
+from vllm_operator.health.settings import HealthSettings
+from vllm_operator.health.snapshot import PoolFacts, Snapshot, format_time, pod_facts
+from vllm_operator.health.source import PrometheusSource, read_metrics
+
+pytestmark = pytest.mark.e2e
+NS, DEP, POD = "e2e", "tiny", "tiny-short-0"
+SETTINGS = HealthSettings(interval_s=1, stall_s=4, window_s=10, min_finished=5)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vllm_cpu.make_model("tiny", tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Iterator[vllm_cpu.VllmServer]:
+    with vllm_cpu.running_vllm(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048",
+                                           "--served-model-name=tiny"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prom(engine: vllm_cpu.VllmServer) -> Iterator[Prometheus]:
+    with running_prometheus() as p:
+        p.set_targets([Target(f"{engine.host}:{engine.port}",
+                              {"namespace": NS, "vllmdeployment": DEP, "pool": "short", "pod": POD})])
+        yield p
+
+
+class Traffic:
+    """Two client threads sending completions that always end at max_tokens (ignore_eos)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
+
+    def _run(self) -> None:
+        body = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 24, "ignore_eos": True}).encode()
+        while not self.stop.is_set():
+            req = urllib.request.Request(f"{self.url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(req, timeout=120).read()
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=150)
+
+
+def pod() -> dict[str, object]:
+    now = time.time()
+    return {"metadata": {"name": POD, "uid": "u", "namespace": NS, "labels": {"vllm-operator.dev/pool": "short"}},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 0,
+                                              "state": {"running": {"startedAt": format_time(now - 3600)}}}]}}
+
+
+async def check(source: PrometheusSource) -> Diagnosis:
+    metrics = await read_metrics(source, NS, DEP, SETTINGS)
+    snap = Snapshot(namespace=NS, deployment=DEP, taken_at=time.time(), pools={"short": PoolFacts("short", 1)},
+                    pods=(pod_facts(pod()),), metrics=metrics)
+    return diagnose(snap, SETTINGS)
+
+
+async def until(source: PrometheusSource, predicate: object, timeout: float = 90.0) -> tuple[Diagnosis, float]:
+    started = time.monotonic()
+    last: Diagnosis | None = None
+    while time.monotonic() - started < timeout:
+        last = await check(source)
+        if predicate(last):  # type: ignore[operator]
+            return last, time.monotonic() - started
+        await asyncio.sleep(0.5)
+    pool = last.pools["short"] if last else None
+    raise AssertionError(f"not reached in {timeout}s: {pool.state if pool else None} {pool.message if pool else ''}")
+
+
+async def test_real_engine_signals(engine: vllm_cpu.VllmServer, prom: Prometheus) -> None:
+    source = PrometheusSource(prom.url)
+    with Traffic(engine.url):
+        diag, _ = await until(source, lambda d: d.metrics_available and d.pools["short"].pods[0].metrics_fresh)
+        info = next(line for line in engine.metrics_text().splitlines() if line.startswith("vllm:cache_config_info{"))
+        tokens = vllm_cpu.metric_labels(info)["kv_cache_size_tokens"]
+        assert diag.pools["short"].observed_kv_tokens == int(tokens)
+
+        _, took = await until(source, lambda d: State.RUNAWAY_GENERATION in d.pools["short"].states)
+        record_timing("RunawayGeneration (real vLLM, every request ends at max_tokens)", took, tier="real vLLM CPU",
+                      window_s=SETTINGS.window_s)
+
+        core = engine.engine_core_pid()
+        os.kill(core, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            diag, took = await until(source, lambda d: d.pools["short"].pods[0].state is State.STALLED)
+            record_timing("Stalled (real vLLM, engine core SIGSTOP)", took, tier="real vLLM CPU",
+                          stall_s=SETTINGS.stall_s)
+            assert engine.health_status() == 200, "a frozen engine core still answers /health: only the loop sees it"
+            assert "requests running" in diag.pools["short"].pods[0].message
+        finally:
+            os.kill(core, signal.SIGCONT)
+        _, took = await until(source, lambda d: d.pools["short"].pods[0].state is State.HEALTHY)
+        record_timing("Stalled -> Healthy after SIGCONT (real vLLM)", took, tier="real vLLM CPU")
+        assert time.monotonic() - frozen > SETTINGS.stall_s
