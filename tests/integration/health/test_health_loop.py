@@ -330,3 +330,24 @@ async def test_a_decision_on_a_stale_status_is_not_acted_on(cluster: SimCluster)
         assert engine_args(await kube.get(DEPLOYMENTS, NS, dep_name)) != before
     finally:
         kube.close()
+
+
+async def test_quiet_checks_write_nothing(cluster: SimCluster) -> None:
+    """Once the health loop has said its piece, checks on an unchanged, healthy deployment make zero writes."""
+    async with running_operator(cluster, health_enabled=True, health_interval_override=1.0) as kube:
+        await kube.create(VLLM_DEPLOYMENTS, NS, chat())
+
+        async def settled() -> dict[str, Any] | None:
+            obj = await ready_obj(kube)
+            return obj if cond(obj, constants.COND_METRICS_AVAILABLE).get("reason") == "PrometheusNotConfigured" \
+                and cond(obj, constants.COND_DEGRADED).get("status") == "False" else None
+
+        await eventually(settled, timeout=30)
+        await asyncio.sleep(2)  # let the last in-flight check land
+        before = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        events_before = len(await kube.list(EVENTS, NS))
+        await asyncio.sleep(5)  # five checks
+        after = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
+        assert before is not None and after is not None
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert len(await kube.list(EVENTS, NS)) == events_before
