@@ -140,7 +140,12 @@ async def _patch_status(kube: KubeApi, obj: Mapping[str, Any], prev: VLLMDeploym
     if before == after:
         return False
     meta = obj["metadata"]
-    await kube.patch_status(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"], {"status": after})
+    body: dict[str, Any] = {"status": after}
+    if meta.get("resourceVersion"):
+        # Optimistic concurrency: the controller, the Deployment watch and the health loop all write status; a
+        # writer that read a stale object gets 409 and recomputes instead of overwriting newer conditions.
+        body["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+    await kube.patch_status(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"], body)
     return True
 
 
@@ -276,10 +281,29 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
     return status
 
 
-async def refresh_status(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
-    """Cheap status refresh after an owned Deployment changed: replan (pure) and re-read Deployments only."""
+async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *, attempts: int = 3) -> bool:
+    """Cheap status refresh after an owned Deployment changed: replan (pure) and re-read Deployments only.
+
+    A 409 (someone wrote status since `obj` was read) re-reads the object and tries again.
+    """
+    for _ in range(attempts - 1):
+        try:
+            return await _refresh_status_once(kube, obj)
+        except KubeError as err:
+            if not err.conflict:
+                raise
+            fresh = await kube.get(VLLM_DEPLOYMENTS, obj["metadata"]["namespace"], obj["metadata"]["name"])
+            if fresh is None:
+                return False
+            obj = fresh
+    return await _refresh_status_once(kube, obj)
+
+
+async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
     meta = obj["metadata"]
     prev = _current_status(obj)
+    if prev is None or prev.observed_generation != meta.get("generation"):
+        return False  # this generation is not reconciled yet: the lifecycle handler will write status
     try:
         resource = parse_resource(dict(obj))
         accelerator, _ = await resolve_accelerator(kube, resource.spec)
@@ -289,8 +313,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
         return False  # the spec is refused; the lifecycle handler owns that status
     children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
                 for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
-    monitoring = conditions.get_condition(prev, constants.COND_METRICS_AVAILABLE)
-    has_monitoring = not (monitoring and monitoring.reason == "PrometheusOperatorMissing")
+    has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     new = _status_from_children(prev, the_plan, children, meta.get("generation"), now_rfc3339(), has_monitoring)
     return await _patch_status(kube, obj, prev, new)
 
