@@ -14,6 +14,8 @@ import logging
 import pathlib
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pydantic
 
@@ -80,10 +82,11 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"vllm-operator router: {err}", file=sys.stderr)
         return 2
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop  # type: ignore[import-not-found,unused-ignore]
 
-        runner = uvloop.run
+        runner = uvloop.run  # an optional speed-up (about 10-15 % per request), not a requirement
     except ImportError:
         runner = asyncio.run
     try:
