@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -261,6 +262,16 @@ def engine_core_pid(stack: Stack, pool: str) -> int:
     raise LookupError(f"no {ENGINE_CORE_TITLE.decode()} below the wrapper of {container.pod}")
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One request of `Traffic`: when it was sent and answered (monotonic), its status (0: no answer) and pool."""
+
+    sent: float
+    answered: float
+    status: int
+    pool: str
+
+
 class Traffic:
     """Short prompts through the router from a background thread; every answer recorded with its time and pool."""
 
@@ -268,28 +279,35 @@ class Traffic:
         self.url = stack.router_url()
         self.max_tokens = max_tokens
         self.timeout = timeout
-        self.results: list[tuple[float, int, str]] = []  # (monotonic time answered, status, pool header)
+        self.results: list[Answer] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
 
     def _loop(self) -> None:
         oai = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=self.timeout)
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 raw = oai.completions.with_raw_response.create(model=model_name(), prompt="Hello short pool",
                                                                max_tokens=self.max_tokens,
                                                                extra_body={"ignore_eos": True})
-                self.results.append((time.monotonic(), raw.status_code, raw.headers.get("x-vllm-operator-pool", "")))
+                self.results.append(Answer(sent, time.monotonic(), raw.status_code,
+                                           raw.headers.get("x-vllm-operator-pool", "")))
             except openai.APIStatusError as err:
-                self.results.append((time.monotonic(), err.status_code, ""))
+                self.results.append(Answer(sent, time.monotonic(), err.status_code, ""))
             except openai.APIError:
-                self.results.append((time.monotonic(), 0, ""))
+                self.results.append(Answer(sent, time.monotonic(), 0, ""))
             time.sleep(0.1)
 
     def __enter__(self) -> Traffic:
         for t in self._threads:
             t.start()
         return self
+
+    def first(self, after: float, pool: str) -> float | None:
+        """When the first request sent after `after` was answered 200 by `pool` (None: not yet)."""
+        times = [a.answered for a in list(self.results) if a.sent > after and a.status == 200 and a.pool == pool]
+        return min(times) if times else None
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
