@@ -40,7 +40,7 @@ from tests.support.e2e_stack import (
 from vllm_operator import constants
 from vllm_operator.sim.processes import descendants, process_argv
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # start-up and healing of real engines on 2 cores
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
