@@ -168,14 +168,13 @@ def _patch_body(desired: Mapping[str, Any], external_autoscaler_names: set[str])
 
 
 async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manifests: list[dict[str, Any]],
-                    monitoring: bool, outcome: ReconcileOutcome) -> dict[tuple[str, str, str], dict[str, Any]]:
+                    monitoring: bool, outcome: ReconcileOutcome) -> None:
     meta = obj["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     existing = await _existing_children(kube, namespace, name, monitoring)
     autoscaled = {m["metadata"]["name"] for m in manifests if m["kind"] == DEPLOYMENTS.kind
                   and m["metadata"].get("labels", {}).get(constants.LABEL_POOL) in
                   {p.name for p in the_plan.pools.values() if p.external_autoscaler}}
-    current: dict[tuple[str, str, str], dict[str, Any]] = {}
     wanted: set[tuple[str, str, str]] = set()
     for rendered in manifests:
         res = resource_of(rendered)
@@ -186,7 +185,7 @@ async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manif
         label = f"{res.kind} {namespace}/{desired['metadata']['name']}"
         if have is None:
             try:
-                current[key] = await kube.create(res, namespace, desired)
+                await kube.create(res, namespace, desired)
                 outcome.created.append(label)
                 continue
             except KubeError as err:
@@ -196,17 +195,14 @@ async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manif
                 if have is None:
                     raise
         if spec_hash(have) == spec_hash(desired) and is_owned_by(have, uid):
-            current[key] = have
             continue
-        current[key] = await kube.patch(res, namespace, desired["metadata"]["name"],
-                                        _patch_body(desired, autoscaled))
+        await kube.patch(res, namespace, desired["metadata"]["name"], _patch_body(desired, autoscaled))
         outcome.updated.append(label)
     for key, have in existing.items():
         if key not in wanted and is_owned_by(have, uid):
             res = CHILD_RESOURCES[(key[0], key[1])]
             await kube.delete(res, namespace, key[2], uid=have["metadata"].get("uid"))
             outcome.deleted.append(f"{res.kind} {namespace}/{key[2]}")
-    return current
 
 
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None
@@ -240,7 +236,11 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     manifests = [m for m in render(the_plan, resource.spec)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
-    current = await _converge(kube, obj, the_plan, manifests, monitoring, outcome)
+    await _converge(kube, obj, the_plan, manifests, monitoring, outcome)
+    # Status comes from a fresh list, not from create/patch responses: pods may have become ready meanwhile, and
+    # if a Deployment event's refresh wrote status since `obj` was read, this write gets 409 and the retry re-reads.
+    current = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
+               for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
     for verb, items in (("Created", outcome.created), ("Updated", outcome.updated), ("Deleted", outcome.deleted)):
         for item in items:
             log.info("%s %s for VLLMDeployment %s/%s", verb, item, meta["namespace"], meta["name"])
@@ -302,8 +302,6 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *, attempts: int
 async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
     meta = obj["metadata"]
     prev = _current_status(obj)
-    if prev is None or prev.observed_generation != meta.get("generation"):
-        return False  # this generation is not reconciled yet: the lifecycle handler will write status
     try:
         resource = parse_resource(dict(obj))
         accelerator, _ = await resolve_accelerator(kube, resource.spec)
@@ -314,7 +312,9 @@ async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
     children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
                 for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
     has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    new = _status_from_children(prev, the_plan, children, meta.get("generation"), now_rfc3339(), has_monitoring)
+    # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile does.
+    observed = prev.observed_generation if prev else None
+    new = _status_from_children(prev, the_plan, children, observed, now_rfc3339(), has_monitoring)
     return await _patch_status(kube, obj, prev, new)
 
 

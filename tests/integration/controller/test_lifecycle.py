@@ -41,7 +41,10 @@ async def children(kube: ClientKubeApi, ns: str, name: str) -> dict[tuple[str, s
 
 
 async def ready(kube: ClientKubeApi, ns: str, name: str) -> dict[str, Any] | None:
+    """The object once its current generation is reconciled and Ready."""
     obj = await kube.get(VLLM_DEPLOYMENTS, ns, name)
+    if obj is None or obj.get("status", {}).get("observedGeneration") != obj["metadata"].get("generation"):
+        return None
     return obj if cond(obj, constants.COND_READY).get("status") == "True" else None
 
 
