@@ -64,9 +64,11 @@ def router_config(short: Sequence[str] = (), long: Sequence[str] = (), **overrid
             "long": {"enabled": True, "maxModelLen": 1000, "maxTokens": 64, "endpoints": list(long)},
         },
         "tokenizer": {},
-        "timeouts": {"connectSeconds": 1, "firstByteSeconds": 5, "idleSeconds": 5, "totalSeconds": 20},
+        # Generous where a test does not probe the limit itself: on a loaded 2-core CI machine an event loop can
+        # stall for a second, and a health poll or connect timing out then ejects a healthy fake engine.
+        "timeouts": {"connectSeconds": 5, "firstByteSeconds": 5, "idleSeconds": 5, "totalSeconds": 20},
         "maxBodyBytes": 65536,
-        "health": {"intervalSeconds": 0.2, "timeoutSeconds": 0.5},
+        "health": {"intervalSeconds": 0.2, "timeoutSeconds": 5},
     }
     for key, value in overrides.items():
         target = wire
