@@ -11,6 +11,7 @@ Steps (each one engine start; see benchmarks/gpu/README.md for which call runs w
   short     plan default, pool short: split short share
   tuned     plan tuned (smaller max_num_batched_tokens), pool long: unified-tuned share 0 and share 1
   bf16      plan bf16 (long pool with a bf16 KV cache): KV accuracy only, no traffic
+  seqs64    plan seqs64 (long pool with --max-num-seqs 64), pool long: unified-seqs64 share 0 and share 1
 Every step records the planned vs observed KV cache of its engine.
 Layout summaries are merged from the shares that exist so far (`loadgen.py summarize`).
 
@@ -101,9 +102,10 @@ STEPS = {
     "short": Step("default", "short", (Run("split-short", "split", 0),)),
     "tuned": Step("tuned", "long", (Run("tuned-r0", "unified", 0), Run("tuned-r1", "unified", 1))),
     "bf16": Step("bf16", "long", ()),
+    "seqs64": Step("seqs64", "long", (Run("seqs64-r0", "unified", 0), Run("seqs64-r1", "unified", 1))),
 }  # fmt: skip
 LAYOUTS = {"unified": ("unified-r0", "unified-r1"), "split": ("split-short", "split-long"),
-           "unified-tuned": ("tuned-r0", "tuned-r1")}  # fmt: skip
+           "unified-tuned": ("tuned-r0", "tuned-r1"), "unified-seqs64": ("seqs64-r0", "seqs64-r1")}  # fmt: skip
 
 
 def log(msg: str) -> None:

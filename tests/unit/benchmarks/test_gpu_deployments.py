@@ -47,6 +47,7 @@ def test_baseline_is_an_h200_with_engine_0_26() -> None:
     [
         pytest.param("tuned", "spec.pools.long.maxNumBatchedTokens", 2048, id="tuned-chunked-prefill"),
         pytest.param("bf16", "spec.pools.long.kvCacheDtype", "auto", id="bf16-kv"),
+        pytest.param("seqs64", "spec.pools.long.maxNumSeqs", 64, id="more-sequences"),
     ],
 )
 def test_variant_changes_one_knob(variant: str, field: str, value: Any) -> None:
@@ -64,7 +65,7 @@ def planned(name: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     return plan
 
 
-@pytest.mark.parametrize("name", ["default", "tuned", "bf16"])
+@pytest.mark.parametrize("name", ["default", "tuned", "bf16", "seqs64"])
 def test_planner_output_becomes_a_gpu_command(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     plan = planned(name, capsys)
     for pool in ("short", "long"):
@@ -83,6 +84,7 @@ def test_planner_output_becomes_a_gpu_command(name: str, capsys: pytest.CaptureF
     [
         pytest.param("tuned", "--max-num-batched-tokens", id="tuned"),
         pytest.param("bf16", "--kv-cache-dtype", id="bf16"),
+        pytest.param("seqs64", "--max-num-seqs", id="seqs64"),
     ],
 )
 def test_variant_commands_differ_in_one_flag(variant: str, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
