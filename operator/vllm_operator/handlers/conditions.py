@@ -6,14 +6,13 @@ desired ready count") are unit-testable as tables, and so the health loop can re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from vllm_operator import constants
+from vllm_operator.api.conditions import get_condition, set_condition
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.status import (
-    Condition,
-    ConditionStatus,
     PlanSummary,
     PoolPlanSummary,
     PoolsStatus,
@@ -21,35 +20,6 @@ from vllm_operator.api.status import (
     ResolvedAccelerator,
     VLLMDeploymentStatus,
 )
-
-
-def set_condition(conditions: Iterable[Condition], type_: str, status: bool | ConditionStatus, reason: str,
-                  message: str, *, generation: int | None, now: str) -> list[Condition]:
-    """Conditions with `type_` set; lastTransitionTime moves only when the status value changes."""
-    value = status if isinstance(status, ConditionStatus) else (
-        ConditionStatus.TRUE if status else ConditionStatus.FALSE)
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        since = cond.last_transition_time if cond.status == value else now
-        out.append(Condition(type=type_, status=value, reason=reason, message=message,
-                             last_transition_time=since, observed_generation=generation))
-    if not found:
-        out.append(Condition(type=type_, status=value, reason=reason, message=message,
-                             last_transition_time=now, observed_generation=generation))
-    order = {t: i for i, t in enumerate(constants.CONDITION_TYPES)}
-    return sorted(out, key=lambda c: order.get(c.type, len(order)))
-
-
-def get_condition(status: VLLMDeploymentStatus | None, type_: str) -> Condition | None:
-    for cond in status.conditions if status else []:
-        if cond.type == type_:
-            return cond
-    return None
 
 
 def deployment_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
@@ -145,3 +115,6 @@ def with_spec_error(prev: VLLMDeploymentStatus | None, field: str, message: str,
     status.conditions = set_condition(status.conditions, constants.COND_SPEC_VALID, False, "SpecInvalid", text,
                                       generation=generation, now=now)
     return status
+
+
+__all__ = ["get_condition", "set_condition", "with_plan", "with_spec_error"]

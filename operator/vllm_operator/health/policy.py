@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vllm_operator import constants
+from vllm_operator.api.conditions import set_condition
 from vllm_operator.api.status import (
     RESTART_HISTORY_MAX,
     STEP_DOWN_HISTORY_MAX,
@@ -118,26 +119,6 @@ class Decision:
     @property
     def reconcile_needed(self) -> bool:
         return bool(self.rung_changes)
-
-
-def set_condition(conditions: Iterable[Condition], type_: str, status: ConditionStatus, reason: str, message: str,
-                  *, generation: int | None, now: str) -> list[Condition]:
-    """Conditions with `type_` set; lastTransitionTime moves only when the status value changes."""
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        since = cond.last_transition_time if cond.status == status else now
-        out.append(Condition(type=type_, status=status, reason=reason, message=message[:4000],
-                             last_transition_time=since, observed_generation=generation))
-    if not found:
-        out.append(Condition(type=type_, status=status, reason=reason, message=message[:4000],
-                             last_transition_time=now, observed_generation=generation))
-    order = {t: i for i, t in enumerate(constants.CONDITION_TYPES)}
-    return sorted(out, key=lambda c: order.get(c.type, len(order)))
 
 
 def _within(stamps: Iterable[str], now: float, window_s: float, after: float | None = None) -> list[str]:
