@@ -24,17 +24,19 @@ from vllm_operator.planning.planner import RemediationState, plan
 PROG = "vllm-operator plan"
 
 
-class _UsageError(Exception):
-    pass
+class UsageError(Exception):
+    """A command-line mistake; the CLIs print it as one line and exit 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting."""
+
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise UsageError(message)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Plan a VLLMDeployment: engine args, KV budget, capacity, warnings.")
+    p = Parser(prog=PROG, description="Plan a VLLMDeployment: engine args, KV budget, capacity, warnings.")
     p.add_argument("-f", "--file", help="VLLMDeployment YAML (several documents are planned in turn)")
     p.add_argument("path", nargs="?", help="the same as -f FILE")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
@@ -47,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_documents(path: str) -> list[Any]:
+def load_documents(path: str) -> list[Any]:
+    """The non-empty YAML documents of a file; SpecError (naming the file) when unreadable, invalid or empty."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -80,7 +83,8 @@ def _model_config(path: str, weights_gib: float | None) -> Any:
     return catalog.facts_from_hf_config(config, weights_gib=weights_gib, origin=f"--model-config {path}")
 
 
-def _accelerator(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:
+def accelerator_for_gpu(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:
+    """Facts for `--gpu TYPE` (None without the flag, so the planner uses the spec's own type)."""
     if gpu is None:
         return None
     if gpu in {"cpu", "auto"}:
@@ -154,7 +158,7 @@ def _plan_one(doc: Any, args: argparse.Namespace, facts: Any) -> Plan:
     spec = resource.spec
     if facts is not None:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
-    return plan(spec, _accelerator(resource, args.gpu), RemediationState.from_status(resource.status),
+    return plan(spec, accelerator_for_gpu(resource, args.gpu), RemediationState.from_status(resource.status),
                 name=resource.metadata.name, namespace=resource.metadata.namespace,
                 engine_version=args.engine_version)
 
@@ -163,17 +167,17 @@ def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
         if args.file and args.path and args.file != args.path:
-            raise _UsageError(f"two files given ({args.file}, {args.path}); plan one -f FILE at a time")
+            raise UsageError(f"two files given ({args.file}, {args.path}); plan one -f FILE at a time")
         args.file = args.file or args.path
         if not args.file:
-            raise _UsageError("the following arguments are required: -f/--file")
-    except _UsageError as err:
+            raise UsageError("the following arguments are required: -f/--file")
+    except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     where = args.file
     try:
         facts = _model_config(args.model_config, args.weights_gib) if args.model_config else None
-        plans = [_plan_one(doc, args, facts) for doc in _load_documents(args.file)]
+        plans = [_plan_one(doc, args, facts) for doc in load_documents(args.file)]
     except SpecError as err:
         print(f"{PROG}: {where}: {err}".replace("\n", " "), file=sys.stderr)
         return 2

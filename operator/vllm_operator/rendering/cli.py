@@ -13,26 +13,17 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.plan import AcceleratorFacts
-from vllm_operator.api.resource import VLLMDeployment, parse_resource
-from vllm_operator.planning import RemediationState, catalog, plan
+from vllm_operator.api.resource import parse_resource
+from vllm_operator.planning import RemediationState, plan
+from vllm_operator.planning.cli import Parser, UsageError, accelerator_for_gpu, load_documents
 from vllm_operator.rendering import RenderOptions, render
 
 PROG = "vllm-operator render"
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -47,7 +38,7 @@ def _labels(text: str) -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Render a VLLMDeployment to the manifests the operator would apply.")
+    p = Parser(prog=PROG, description="Render a VLLMDeployment to the manifests the operator would apply.")
     p.add_argument("-f", "--file", required=True, help="VLLMDeployment YAML (several documents are rendered in turn)")
     p.add_argument("--gpu", metavar="TYPE", help="plan for this GPU type (needed offline for accelerator.type auto)")
     p.add_argument("--engine-version", metavar="V", help="vLLM version to plan the flags for (e.g. 0.26)")
@@ -77,38 +68,6 @@ def manifests_yaml(objects: Sequence[dict[str, Any]]) -> str:
                          allow_unicode=True, explicit_start=True)
 
 
-def load_documents(path: str) -> list[Any]:
-    """The non-empty YAML documents of a file; SpecError (naming the file) when unreadable, invalid or empty."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as err:
-        raise SpecError("", f"cannot read {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise SpecError("", f"{path} is not UTF-8 text") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError("", f"{path} is not valid YAML{where}: {problem}") from None
-    if not docs:
-        raise SpecError("", f"{path} is empty: expected a VLLMDeployment")
-    return docs
-
-
-def _accelerator(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:
-    if gpu is None:
-        return None
-    if gpu in {"cpu", "auto"}:
-        raise SpecError("--gpu", f"expects a GPU type from the catalog, not {gpu!r}")
-    try:
-        return catalog.gpu_facts(catalog.gpu_type(gpu), resource.spec.accelerator.count)
-    except SpecError as err:
-        raise SpecError("--gpu", err.message) from None
-
-
 def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
                      options: RenderOptions | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """(objects of every document in turn, plan warnings); SpecError for a refused document."""
@@ -116,9 +75,9 @@ def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_vers
     warnings: list[str] = []
     for doc in docs:
         resource = parse_resource(doc)
-        the_plan = plan(resource.spec, _accelerator(resource, gpu), RemediationState.from_status(resource.status),
-                        name=resource.metadata.name, namespace=resource.metadata.namespace,
-                        engine_version=engine_version)
+        the_plan = plan(resource.spec, accelerator_for_gpu(resource, gpu),
+                        RemediationState.from_status(resource.status), name=resource.metadata.name,
+                        namespace=resource.metadata.namespace, engine_version=engine_version)
         who = f"{the_plan.namespace}/{the_plan.name}"
         warnings += [f"{who}: {w}" for w in the_plan.warnings]
         warnings += [f"{who} pool {p.name}: {w}" for p in the_plan.pools.values() for w in p.warnings]
@@ -129,7 +88,7 @@ def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_vers
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
-    except _UsageError as err:
+    except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     options = RenderOptions()
