@@ -12,6 +12,7 @@ Steps (each one engine start; see benchmarks/gpu/README.md for which call runs w
   tuned     plan tuned (smaller max_num_batched_tokens), pool long: unified-tuned share 0 and share 1
   bf16      plan bf16 (long pool with a bf16 KV cache): KV accuracy only, no traffic
   seqs64    plan seqs64 (long pool with --max-num-seqs 64), pool long: unified-seqs64 share 0 and share 1
+  splitlong plan default, pool long: the split long share alone (a rerun, e.g. with a padded tokenizer)
 Every step records the planned vs observed KV cache of its engine.
 Layout summaries are merged from the shares that exist so far (`loadgen.py summarize`).
 
@@ -103,6 +104,7 @@ STEPS = {
     "tuned": Step("tuned", "long", (Run("tuned-r0", "unified", 0), Run("tuned-r1", "unified", 1))),
     "bf16": Step("bf16", "long", ()),
     "seqs64": Step("seqs64", "long", (Run("seqs64-r0", "unified", 0), Run("seqs64-r1", "unified", 1))),
+    "splitlong": Step("default", "long", (Run("split-long", "split", 1),)),
 }  # fmt: skip
 LAYOUTS = {"unified": ("unified-r0", "unified-r1"), "split": ("split-short", "split-long"),
            "unified-tuned": ("tuned-r0", "tuned-r1"), "unified-seqs64": ("seqs64-r0", "seqs64-r1")}  # fmt: skip
