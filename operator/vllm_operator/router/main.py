@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import pathlib
 import signal
@@ -58,6 +59,21 @@ def load_config(path: str) -> RouterConfig:
     return config
 
 
+def freeze_startup_objects() -> int:
+    """Move everything alive after start-up (modules, pydantic models, aiohttp, the tokenizer wrapper: ~55k objects)
+    into the garbage collector's permanent generation and return how many there are.
+
+    Why: a full (generation 2) collection scans every tracked object; with the start-up objects in it, one took
+    ~20 ms of CPU here, and it came every few thousand requests, stalling every request in flight for that long
+    (benchmarks/router: the router's p99 added latency was far above nginx's). Frozen objects are never scanned again;
+    they are never freed either, which is what start-up state is for. Garbage made during start-up is collected
+    first so that it is not kept forever.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def _run(args: argparse.Namespace, config: RouterConfig) -> None:
     counter = await asyncio.to_thread(load_counter, config.tokenizer)
     app = build_app(config, counter, kubeconfig=args.kubeconfig)
@@ -68,7 +84,9 @@ async def _run(args: argparse.Namespace, config: RouterConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
     port = args.port if args.port is not None else config.port
     async with serve(app, args.host, port) as url:
-        log.info("Started router for %s/%s on %s", config.namespace, config.deployment, url)
+        frozen = freeze_startup_objects()
+        log.info("Started router for %s/%s on %s (%d start-up objects frozen out of GC scans)", config.namespace,
+                 config.deployment, url, frozen)
         print(f"router listening on {url}", flush=True)
         await stop.wait()
     log.info("Stopped router for %s/%s", config.namespace, config.deployment)
