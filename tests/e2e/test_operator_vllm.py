@@ -23,6 +23,7 @@ import tokenizers
 
 from tests.support.e2e_stack import (
     EXAMPLE,
+    NS,
     READY_TIMEOUT_S,
     Stack,
     Traffic,
@@ -38,7 +39,7 @@ from tests.support.e2e_stack import (
     the_plan,
 )
 from vllm_operator import constants
-from vllm_operator.sim.processes import descendants, process_argv
+from vllm_operator.sim.processes import Container, descendants, process_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # start-up and healing of real engines on 2 cores
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -274,12 +275,13 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
 
 
 def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -> None:
+    """Runs last: the replacement is left starting (the module's teardown stops it)."""
     pool = "short"
     thresholds = EXAMPLE["spec"]["remediation"]["thresholds"]
     window = thresholds["stallSeconds"] + thresholds["windowSeconds"]
     container = healthy.engine(pool)
     pod = container.pod
-    with Traffic(healthy, max_tokens=120, threads=2, timeout=30) as traffic:
+    with Traffic(healthy, max_tokens=120, threads=2, timeout=30):
         def running() -> bool:
             return counter(metrics_text(engine_url(healthy, pool)), "vllm:num_requests_running") > 0
 
@@ -299,14 +301,26 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
         assert deleted - stopped <= window, f"deleted after {deleted - stopped:.1f} s, window {window} s"
         reasons = [e for e in healthy.events() if e.get("reason") == "RestartedStalledPod"]
         assert reasons and pod in reasons[-1].get("message", ""), reasons
-        healthy.wait(lambda: len(healthy.pods(pool)) == 1 and healthy.pods(pool)[0]["metadata"]["name"] != pod
-                     and cond(healthy.pods(pool)[0], "Ready").get("status") == "True", READY_TIMEOUT_S,
-                     interval=1.0, what="replacement pod Ready")
-        serving = healthy.wait(lambda: traffic.first(deleted, pool), 120, interval=0.2,
-                               what="short pool serving again")
+
+        def replacement() -> Container | None:
+            pods = healthy.pods(pool)
+            if len(pods) != 1 or pods[0]["metadata"]["name"] == pod:
+                return None
+            new = healthy.runtime.containers.get((NS, pods[0]["metadata"]["name"]))
+            return new if new is not None and new.proc is not None else None
+
+        # Deleted pods get the runtime's termination grace before they go: the replacement follows within that.
+        limit = window + healthy.runtime.max_grace_s
+        new = healthy.wait(replacement, limit + 30, interval=0.25, what="replacement pod's engine started")
+        replaced = time.monotonic()
+    assert replaced - stopped <= limit, f"replacement started after {replaced - stopped:.1f} s (limit {limit} s)"
+    assert new.pod != pod and new.ip != container.ip
+    assert container.proc is not None and container.proc.returncode is not None, "the stalled pod's processes ended"
+    healthy.wait(lambda: not Path(f"/proc/{core}").exists(), 15, interval=0.2, what="the stopped engine core gone")
     obj = healthy.obj()
     assert obj["status"]["pools"][pool]["restartBudget"]["used"] >= 1
-    record("engine core SIGSTOP", {"pod_deleted_s": deleted - stopped, "serving_again_s": serving - stopped})
+    # Ready and serving again takes a fresh vLLM start-up (1-4 min here): measured by benchmarks/e2e/faults.py.
+    record("engine core SIGSTOP", {"pod_deleted_s": deleted - stopped, "replacement_started_s": replaced - stopped})
 
 
 def record(fault: str, seconds: dict[str, float]) -> None:

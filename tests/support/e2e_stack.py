@@ -277,6 +277,7 @@ class Traffic:
 
     def __init__(self, stack: Stack, *, max_tokens: int = 4, threads: int = 1, timeout: float = 60.0) -> None:
         self.url = stack.router_url()
+        self.model = model_name()
         self.max_tokens = max_tokens
         self.timeout = timeout
         self.results: list[Answer] = []
@@ -288,7 +289,7 @@ class Traffic:
         while not self._stop.is_set():
             sent = time.monotonic()
             try:
-                raw = oai.completions.with_raw_response.create(model=model_name(), prompt="Hello short pool",
+                raw = oai.completions.with_raw_response.create(model=self.model, prompt="Hello short pool",
                                                                max_tokens=self.max_tokens,
                                                                extra_body={"ignore_eos": True})
                 self.results.append(Answer(sent, time.monotonic(), raw.status_code,
