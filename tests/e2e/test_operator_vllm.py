@@ -140,6 +140,7 @@ def test_planned_and_observed_kv_tokens_agree(healthy: Stack) -> None:
     pools = healthy.wait(both, 90, what="observedKVTokens and plannedKVTokens in status for both pools")
     for pool in ("short", "long"):
         planned, observed = pools[pool]["plannedKVTokens"], pools[pool]["observedKVTokens"]
+        print(f"KV tokens {pool}: planned {planned}, observed {observed} ({(observed - planned) / planned:+.2%})")
         assert abs(observed - planned) <= 0.05 * planned, (pool, planned, observed)
         text = metrics_text(engine_url(healthy, pool))
         info = next(line for line in text.splitlines() if re.match(r"^vllm[:_]cache_config_info\{", line))
