@@ -252,11 +252,13 @@ class Stack:
                 proc = self._spawn("vllm-router", [str(VLLM_ROUTER), *vllm_router_args(upstream, port)], PROXY_CORE)
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
-            elif variant.startswith("router"):  # router (uvloop when installed) / router-asyncio
+            elif variant in ("router", "router-uvloop"):
+                # `router` runs as the image ships it (plain asyncio: the image installs no uvloop, and the
+                # router only uses uvloop when it is importable); `router-uvloop` needs uvloop in .venv.
                 port = free_port()
-                cfg = self.work / "router.json"
+                cfg = self.work / f"{variant}.json"
                 cfg.write_text(json.dumps(router_config(upstream, tokens_dir, port), indent=2))
-                block = "sys.modules['uvloop'] = None; " if variant == "router-asyncio" else ""
+                block = "sys.modules['uvloop'] = None; " if variant == "router" else ""
                 code = (f"import sys; {block}from vllm_operator.cli import main; "
                         f"sys.exit(main(['router', '--config', {str(cfg)!r}, '--host', '127.0.0.1', "
                         f"'--port', '{port}', '--log-level', 'WARNING']))")
@@ -550,31 +552,43 @@ CATEGORIES = [
     ("router: metrics (prometheus_client)", r"prometheus_client|vllm_operator/router/metrics"),
     ("router: proxy.py own code", r"vllm_operator/router/proxy"),
     ("router: auth / upstream choice", r"vllm_operator/router/(auth|upstreams)"),
-    ("asyncio/uvloop event loop, sockets", r"asyncio/|uvloop|selectors"),
+    ("event loop and socket I/O (asyncio in Python)", r"asyncio/|uvloop|selectors"),
 ]
 
 
-def summarize_profile(collapsed: Path) -> list[tuple[str, float]]:
-    """Attribute each sample to the innermost frame matching a category (so library calls made *by* router code
-    count as the library's)."""
+IDLE = re.compile(r"^(EpollSelector\.)?select \(selectors\.py")
+"""asyncio's wait in epoll: the process was idle (py-spy samples it like work)."""
+UVLOOP_LOOP = re.compile(r"^Runner\.run \(asyncio/runners\.py")
+"""uvloop runs its loop in C: py-spy (without --native) sees it as time in Runner.run, idle wait included."""
+
+
+def summarize_profile(collapsed: Path) -> dict[str, Any]:
+    """Attribute each busy sample to the innermost frame matching a category (so library calls made *by* router
+    code count as the library's); the idle epoll wait is counted apart and left out of the shares."""
     counts: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = idle = 0
     for line in collapsed.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not n.isdigit():
             continue
-        total += int(n)
         frames = stack.split(";")
+        leaf = frames[-1] if frames else ""
+        if IDLE.search(leaf):
+            idle += int(n)
+            continue
+        total += int(n)
         label = "other"
-        for frame in reversed(frames):
-            hit = next((lab for lab, rx in CATEGORIES if re.search(rx, frame)), None)
-            if hit:
-                label = hit
-                break
-        if (frames and frames[-1].startswith("<idle>")) or "(idle)" in frames[-1]:
-            label = "idle"
+        if UVLOOP_LOOP.search(leaf):
+            label = "uvloop's C event loop (I/O syscalls and idle wait, not separable)"
+        else:
+            for frame in reversed(frames):
+                hit = next((lab for lab, rx in CATEGORIES if re.search(rx, frame)), None)
+                if hit:
+                    label = hit
+                    break
         counts[label] += int(n)
-    return [(label, n / total * 100) for label, n in counts.most_common()] if total else []
+    shares = [(label, n / total * 100) for label, n in counts.most_common()] if total else []
+    return {"busy_samples": total, "idle_samples": idle, "shares": shares}
 
 
 def self_time_top(collapsed: Path, top: int = 25) -> list[tuple[str, float]]:
@@ -611,11 +625,14 @@ def profile(args: argparse.Namespace, stack: Stack, work: Path) -> dict[str, Any
                           args.max_seconds, proc, stack.upstream_proc)
             spy.wait(60)
             shutil.copy(collapsed, HERE / "profiles" / collapsed.name)
-            out[f"{variant}/{wl}"] = {"wrk": res, "categories": summarize_profile(collapsed),
-                                      "self_top": self_time_top(collapsed)}
+            summary = summarize_profile(collapsed)
+            out[f"{variant}/{wl}"] = {"wrk": res, "categories": summary, "self_top": self_time_top(collapsed)}
+            per_req = res.get("proxy_cpu_us_per_req", 0.0)
             print(f"profile {variant} {wl}: {res}", flush=True)
-            for label, share in out[f"{variant}/{wl}"]["categories"]:
-                print(f"  {share:5.1f} %  {label}")
+            print(f"  busy samples {summary['busy_samples']}, idle (epoll wait) {summary['idle_samples']}; "
+                  f"shares of the busy samples, and of the {per_req:.0f} µs CPU per request:")
+            for label, share in summary["shares"]:
+                print(f"  {share:5.1f} %  {share / 100 * per_req:6.1f} µs  {label}")
     return out
 
 
@@ -671,8 +688,8 @@ def tokenize_cost(args: argparse.Namespace, stack: Stack | None, tokens_dir: Pat
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--targets", default="nginx,router,router-asyncio,vllm-router",
-                   help="comma list of nginx, router (uvloop when installed), router-asyncio, vllm-router")
+    p.add_argument("--targets", default="nginx,router,router-uvloop,vllm-router",
+                   help="comma list of nginx, router (asyncio, as the image ships), router-uvloop, vllm-router")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=5.0)
     p.add_argument("--latency-seconds", type=float, default=8.0)
@@ -689,7 +706,11 @@ def main() -> int:
     p.add_argument("--nice", type=int, default=0,
                    help="niceness of every benchmark process (e.g. -5 on a machine shared with other jobs)")
     p.add_argument("--json", type=Path, default=None, help="write all results here")
+    p.add_argument("--report", type=Path, default=None, help="print the tables of a recorded --json file and exit")
     args = p.parse_args()
+    if args.report:
+        print(summarize(json.loads(args.report.read_text())["bench"]))
+        return 0
     SETTINGS["nice"] = args.nice
     for tool in ("taskset", "wrk", "nginx"):
         if shutil.which(tool) is None:
@@ -701,6 +722,9 @@ def main() -> int:
     (HERE / "profiles").mkdir(exist_ok=True)
     tokens_dir = make_tokenizer(work)
     variants = [t for t in args.targets.split(",") if t]
+    if "router-uvloop" in variants and subprocess.run([str(VENV_PY), "-c", "import uvloop"], check=False,
+                                                      capture_output=True).returncode:
+        raise SystemExit("router-uvloop needs uvloop: .venv/bin/pip install uvloop (or leave it out of --targets)")
     if "vllm-router" in variants and not VLLM_ROUTER.exists():
         raise SystemExit(f"{VLLM_ROUTER} missing: python3.11 -m venv .venv-vllm-router && "
                          ".venv-vllm-router/bin/pip install vllm-router==0.1.17")
