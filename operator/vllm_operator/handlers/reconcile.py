@@ -237,17 +237,29 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     manifests = [m for m in render(the_plan, resource.spec)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
     await _converge(kube, obj, the_plan, manifests, monitoring, outcome)
-    # Status comes from a fresh list, not from create/patch responses: pods may have become ready meanwhile, and
-    # if a Deployment event's refresh wrote status since `obj` was read, this write gets 409 and the retry re-reads.
-    current = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
-               for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
     for verb, items in (("Created", outcome.created), ("Updated", outcome.updated), ("Deleted", outcome.deleted)):
         for item in items:
             log.info("%s %s for VLLMDeployment %s/%s", verb, item, meta["namespace"], meta["name"])
             await _emit(kube, obj, "Normal", verb, f"{verb} {item}")
-    new = _status_from_children(base_status, the_plan, current, generation, now, monitoring)
-    outcome.status = new
-    outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
+    # Status comes from a fresh list, not from create/patch responses: pods may have become ready meanwhile. When
+    # another writer (the Deployment watch, the health loop) wrote status since `obj` was read, the conditional
+    # write gets 409: re-read the object (its status now carries their fields) and write again.
+    for attempt in range(3):
+        current = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
+                   for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
+        new = _status_from_children(base_status, the_plan, current, generation, now, monitoring)
+        outcome.status = new
+        try:
+            outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
+            break
+        except KubeError as err:
+            if not err.conflict or attempt == 2:
+                raise
+        fresh = await kube.get(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"])
+        if fresh is None or fresh["metadata"].get("generation") != generation:
+            break  # deleted, or the spec moved on: the handler for the new generation writes status
+        obj, prev_status = fresh, _current_status(fresh)
+        base_status = prev_status
     return outcome
 
 

@@ -36,6 +36,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         @kopf.on.login(registry=registry)
         def _login(**_: object) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=server, insecure=True)
+    else:
+        # kopf's default login handlers live on its default registry, not on ours: log in as the pod's service
+        # account in a cluster, else from the kubeconfig (KUBECONFIG or ~/.kube/config).
+        @kopf.on.login(registry=registry)
+        def _login_from_environment(settings: kopf.OperatorSettings, **kwargs: object) -> kopf.ConnectionInfo | None:
+            return (kopf.login_with_service_account(settings=settings, **kwargs)
+                    or kopf.login_with_kubeconfig(settings=settings, **kwargs))
 
     if config.health_enabled:
         health.register(registry, config)

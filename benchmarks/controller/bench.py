@@ -1,0 +1,184 @@
+"""Controller benchmark: CR → children latency, N CRs → all Ready, writes per CR, operator peak RSS.
+
+The operator runs as its own process (`vllm-operator run`) against the simulated cluster, so its RSS is its own and
+the API server sees it as a separate client. Every figure is stated next to the emulator's own cost for the same
+requests measured in the same run (the machine is shared and noisy): the bare cost of creating a CR's children is
+measured by posting the very objects the operator would create, from a plain HTTP client.
+
+    .venv/bin/python benchmarks/controller/bench.py [--latency-crs 20] [--bulk-crs 500] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_operator import constants
+from vllm_operator.api.resource import parse_resource
+from vllm_operator.k8s import VLLM_DEPLOYMENTS, resource_of
+from vllm_operator.planning import RemediationState, plan
+from vllm_operator.rendering import render
+from vllm_operator.sim.client import SimClient
+from vllm_operator.sim.cluster import SimCluster, cpu_node
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = yaml.safe_load((ROOT / "examples" / "cpu-dev.yaml").read_text())
+NAMESPACES_PATH = "/api/v1/namespaces"
+
+
+def cr(name: str, namespace: str) -> dict[str, Any]:
+    obj = copy.deepcopy(TEMPLATE)
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    return obj
+
+
+def children_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    resource = parse_resource(obj)
+    the_plan = plan(resource.spec, None, RemediationState.from_status(None), name=resource.metadata.name,
+                    namespace=resource.metadata.namespace)
+    return [m for m in render(the_plan, resource.spec) if "monitoring.coreos.com" not in m["apiVersion"]]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def start_operator(env: dict[str, str], log: Any) -> subprocess.Popen[str]:
+    """`vllm-operator run` as its own process (health loop off: no Prometheus in this benchmark)."""
+    return subprocess.Popen([str(ROOT / ".venv/bin/vllm-operator"), "run", "--no-health", "--port", "0"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+
+
+def vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def wait_children(cluster: SimCluster, name: str, want: int, since_seq: int, timeout: float = 60) -> float:
+    """Seconds from the CR's create to the operator's last child create (request log timestamps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = cluster.api.request_log.since(since_seq)
+        start = next((r.started for r in records if r.resource == constants.PLURAL and r.verb == "create"
+                      and r.name in ("", name)), None)
+        # one CR in flight at a time: every child create the operator sends now is this CR's
+        creates = [r for r in records if r.verb == "create" and constants.APP_NAME in r.user_agent
+                   and r.resource != "events" and r.status < 300 and r.namespace == "bench"]
+        if start is not None and len(creates) >= want:
+            return max(r.started for r in creates) - start
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"{name}: children not created within {timeout}s ({len(creates)} of {want} seen)")
+
+
+async def bare_cost(client: SimClient, objects: list[dict[str, Any]], namespace: str) -> float:
+    """The emulator's own time for the same creates, sent back to back by a plain client."""
+    t0 = time.perf_counter()
+    for obj in objects:
+        body = copy.deepcopy(obj)
+        body["metadata"]["namespace"] = namespace
+        await client.create(resource_of(obj), namespace, body)
+    return time.perf_counter() - t0
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {"load_average_start": os.getloadavg()}
+    async with SimCluster(nodes=[cpu_node("cpu-0", cpu="4000", memory="100000Gi")]) as cluster:
+        client = cluster.client
+        assert client is not None
+        for ns in ("bench", "bare"):
+            await client.request("POST", NAMESPACES_PATH, body={"apiVersion": "v1", "kind": "Namespace",
+                                                                "metadata": {"name": ns}})
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        log = Path(args.operator_log).open("w")  # noqa: SIM115, ASYNC230 - closed at the end of the run
+        operator = start_operator(env, log)
+        try:
+            await asyncio.sleep(3.0)  # operator start-up (kopf login, discovery, watches)
+            want = len(children_of(cr("x", "bench")))
+            # 1. latency, one CR at a time; bare emulator cost for the same objects in the same run
+            latencies, bare = [], []
+            for i in range(args.latency_crs):
+                name = f"lat-{i:03d}"
+                seq = cluster.api.request_log.next_seq
+                await client.create(VLLM_DEPLOYMENTS, "bench", cr(name, "bench"))
+                latencies.append(await wait_children(cluster, name, want, seq))
+                bare.append(await bare_cost(client, children_of(cr(f"bare-{i:03d}", "bare")), "bare"))
+            results["cr_to_children_s"] = {"p50": statistics.median(latencies), "p95": pct(latencies, 95),
+                                           "children": want}
+            results["emulator_bare_same_creates_s"] = {"p50": statistics.median(bare), "p95": pct(bare, 95)}
+            results["overhead_ratio_p50"] = statistics.median(latencies) / statistics.median(bare)
+            # 2. bulk: N CRs at once -> all Ready
+            seq = cluster.api.request_log.next_seq
+            t0 = time.monotonic()
+            names = [f"bulk-{i:04d}" for i in range(args.bulk_crs)]
+            await asyncio.gather(*(client.create(VLLM_DEPLOYMENTS, "bench", cr(n, "bench")) for n in names))
+            applied = time.monotonic() - t0
+            pending = set(names)
+            while pending and time.monotonic() - t0 < args.bulk_timeout:
+                items, _ = await client.list(VLLM_DEPLOYMENTS, "bench")
+                for item in items:
+                    conds = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
+                    if conds.get(constants.COND_READY) == "True":
+                        pending.discard(item["metadata"]["name"])
+                await asyncio.sleep(0.5)
+            elapsed = time.monotonic() - t0
+            writes = [r for r in cluster.api.request_log.since(seq)
+                      if r.is_write and constants.APP_NAME in r.user_agent]
+            by_kind: dict[str, int] = {}
+            for r in writes:
+                key = f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
+                by_kind[key] = by_kind.get(key, 0) + 1
+            results["bulk"] = {"crs": args.bulk_crs, "applied_s": applied, "all_ready_s": elapsed,
+                               "not_ready": len(pending), "operator_writes_per_cr": len(writes) / args.bulk_crs,
+                               "writes_by_kind": dict(sorted(by_kind.items()))}
+            # 3. no-op resync: restart the operator, count its writes
+            peak_rss_mib = vm_hwm_kib(operator.pid) / 1024
+            operator.terminate()
+            operator.wait(30)
+            results["operator_peak_rss_mib"] = peak_rss_mib
+            seq = cluster.api.request_log.next_seq
+            operator = start_operator(env, log)
+            await asyncio.sleep(args.resync_wait)
+            results["resync_writes"] = len([r for r in cluster.api.request_log.since(seq)
+                                            if r.is_write and constants.APP_NAME in r.user_agent])
+            results["operator_peak_rss_mib_after_resync"] = vm_hwm_kib(operator.pid) / 1024
+        finally:
+            operator.terminate()
+            operator.wait(30)
+            log.close()
+    results["load_average_end"] = os.getloadavg()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-crs", type=int, default=20)
+    parser.add_argument("--bulk-crs", type=int, default=500)
+    parser.add_argument("--bulk-timeout", type=float, default=900)
+    parser.add_argument("--resync-wait", type=float, default=20)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--operator-log", default="/tmp/vllm-operator-bench.log")
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
