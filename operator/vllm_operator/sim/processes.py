@@ -574,7 +574,7 @@ class ProcessRuntime:
                                  f"(ProcessRuntime(pvcs=...) knows {sorted(self.pvcs)})")
             return self.pvcs[claim]
         host: Path = c.root / "volumes" / str(name)
-        host.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(host.mkdir, parents=True, exist_ok=True)
         if "configMap" in volume:
             obj = await self._read(CONFIG_MAPS, c.namespace, volume["configMap"]["name"])
             self._project(host, {k: v.encode() for k, v in (obj.get("data") or {}).items()}, volume["configMap"])
