@@ -63,13 +63,20 @@ KV_NUMBERS = re.compile(r"max seq len \((?P<max_seq_len>\d+)\).*?\((?P<needed_gi
 
 @dataclass
 class Scanner:
-    """Remembers the first log line that matched each failure pattern."""
+    """Remembers the first log line that matched each failure pattern.
+
+    Once a stop was requested (SIGTERM forwarded), engine-death lines are part of a normal shutdown — vLLM's API
+    server raises EngineDeadError when its engine core exits first — so only lines seen before the stop count.
+    """
 
     seen: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: bool = False
 
     def feed(self, line: str) -> None:
         for pattern in PATTERNS:
+            if self.stopping and pattern.reason == exit_codes.REASON_ENGINE_DEAD:
+                continue
             if pattern.reason not in self.seen and pattern.regex.search(line):
                 with self.lock:
                     self.seen.setdefault(pattern.reason, line.strip())
@@ -158,6 +165,7 @@ def run(command: Sequence[str], *, termination_path: str) -> int:
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         stop.set()
+        scanner.stopping = True
         log.info("Forwarded signal %d to vLLM (pid %d)", signum, child.pid)
         if child.poll() is None:
             child.send_signal(signum)

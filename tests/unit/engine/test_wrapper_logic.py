@@ -44,6 +44,19 @@ def test_outcome(lines: list[str], child: int, stop: bool, code: int, reason: st
     assert (result.exit_code, result.reason) == (code, reason)
 
 
+def test_engine_death_lines_after_a_stop_request_are_a_normal_shutdown() -> None:
+    """vLLM raises EngineDeadError in its API server when the engine core exits first during a SIGTERM drain."""
+    scanner = Scanner()
+    scanner.feed("INFO Application startup complete.")
+    scanner.stopping = True
+    scanner.feed("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+    scanner.feed("torch.OutOfMemoryError: CUDA out of memory.")  # other failures still count
+    assert outcome(0, scanner.seen, True).reason == "EngineOOM"
+    quiet = Scanner(stopping=True)
+    quiet.feed("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+    assert outcome(0, quiet.seen, True).exit_code == 0
+
+
 def test_kv_numbers_in_termination_message() -> None:
     result = outcome(1, scan([KV_LINE]), False)
     msg = json.loads(termination_message(result, 1))
