@@ -147,7 +147,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # 3. no-op resync: restart the operator, count its writes
             peak_rss_mib = vm_hwm_kib(operator.pid) / 1024
             operator.terminate()
-            operator.wait(30)
+            operator.wait(60)
             results["operator_peak_rss_mib"] = peak_rss_mib
             seq = cluster.api.request_log.next_seq
             operator = start_operator(env, log)
@@ -157,7 +157,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             results["operator_peak_rss_mib_after_resync"] = vm_hwm_kib(operator.pid) / 1024
         finally:
             operator.terminate()
-            operator.wait(30)
+            try:
+                operator.wait(60)
+            except subprocess.TimeoutExpired:
+                operator.kill()  # recorded: a graceful stop that outlasts 60 s is a finding, not a crash
+                results["operator_stop_timed_out"] = True
+                operator.wait(10)
             log.close()
     results["load_average_end"] = os.getloadavg()
     return results
