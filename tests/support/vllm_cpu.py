@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.paths import ROOT
+from vllm_operator.sim.processes import descendants
 
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
@@ -191,23 +192,7 @@ class VllmServer:
 
     def descendants(self) -> list[int]:
         """Pids of every live process below the server (engine core, resource tracker, ...), from /proc."""
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-        found: list[int] = []
-        todo = [self.pid]
-        while todo:
-            for child in children.get(todo.pop(), []):
-                found.append(child)
-                todo.append(child)
-        return sorted(found)
+        return descendants(self.pid)
 
     def engine_core_pid(self) -> int:
         """The pid of the `VLLM::EngineCore` child, for fault injection (SIGKILL = engine death, SIGSTOP = stall)."""
