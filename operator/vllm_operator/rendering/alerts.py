@@ -32,6 +32,8 @@ from typing import Any
 from vllm_operator import names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.spec import RemediationThresholds
+from vllm_operator.health.queries import GENERATION_TOKENS, REQUEST_SUCCESS, RUNNING, metric_name
+from vllm_operator.health.queries import KV_USAGE as KV_USAGE_METRIC
 
 RESTARTS_METRIC = "vllm_operator_engine_restarts_total"
 OOM_REASONS = ("OOMKilled", "EngineOOM")
@@ -49,11 +51,6 @@ ENGINE_CONTAINER = "engine"
 ENGINE_LABELS = "namespace, vllmdeployment, pool"
 POD_LABELS = "namespace, vllmdeployment, pool, pod"
 RESTART_LABELS = "target_namespace, vllmdeployment, pool"
-
-
-def vllm(metric: str) -> str:
-    """A `__name__` matcher for a vLLM metric under both spellings (`vllm:foo` and its escaped `vllm_foo`)."""
-    return f'__name__=~"vllm:{metric}|vllm_{metric}"'
 
 
 def duration(seconds: int) -> str:
@@ -98,7 +95,7 @@ def scrape_down_expr(plan: Plan) -> str:
 
 
 def length_share_expr(plan: Plan, share: float) -> str:
-    finished = vllm("request_success_total")
+    finished = metric_name(REQUEST_SUCCESS)
     length_matchers = _engines(plan, 'finished_reason="length"')
     length = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{length_matchers}}}[{LENGTH_WINDOW}]))"
     total = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{_engines(plan)}}}[{LENGTH_WINDOW}]))"
@@ -107,15 +104,15 @@ def length_share_expr(plan: Plan, share: float) -> str:
 
 def no_progress_expr(plan: Plan, stall_seconds: int) -> str:
     window = duration(stall_seconds)
-    running = (f"min by ({POD_LABELS}) (min_over_time({{{vllm('num_requests_running')},{_engines(plan)}}}"
+    running = (f"min by ({POD_LABELS}) (min_over_time({{{metric_name(RUNNING)},{_engines(plan)}}}"
                f"[{window}])) > 0")
-    tokens = (f"sum by ({POD_LABELS}) (increase({{{vllm('generation_tokens_total')},{_engines(plan)}}}[{window}])) "
+    tokens = (f"sum by ({POD_LABELS}) (increase({{{metric_name(GENERATION_TOKENS)},{_engines(plan)}}}[{window}])) "
               "== 0")
     return f"({running}) and on ({POD_LABELS}) ({tokens})"
 
 
 def kv_usage_expr(plan: Plan, usage: float) -> str:
-    return f"max by ({POD_LABELS}) ({{{vllm('kv_cache_usage_perc')},{_engines(plan)}}}) > {usage:g}"
+    return f"max by ({POD_LABELS}) ({{{metric_name(KV_USAGE_METRIC)},{_engines(plan)}}}) > {usage:g}"
 
 
 def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, description: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.router_config import Timeouts, TokenizerConfig
 from vllm_operator.api.spec import VLLMDeploymentSpec
+from vllm_operator.health import queries
 from vllm_operator.rendering import RenderOptions, alerts, common, engine, render
 
 Case = Callable[[], tuple[Plan, VLLMDeploymentSpec]]
@@ -399,7 +400,10 @@ def test_prometheus_rule_has_the_five_alerts() -> None:
                          ("VLLMNoTokenProgress", "generation_tokens_total"),
                          ("VLLMNoTokenProgress", "num_requests_running"),
                          ("VLLMKVCacheUsageHigh", "kv_cache_usage_perc")]:
-        assert f'__name__=~"vllm:{metric}|vllm_{metric}"' in got[name]["expr"]
+        matcher = queries.metric_name(metric)
+        assert matcher in got[name]["expr"]
+        pattern = re.fullmatch(r'__name__=~"(.*)"', matcher)
+        assert pattern and all(re.fullmatch(pattern[1], f"vllm{sep}{metric}") for sep in ":_"), "both spellings"
     assert "vllm_operator_engine_restarts_total" in got["VLLMEngineOOMRestarts"]["expr"]
     assert "kube_pod_container_status_last_terminated_reason" in got["VLLMEngineOOMRestarts"]["expr"]
     assert (got["VLLMEngineScrapeDown"]["for"], got["VLLMLengthShareHigh"]["for"],
