@@ -1,4 +1,4 @@
-"""Wiring: the aiohttp application with its endpoints, pools, discovery and health tasks.
+"""Wiring: the router's HTTP application (server.py) with its endpoints, pools, discovery and health tasks.
 
 Kept apart from `main.py` so that tests build the same application in-process (`build_app`) and serve it on a free
 port with `serve()`, while `main()` only parses arguments and runs it.
@@ -14,12 +14,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import aiohttp
-from aiohttp import web
 
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
@@ -27,39 +25,38 @@ from vllm_operator.router import http1
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.proxy import Router
+from vllm_operator.router.server import App, Request, Response, serve
 from vllm_operator.router.tokens import TokenCounter
 from vllm_operator.router.upstreams import HealthChecker, Pool, SliceWatcher, cancel_all, kube_access
+
+__all__ = ["build_app", "serve"]
 
 log = logging.getLogger(__name__)
 
 KEY_RELOAD_SECONDS: Final = 10.0
 # Below uvicorn's (vLLM's server) 5 s keep-alive, so the router never reuses a connection the engine just closed.
 UPSTREAM_KEEPALIVE_SECONDS: Final = 4.0
-
-ROUTER_KEY: Final = web.AppKey("router", Router)
-METRICS_KEY: Final = web.AppKey("metrics", RouterMetrics)
-POOLS_KEY: Final = web.AppKey("pools", dict)
+_JSON: Final = "application/json"
 
 
 def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | None = None,
-              metrics: RouterMetrics | None = None) -> web.Application:
-    """The router application; its startup starts discovery and health polling, its cleanup stops them."""
+              metrics: RouterMetrics | None = None) -> App:
+    """The router application; its lifespan starts discovery and health polling before serving and stops them
+    after."""
     metrics = metrics or RouterMetrics()
     metrics.tokenizer_missing.set(0 if counter.has_tokenizer else 1)
     auth = Auth(config.tiers, config.api_keys_dir)
     pools = {name: Pool(name, metrics) for name in constants.POOLS}
     routes = {constants.POOL_SHORT: config.pools.short, constants.POOL_LONG: config.pools.long}
-    app = web.Application(client_max_size=config.max_body_bytes)
-    app[METRICS_KEY] = metrics
-    app[POOLS_KEY] = pools
-    tasks: list[asyncio.Task[Any]] = []
+    upstream = http1.Pool(keepalive_s=UPSTREAM_KEEPALIVE_SECONDS)
+    router = Router(config, counter, auth, pools, metrics, upstream)
+    app = App(max_body_bytes=config.max_body_bytes)
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+    @contextlib.asynccontextmanager
+    async def lifespan() -> AsyncIterator[None]:
+        tasks: list[asyncio.Task[Any]] = []
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS, ttl_dns_cache=30)
         session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        upstream = http1.Pool(keepalive_s=UPSTREAM_KEEPALIVE_SECONDS)
-        router = Router(config, counter, auth, pools, metrics, upstream)
-        app[ROUTER_KEY] = router
         access = None
         for name, route in routes.items():
             if not route.enabled:
@@ -83,40 +80,33 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
             upstream.close()
             await session.close()
 
-    app.cleanup_ctx.append(lifecycle)
+    app.lifespans.append(lifespan)
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        return await app[ROUTER_KEY].chat(request)
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        return await app[ROUTER_KEY].completions(request)
-
-    async def models(request: web.Request) -> web.Response:
+    async def models(request: Request) -> Response:
         enabled = [r.max_model_len for r in routes.values() if r.enabled]
         card = {"id": config.model, "object": "model", "created": 0, "owned_by": constants.APP_NAME,
                 "root": config.model, "parent": None, "max_model_len": max(enabled, default=0)}
-        return web.json_response({"object": "list", "data": [card]})
+        return Response(200, json.dumps({"object": "list", "data": [card]}).encode(), content_type=_JSON)
 
-    async def health(request: web.Request) -> web.Response:
+    async def health(request: Request) -> Response:
         state = {name: {"enabled": routes[name].enabled, "healthy": pool.healthy_count,
                         "endpoints": len(pool.endpoints)} for name, pool in pools.items()}
         ok = any(s["enabled"] and s["healthy"] for s in state.values())
-        return web.Response(status=200 if ok else 503, body=json.dumps({"pools": state}).encode(),
-                            content_type="application/json")
+        return Response(200 if ok else 503, json.dumps({"pools": state}).encode(), content_type=_JSON)
 
-    async def livez(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def livez(request: Request) -> Response:
+        return Response(200, b"ok", content_type="text/plain; charset=utf-8")
 
-    async def prometheus(request: web.Request) -> web.Response:
+    async def prometheus(request: Request) -> Response:
         body, content_type = metrics.exposition()
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        return Response(200, body, content_type=content_type)
 
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/livez", livez)
-    app.router.add_get("/metrics", prometheus)
+    app.add("POST", "/v1/chat/completions", router.chat)
+    app.add("POST", "/v1/completions", router.completions)
+    app.add("GET", "/v1/models", models)
+    app.add("GET", "/health", health)
+    app.add("GET", "/livez", livez)
+    app.add("GET", "/metrics", prometheus)
     return app
 
 
@@ -124,20 +114,3 @@ async def _reload_keys(auth: Auth) -> None:
     while True:
         await asyncio.sleep(KEY_RELOAD_SECONDS)
         auth.reload()
-
-
-@contextlib.asynccontextmanager
-async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Serve `app` until the block ends; yields its base URL (port 0 picks a free one)."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    site = web.SockSite(runner, sock)
-    await site.start()
-    bound = sock.getsockname()[1]
-    try:
-        yield f"http://{host}:{bound}" if ":" not in host else f"http://[{host}]:{bound}"
-    finally:
-        await runner.cleanup()

@@ -18,9 +18,9 @@ dropped before any answer) or when the engine answered 5xx before anything reach
 MAX_ATTEMPTS endpoints are tried, so one request that makes engines fail cannot eject a whole pool for longer than
 one health-check interval.
 
-A client that goes away cancels the handler (aiohttp `handler_cancellation`), which closes the upstream connection,
-and vLLM aborts a request whose connection closed — the engine stops generating. The router counts that choice as
-finished_reason `abort` (vLLM itself does not count disconnects).
+A client that goes away cancels the handler (server.py cancels the request's task), which closes the upstream
+connection, and vLLM aborts a request whose connection closed — the engine stops generating. The router counts that
+choice as finished_reason `abort` (vLLM itself does not count disconnects).
 """
 
 from __future__ import annotations
@@ -35,14 +35,13 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
-from aiohttp import web
-
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.router import http1
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
 from vllm_operator.router.metrics import RouterMetrics
+from vllm_operator.router.server import BodyError, Request, Response, StreamResponse
 from vllm_operator.router.tokens import Count, TokenCounter, extract_prompt
 from vllm_operator.router.upstreams import CAUSE_5XX, CAUSE_CONNECT, Endpoint, Pool
 
@@ -67,9 +66,8 @@ _UPSTREAM_CUT: Final = Refusal(502, "The engine closed the connection before its
                                "upstream_disconnected", code="upstream_disconnected", type="upstream_error")
 
 
-def error_response(refusal: Refusal, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=refusal.status, body=json.dumps(refusal.body()).encode(), content_type=_JSON,
-                        headers=headers)
+def error_response(refusal: Refusal, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(refusal.status, json.dumps(refusal.body()).encode(), headers, content_type=_JSON)
 
 
 def _bad(message: str, param: str | None = None, status: int = 400, code: str = "invalid_value") -> Refusal:
@@ -149,20 +147,20 @@ class Router:
             t.connect_seconds, t.first_byte_seconds, t.idle_seconds, t.total_seconds)
         self.retry_after = str(max(1, math.ceil(config.health.interval_seconds)))
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._serve(request, chat=True)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Response | StreamResponse:
         return await self._serve(request, chat=False)
 
     # ------------------------------------------------------------------------------------------------ prepare
 
-    async def _prepare(self, request: web.Request, chat: bool) -> _Prepared | Refusal | tuple[Refusal, Count]:
-        tier = self.auth.tier_for(request.headers.get("Authorization"))
+    async def _prepare(self, request: Request, chat: bool) -> _Prepared | Refusal | tuple[Refusal, Count]:
+        tier = self.auth.tier_for(request.headers.get("authorization"))
         if isinstance(tier, Refusal):
             return tier
         if request.content_type != _JSON:
-            return _bad(f"Content-Type must be {_JSON}, got {request.headers.get('Content-Type', 'none')!r}",
+            return _bad(f"Content-Type must be {_JSON}, got {request.headers.get('content-type', 'none')!r}",
                         status=415, code="unsupported_media_type")
         limit = self.config.max_body_bytes
         length = request.content_length
@@ -171,8 +169,10 @@ class Router:
                         code="request_too_large")
         try:
             raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _bad(f"request body exceeds the limit of {limit} bytes", status=413, code="request_too_large")
+        except BodyError as err:
+            if err.status == 413:
+                return _bad(f"request body exceeds the limit of {limit} bytes", status=413, code="request_too_large")
+            return _bad(err.message)
         try:
             body = json.loads(raw)
         except ValueError as err:
@@ -230,7 +230,7 @@ class Router:
 
     # ------------------------------------------------------------------------------------------------ serve
 
-    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _serve(self, request: Request, chat: bool) -> Response | StreamResponse:
         start = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         prepared = await self._prepare(request, chat)
@@ -275,8 +275,8 @@ class Router:
             self.metrics.child(self.metrics.requests, pool_name, endpoint, str(status)).inc()
             self.metrics.child(self.metrics.duration, pool_name).observe(time.perf_counter() - start)
 
-    async def _forward(self, request: web.Request, prepared: _Prepared, pool: Pool, headers: dict[str, str],
-                       upstream_headers: dict[str, str], start: float) -> web.StreamResponse:
+    async def _forward(self, request: Request, prepared: _Prepared, pool: Pool, headers: dict[str, str],
+                       upstream_headers: dict[str, str], start: float) -> Response | StreamResponse:
         tried: list[Endpoint] = []
         last: _Retry | None = None
         deadline = asyncio.get_running_loop().time() + self.total_s - (time.perf_counter() - start)
@@ -306,8 +306,7 @@ class Router:
             finally:
                 endpoint.outstanding -= 1
         if last is not None and last.status is not None:  # every try answered 5xx: pass the engine's answer on
-            return web.Response(status=last.status, body=last.body, headers={**headers,
-                                                                             "Content-Type": last.content_type})
+            return Response(last.status, last.body, headers, content_type=last.content_type)
         if last is not None and last.kind == "timeout_connect":
             return error_response(_Timeout("connect", self.connect_s).refusal(), headers)
         refusal = Refusal(503, f"No healthy endpoint in the {pool.name} pool"
@@ -315,9 +314,9 @@ class Router:
                           "no_healthy_endpoint", code="no_healthy_endpoint", type="service_unavailable")
         return error_response(refusal, {**headers, "Retry-After": self.retry_after})
 
-    async def _attempt(self, request: web.Request, prepared: _Prepared, pool: Pool, endpoint: Endpoint,
+    async def _attempt(self, request: Request, prepared: _Prepared, pool: Pool, endpoint: Endpoint,
                        headers: dict[str, str], upstream_headers: dict[str, str], start: float,
-                       deadline: float) -> web.StreamResponse:
+                       deadline: float) -> Response | StreamResponse:
         loop = asyncio.get_running_loop()
         first_byte_deadline = min(deadline, loop.time() + self.first_byte_s) if prepared.stream else deadline
         try:
@@ -348,7 +347,7 @@ class Router:
             upstream.close()
 
     async def _relay_whole(self, prepared: _Prepared, pool: Pool, upstream: http1.Response,
-                           headers: dict[str, str], start: float, deadline: float) -> web.StreamResponse:
+                           headers: dict[str, str], start: float, deadline: float) -> Response | StreamResponse:
         try:
             async with asyncio.timeout_at(deadline):
                 body = await upstream.read()
@@ -363,12 +362,11 @@ class Router:
             outcome = _Outcome()
             outcome.scan(body)
             self._account(pool.name, prepared, outcome, None)
-        return web.Response(status=upstream.status, body=body,
-                            headers={**headers, "Content-Type": upstream.headers.get("content-type", _JSON)})
+        return Response(upstream.status, body, headers, content_type=upstream.headers.get("content-type", _JSON))
 
-    async def _relay_stream(self, request: web.Request, prepared: _Prepared, pool: Pool,
+    async def _relay_stream(self, request: Request, prepared: _Prepared, pool: Pool,
                             upstream: http1.Response, headers: dict[str, str], start: float,
-                            first_byte_deadline: float, deadline: float) -> web.StreamResponse:
+                            first_byte_deadline: float, deadline: float) -> Response | StreamResponse:
         """Relay SSE events as they complete. The client's response starts with the engine's first body chunk, so
         a first-byte timeout (or an engine that drops before answering) is still a proper 504/502 status."""
         loop = asyncio.get_running_loop()
@@ -381,7 +379,7 @@ class Router:
         except http1.Disconnected as err:
             raise _Retry("disconnected") from err
         self.metrics.child(self.metrics.ttft, pool.name).observe(time.perf_counter() - start)
-        response = web.StreamResponse(status=200, headers={
+        response = StreamResponse(200, {
             **headers, "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
             "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -447,11 +445,11 @@ def _drop_usage_events(events: bytes) -> bytes:
     return b"\n\n".join(kept)
 
 
-async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+async def _write_quietly(response: StreamResponse, data: bytes) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
         await response.write(data)
 
 
-async def _write_eof_quietly(response: web.StreamResponse) -> None:
+async def _write_eof_quietly(response: StreamResponse) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
         await response.write_eof()

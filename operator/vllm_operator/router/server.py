@@ -1,0 +1,737 @@
+"""The router's HTTP/1.1 server: an asyncio.Protocol that parses requests, runs one handler task per request and
+writes whole or streamed (chunked) responses.
+
+Why not aiohttp's server: profiled under load, aiohttp's server layer (request parsing, request/response objects,
+its handler machinery) plus the event-loop work it causes took ~60 % of the router's CPU for a 2 KB chat request
+(benchmarks/router). The router needs a small part of HTTP/1.1 — a few fixed routes, JSON bodies, whole or SSE
+answers — and this module does only that, in the style of `http1.py` (the upstream client).
+
+What it does, and how it answers what it does not take:
+* Requests: `METHOD SP origin-form SP HTTP/1.1|HTTP/1.0`, header fields `token ":" OWS value OWS`. Anything else is
+  a 400 and the connection closes: whitespace before the colon, folded lines, bare CR or LF, NUL, a non-token method
+  or field name, a control character in the target, a missing Host (HTTP/1.1), Content-Length that is not digits or
+  that differs between two fields, Content-Length together with Transfer-Encoding (the request-smuggling cases).
+  Another HTTP version → 505. A head (request line + fields) over `MAX_HEAD_BYTES` → 431 (414 when the request
+  line alone is that long); more than `MAX_HEADERS` fields → 431.
+* Bodies: Content-Length or `Transfer-Encoding: chunked` (strict hex sizes, CRLF after each chunk; trailers are read
+  and dropped); another transfer coding → 501. The body is collected up to the app's `max_body_bytes`; past it
+  `Request.read()` raises `BodyError(413)` at once (the handler answers) and the rest is read and thrown away.
+  `Expect: 100-continue` is answered when the handler reads the body.
+* Routing: path → method → handler; unknown path 404, known path with another method (HEAD included) 405 + Allow.
+* Keep-alive (HTTP/1.1 by default, HTTP/1.0 with `Connection: keep-alive`) and pipelining: the next request is
+  parsed only when the current response is complete; while a handler runs, at most `PIPELINE_BUFFER` bytes of what
+  follows are buffered before reading pauses. Idle connections close after `KEEPALIVE_SECONDS`.
+* A client that disconnects (or half-closes) while its handler runs cancels the handler task, so the handler's
+  upstream connection is closed and the engine aborts the request.
+* Streamed responses (`StreamResponse`) are chunked; `write()` waits while the transport is over its high-water mark
+  (backpressure from a slow reader reaches the handler, which stops reading its upstream).
+* A response written before the request body was complete ends the connection: `Connection: close`, our side is
+  half-closed and the rest of the body is read and dropped for up to `LINGER_SECONDS`, so the client reads the answer
+  instead of a reset.
+* Graceful shutdown: stop accepting, close idle connections, let running handlers finish within a bound (their
+  responses carry `Connection: close`), then cancel what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import socket
+import time
+import typing
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES: Final = 32 * 1024
+MAX_HEADERS: Final = 100
+MAX_CHUNK_LINE: Final = 4096
+MAX_TRAILER_BYTES: Final = 16 * 1024
+PIPELINE_BUFFER: Final = 256 * 1024
+KEEPALIVE_SECONDS: Final = 75.0
+"""Above the 60 s that proxies in front of the router (ingress-nginx, cloud load balancers) keep idle upstream
+connections, so that it is them who close an idle connection, never the router under their feet."""
+LINGER_SECONDS: Final = 2.0
+SHUTDOWN_SECONDS: Final = 25.0
+"""Below Kubernetes' default 30 s termination grace period."""
+
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_TARGET: Final = re.compile(rb"[\x21-\x7e]+\Z")
+_VERSION: Final = re.compile(rb"HTTP/[0-9]\.[0-9]\Z")
+_CHUNK_SIZE: Final = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\Z")
+_REASONS: Final = {s.value: s.phrase for s in HTTPStatus}
+
+
+class BodyError(Exception):
+    """The request body cannot be had: too large (413) or its chunked framing is broken (400)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_body(status: int, message: str, code: str) -> bytes:
+    """An OpenAI-style error body, for the answers the server gives without a handler."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+
+
+class Response:
+    """A whole response."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int = 200, body: bytes = b"", headers: Mapping[str, str] | None = None,
+                 content_type: str | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.headers = dict(headers) if headers else {}
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+
+
+class Request:
+    """One parsed request. `headers` has lower-case names (repeated fields joined with ", ")."""
+
+    __slots__ = ("_body", "_chunk", "_conn", "_continue", "_done", "_error", "_left", "_limit", "_parts",
+                 "_received", "_streamed", "_waiter", "chunked", "content_length", "headers", "keep_alive", "method",
+                 "path", "query", "version")
+
+    def __init__(self, conn: _Connection, method: str, path: str, query: str, version: str,
+                 headers: dict[str, str], content_length: int | None, chunked: bool, keep_alive: bool,
+                 limit: int) -> None:
+        self._conn = conn
+        self.method = method
+        self.path = path
+        self.query = query
+        self.version = version
+        self.headers = headers
+        self.content_length = content_length
+        self.chunked = chunked
+        self.keep_alive = keep_alive
+        self._limit = limit
+        self._left = content_length or 0
+        self._parts: list[bytes] = []
+        self._received = 0
+        self._body: bytes | None = None
+        self._done = not chunked and not content_length
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._continue = (version == "HTTP/1.1" and not self._done
+                          and headers.get("expect", "").lower() == "100-continue")
+        self._chunk = _ChunkState() if chunked else None
+        self._streamed = False
+
+    @property
+    def content_type(self) -> str:
+        """The media type, lower case, without parameters; "" when there is no Content-Type."""
+        value = self.headers.get("content-type")
+        if value is None:
+            return ""
+        return value.split(";", 1)[0].strip().lower()
+
+    async def read(self) -> bytes:
+        """The whole body. BodyError when it is too large or malformed; ConnectionResetError when the client left."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                if self._body is None:
+                    self._body = b"".join(self._parts)
+                    self._parts = []
+                return self._body
+            if self._continue:
+                self._continue = False
+                self._conn._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    # ------------------------------------------------------------------------------- fed by the connection
+    def _feed(self, data: bytes) -> bytes:
+        """Take body bytes; return what follows the body (the next request)."""
+        if self._chunk is not None:
+            return self._dechunk(data)
+        if len(data) <= self._left:
+            rest = b""
+        else:
+            data, rest = data[: self._left], data[self._left :]
+        self._left -= len(data)
+        self._store(data)
+        if self._left == 0:
+            self._finish()
+        return rest
+
+    def _store(self, data: bytes) -> None:
+        if not data:
+            return
+        self._received += len(data)
+        if self._received > self._limit:
+            if self._error is None:
+                self._parts = []
+                self._fail(BodyError(413, f"request body exceeds the limit of {self._limit} bytes"))
+            return
+        if self._error is None:
+            self._parts.append(data)
+
+    def _dechunk(self, data: bytes) -> bytes:
+        state = self._chunk
+        assert state is not None
+        buf = state.buf + data if state.buf else data
+        pos, end = 0, len(buf)
+        while pos < end:
+            if state.step in (_SIZE, _TRAILER):
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    if end - pos > (MAX_CHUNK_LINE if state.step == _SIZE else MAX_TRAILER_BYTES):
+                        return self._broken("chunk size line too long")
+                    break
+                line = buf[pos:nl]
+                pos = nl + 2
+                if state.step == _TRAILER:
+                    state.trailer_bytes += len(line) + 2
+                    if state.trailer_bytes > MAX_TRAILER_BYTES:
+                        return self._broken("chunked trailers too large")
+                    if not line:
+                        state.buf = b""
+                        self._finish()
+                        return buf[pos:]
+                    continue
+                match = _CHUNK_SIZE.match(line)
+                if match is None:
+                    return self._broken("malformed chunk size")
+                size = int(match.group(1), 16)
+                if size == 0:
+                    state.step = _TRAILER
+                else:
+                    state.left = size
+                    state.step = _DATA
+            elif state.step == _DATA:
+                take = min(end - pos, state.left)
+                self._store(buf[pos : pos + take])
+                pos += take
+                state.left -= take
+                if state.left == 0:
+                    state.step = _DATA_END
+            else:  # _DATA_END: exactly CRLF
+                if end - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    return self._broken("chunk data not followed by CRLF")
+                pos += 2
+                state.step = _SIZE
+        state.buf = buf[pos:]
+        return b""
+
+    def _broken(self, why: str) -> bytes:
+        self.keep_alive = False
+        self._done = True
+        self._fail(BodyError(400, f"malformed chunked request body: {why}"))
+        return b""
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+_SIZE, _DATA, _DATA_END, _TRAILER = range(4)
+
+
+class _ChunkState:
+    __slots__ = ("buf", "left", "step", "trailer_bytes")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.step = _SIZE
+        self.left = 0
+        self.trailer_bytes = 0
+
+
+class StreamResponse:
+    """A response whose body is written piece by piece: `await prepare(request)`, `await write(data)`…,
+    `await write_eof()`. Chunked transfer coding (close-delimited for an HTTP/1.0 client)."""
+
+    __slots__ = ("_chunked", "_conn", "_ended", "headers", "status")
+
+    def __init__(self, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        self.status = status
+        self.headers = dict(headers) if headers else {}
+        self._conn: _Connection | None = None
+        self._chunked = True
+        self._ended = False
+
+    async def prepare(self, request: Request) -> None:
+        conn = request._conn
+        if conn.closed:
+            raise ConnectionResetError("the client has gone away")
+        self._conn = conn
+        self._chunked = request.version == "HTTP/1.1"
+        if not self._chunked:
+            request.keep_alive = False
+        conn._start_stream(request, self)
+
+    async def write(self, data: bytes) -> None:
+        conn = self._conn
+        if conn is None or self._ended:
+            raise RuntimeError("write() before prepare() or after write_eof()")
+        if conn.closed:
+            raise ConnectionResetError("the client has gone away")
+        if not data:
+            return
+        conn._write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        if conn.write_paused:
+            await conn._drain()
+
+    async def write_eof(self) -> None:
+        conn = self._conn
+        if conn is None or self._ended:
+            return
+        self._ended = True
+        if self._chunked and not conn.closed:
+            conn._write(b"0\r\n\r\n")
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+Lifespan = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+
+
+class App:
+    """Routes (exact paths) and the lifespans that run around serving (entered before the first connection is
+    accepted, left after the last request has finished)."""
+
+    def __init__(self, *, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.routes: dict[str, dict[str, Handler]] = {}
+        self.lifespans: list[Lifespan] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self.routes.setdefault(path, {})[method] = handler
+
+
+_date_cache: list[typing.Any] = [0, ""]
+
+
+def _http_date() -> str:
+    now = int(time.time())
+    if now != _date_cache[0]:
+        _date_cache[0] = now
+        _date_cache[1] = formatdate(now, usegmt=True)
+    return typing.cast(str, _date_cache[1])
+
+
+def _head(status: int, headers: Mapping[str, str], framing: str, keep_alive: bool, version: str) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nDate: {_http_date()}\r\n{framing}"]
+    for name, value in headers.items():
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"line break in response header {name!r}")
+        lines.append(f"{name}: {value}\r\n")
+    if not keep_alive:
+        lines.append("Connection: close\r\n")
+    elif version == "HTTP/1.0":
+        lines.append("Connection: keep-alive\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parse, dispatch, write; one request at a time."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.app = server.app
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.closing = False  # finish the current request, then close (shutdown)
+        self.write_paused = False
+        self.last_active = 0.0
+        self.request: Request | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._buf = b""
+        self._reading_paused = False
+        self._discarding = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's is not an asyncio.Transport subclass, hence no isinstance check).
+        self.transport = typing.cast(asyncio.Transport, transport)
+        self.last_active = self.loop.time()
+        self.server.connections.add(self)  # (asyncio and uvloop set TCP_NODELAY on TCP transports themselves)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        request = self.request
+        if request is not None and not request._done:
+            data = request._feed(data)
+            if not data:
+                return
+        self._buf = self._buf + data if self._buf else data
+        if request is not None:  # pipelined: parsed when the current response is complete
+            if len(self._buf) > PIPELINE_BUFFER and not self._reading_paused and self.transport is not None:
+                self._reading_paused = True
+                self.transport.pause_reading()
+            return
+        self._next()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes; a running handler is cancelled in connection_lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        if self._linger is not None:
+            self._linger.cancel()
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+        request = self.request
+        if request is not None and not request._done:
+            request._fail(ConnectionResetError("the client has gone away"))
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the client has gone away"))
+            waiter.exception()  # retrieved: the writer may be gone
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ------------------------------------------------------------------------------- parsing and dispatch
+    def _next(self) -> None:
+        """Parse and dispatch the requests in the buffer, until one needs a handler task or the buffer runs dry."""
+        while self.request is None and self._buf and not self.closed and not self._discarding:
+            buf = self._buf
+            if buf[:1] in (b"\r", b"\n"):  # empty lines before a request line are ignored (RFC 9112 2.2)
+                buf = self._buf = buf.lstrip(b"\r\n")
+                if not buf:
+                    return
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    line_end = buf.find(b"\r\n")
+                    if line_end < 0 or line_end > MAX_HEAD_BYTES:
+                        self._refuse(414, "request line too long", "uri_too_long")
+                    else:
+                        self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes", "headers_too_large")
+                return
+            if end > MAX_HEAD_BYTES:
+                self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes", "headers_too_large")
+                return
+            try:
+                request = self._parse(buf[:end])
+            except _Reject as reject:
+                self._refuse(reject.status, reject.message, reject.code)
+                return
+            rest = buf[end + 4 :]
+            self.request = request
+            if rest and not request._done:
+                rest = request._feed(rest)
+            self._buf = rest
+            methods = self.app.routes.get(request.path)
+            if methods is None:
+                self._answer(request, Response(404, error_body(404, f"no route for {request.path}", "not_found"),
+                                               content_type="application/json"))
+                continue
+            handler = methods.get(request.method)
+            if handler is None:
+                self._answer(request, Response(405, error_body(405, f"method {request.method} is not allowed on "
+                                                               f"{request.path}", "method_not_allowed"),
+                                               {"Allow": ", ".join(methods)}, "application/json"))
+                continue
+            self.task = self.loop.create_task(self._run(request, handler))
+            return
+
+    def _parse(self, head: bytes) -> Request:
+        if b"\0" in head or head.count(b"\n") != head.count(b"\r\n") or head.count(b"\r") != head.count(b"\r\n"):
+            raise _Reject(400, "bare CR, LF or NUL in the request head")
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3:
+            raise _Reject(400, "malformed request line")
+        raw_method, target, raw_version = parts
+        if raw_version not in (b"HTTP/1.1", b"HTTP/1.0"):
+            if _VERSION.match(raw_version):
+                raise _Reject(505, f"HTTP version {raw_version.decode()} is not supported", "version_not_supported")
+            raise _Reject(400, "malformed request line")
+        if not _TOKEN.match(raw_method):
+            raise _Reject(400, "malformed method")
+        if not _TARGET.match(target):
+            raise _Reject(400, "malformed request target")
+        if target[:1] != b"/":
+            # absolute-form (sent to proxies; servers must accept it): keep the path
+            scheme_end = target.find(b"://")
+            if scheme_end < 0:
+                raise _Reject(400, "request target must be a path")
+            slash = target.find(b"/", scheme_end + 3)
+            target = target[slash:] if slash >= 0 else b"/"
+        if len(lines) - 1 > MAX_HEADERS:
+            raise _Reject(431, f"more than {MAX_HEADERS} header fields", "headers_too_large")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not _TOKEN.match(name):  # also: whitespace before the colon, folded lines
+                raise _Reject(400, "malformed header field")
+            key = name.decode("ascii").lower()
+            text = value.strip(b" \t").decode("latin-1")
+            old = headers.get(key)
+            if old is None:
+                headers[key] = text
+            elif key == "content-length":
+                if old != text:
+                    raise _Reject(400, "conflicting Content-Length fields")
+            elif key == "host":
+                raise _Reject(400, "more than one Host field")
+            else:
+                headers[key] = f"{old}, {text}"
+        version = raw_version.decode("ascii")
+        if version == "HTTP/1.1" and "host" not in headers:
+            raise _Reject(400, "HTTP/1.1 request without Host")
+        length: int | None = None
+        chunked = False
+        coding = headers.get("transfer-encoding")
+        if coding is not None:
+            if "content-length" in headers:
+                raise _Reject(400, "both Transfer-Encoding and Content-Length")
+            if version != "HTTP/1.1":
+                raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
+            if coding.lower() != "chunked":
+                if coding.lower().rsplit(",", 1)[-1].strip() != "chunked":
+                    raise _Reject(400, "chunked must be the final transfer coding")
+                raise _Reject(501, f"transfer coding {coding!r} is not supported (only chunked)", "not_implemented")
+            chunked = True
+        else:
+            declared = headers.get("content-length")
+            if declared is not None:
+                if not declared.isdigit() or not declared.isascii() or len(declared) > 18:
+                    raise _Reject(400, "malformed Content-Length")
+                length = int(declared)
+        connection = headers.get("connection")
+        if version == "HTTP/1.1":
+            keep_alive = connection is None or "close" not in _tokens(connection)
+        else:
+            keep_alive = connection is not None and "keep-alive" in _tokens(connection)
+        raw_path, _, raw_query = target.partition(b"?")
+        return Request(self, raw_method.decode("ascii"), raw_path.decode("ascii"), raw_query.decode("ascii"),
+                       version, headers, length, chunked, keep_alive, self.app.max_body_bytes)
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """A request that cannot be parsed: answer and close (the framing of what follows is unknown)."""
+        if self.transport is None or self.closed:
+            return
+        body = error_body(status, message, code)
+        self._write(_head(status, {"Content-Type": "application/json"}, f"Content-Length: {len(body)}\r\n", False,
+                          "HTTP/1.1") + body)
+        self._buf = b""
+        self._end_connection(body_complete=False)
+
+    async def _run(self, request: Request, handler: Handler) -> None:
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:
+            if not self.closed and self.transport is not None:
+                self.transport.abort()  # cancelled by the shutdown: nothing more will be written
+            return
+        except Exception:
+            log.exception("Handler for %s %s failed", request.method, request.path)
+            if self.request is request and not request._streamed:
+                self._answer(request, Response(500, error_body(500, "internal error in the router", "internal_error"),
+                                               content_type="application/json"))
+            elif self.transport is not None:
+                self.transport.abort()
+            return
+        finally:
+            self.task = None
+        if isinstance(response, StreamResponse):
+            if response._conn is None:  # never prepared: nothing was written
+                self._answer(request, Response(response.status, b"", response.headers))
+                return
+            await response.write_eof()
+            self._complete(request, request.keep_alive and response._chunked)
+        else:
+            self._answer(request, response)
+        if self.request is None and self._buf:
+            self._next()
+
+    # ------------------------------------------------------------------------------- writing
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not self.closed and not transport.is_closing():
+            transport.write(data)
+
+    async def _drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("the client has gone away")
+        waiter = self._drain_waiter = self.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._drain_waiter = None
+
+    def _keep(self, request: Request) -> bool:
+        return request.keep_alive and request._done and request._error is None and not self.closing
+
+    def _answer(self, request: Request, response: Response) -> None:
+        keep = self._keep(request)
+        body = response.body
+        head = _head(response.status, response.headers, f"Content-Length: {len(body)}\r\n", keep, request.version)
+        if request.method == "HEAD":
+            self._write(head)
+        elif len(body) < 16384:
+            self._write(head + body)
+        else:
+            self._write(head)
+            self._write(body)
+        self._complete(request, keep)
+
+    def _start_stream(self, request: Request, response: StreamResponse) -> None:
+        keep = self._keep(request)
+        request.keep_alive = keep
+        request._streamed = True
+        framing = "Transfer-Encoding: chunked\r\n" if response._chunked else ""
+        self._write(_head(response.status, response.headers, framing, keep and response._chunked,
+                          request.version))
+
+    def _complete(self, request: Request, keep: bool) -> None:
+        """The response to `request` is written: go on with the next request, or end the connection."""
+        if self.request is request:
+            self.request = None
+        if not keep:
+            self._end_connection(body_complete=request._done and request._error is None)
+            return
+        self.last_active = self.loop.time()
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _end_connection(self, body_complete: bool) -> None:
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if body_complete or not transport.can_write_eof():
+            transport.close()
+            return
+        # The client may still be sending: half-close, read and drop the rest for a while, then close.
+        self._discarding = True
+        self._buf = b""
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._linger = self.loop.call_later(LINGER_SECONDS, transport.abort)
+
+    def close_if_idle(self, now: float, idle_after: float) -> None:
+        if self.request is None and not self.closed and now - self.last_active > idle_after \
+                and self.transport is not None:
+            self.transport.close()
+
+
+def _tokens(value: str) -> list[str]:
+    return [t.strip() for t in value.lower().split(",")]
+
+
+class Server:
+    """The listening socket and its connections."""
+
+    def __init__(self, app: App, *, keepalive_s: float = KEEPALIVE_SECONDS) -> None:
+        self.app = app
+        self.keepalive_s = keepalive_s
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[_Connection] = set()
+        self._listener: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, sock: socket.socket) -> None:
+        self._listener = await self.loop.create_server(lambda: _Connection(self), sock=sock, backlog=1024)
+        self._sweeper = self.loop.create_task(self._sweep(), name="http-keepalive")
+
+    async def _sweep(self) -> None:
+        interval = min(5.0, self.keepalive_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = self.loop.time()
+            for conn in list(self.connections):
+                conn.close_if_idle(now, self.keepalive_s)
+
+    async def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Stop accepting; let running requests finish within `timeout`; then cancel them and close everything."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.connections):
+            conn.closing = True
+            if conn.request is None and conn.transport is not None:
+                conn.transport.close()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for conn in list(self.connections):
+            if conn.task is not None:
+                conn.task.cancel()
+        await asyncio.sleep(0)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def serve(app: App, host: str = "127.0.0.1", port: int = 0, *,
+                shutdown_timeout: float = SHUTDOWN_SECONDS) -> AsyncIterator[str]:
+    """Enter the app's lifespans, serve until the block ends, shut down gracefully; yields the base URL (port 0
+    picks a free one)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for lifespan in app.lifespans:
+            await stack.enter_async_context(lifespan())
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.setblocking(False)
+            server = Server(app)
+            await server.start(sock)
+        except BaseException:
+            sock.close()
+            raise
+        bound = sock.getsockname()[1]
+        try:
+            yield f"http://[{host}]:{bound}" if family == socket.AF_INET6 else f"http://{host}:{bound}"
+        finally:
+            await server.shutdown(shutdown_timeout)
