@@ -224,11 +224,12 @@ http {{
 class Stack:
     """Every process of the run; targets are base URLs, each with the Proc whose CPU is the proxy's cost."""
 
-    def __init__(self, work: Path, variants: list[str]) -> None:
+    def __init__(self, work: Path, variants: list[str], baseline: Path | None = None) -> None:
         self.work = work
         self.procs: list[Proc] = []
         self.targets: dict[str, tuple[str, Proc | None]] = {}
         self.variants = variants
+        self.baseline = baseline
 
     def start(self, tokens_dir: Path) -> None:
         up_port = free_port()
@@ -253,13 +254,18 @@ class Stack:
                 proc = self._spawn("vllm-router", [str(VLLM_ROUTER), *vllm_router_args(upstream, port)], PROXY_CORE)
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
-            elif variant in ("router", "router-uvloop"):
+            elif variant in ("router", "router-uvloop", "router-baseline"):
                 # `router` runs as the image ships it (plain asyncio: the image installs no uvloop, and the
-                # router only uses uvloop when it is importable); `router-uvloop` needs uvloop in .venv.
+                # router only uses uvloop when it is importable); `router-uvloop` needs uvloop in .venv;
+                # `router-baseline` is `router` from another checkout (--baseline: e.g. the previous commit).
                 port = free_port()
                 cfg = self.work / f"{variant}.json"
                 cfg.write_text(json.dumps(router_config(upstream, tokens_dir, port), indent=2))
-                block = "sys.modules['uvloop'] = None; " if variant == "router" else ""
+                block = "sys.modules['uvloop'] = None; " if variant != "router-uvloop" else ""
+                if variant == "router-baseline":
+                    if self.baseline is None:
+                        raise SystemExit("router-baseline needs --baseline DIR (a checkout with operator/ in it)")
+                    block += f"sys.path.insert(0, {str(self.baseline / 'operator')!r}); "
                 code = (f"import sys; {block}from vllm_operator.cli import main; "
                         f"sys.exit(main(['router', '--config', {str(cfg)!r}, '--host', '127.0.0.1', "
                         f"'--port', '{port}', '--log-level', 'WARNING']))")
@@ -697,7 +703,11 @@ def tokenize_cost(args: argparse.Namespace, stack: Stack | None, tokens_dir: Pat
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default="nginx,router,router-uvloop,vllm-router",
-                   help="comma list of nginx, router (asyncio, as the image ships), router-uvloop, vllm-router")
+                   help="comma list of nginx, router (asyncio, as the image ships), router-uvloop, vllm-router, "
+                        "router-baseline (the router of --baseline)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another checkout's root for the router-baseline target, e.g. "
+                        "`mkdir /tmp/base && git archive HEAD~1 operator | tar -x -C /tmp/base`")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=5.0)
     p.add_argument("--latency-seconds", type=float, default=8.0)
@@ -741,7 +751,7 @@ def main() -> int:
                                      capture_output=True,
                                      text=True).stdout.strip(), "loadavg_start": loadavg(), "args": {
                 k: str(v) for k, v in vars(args).items()}, "vllm_router_args": vllm_router_args("UPSTREAM", 0)}
-    stack = Stack(work, variants)
+    stack = Stack(work, variants, args.baseline)
     results: dict[str, Any] = {"meta": meta}
     try:
         stack.start(tokens_dir)

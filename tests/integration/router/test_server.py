@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -42,6 +43,7 @@ class Probe:
         self.app.add("GET", "/wait", self.wait)
         self.app.add("GET", "/stream", self.stream)
         self.app.add("POST", "/early", self.early)
+        self.app.add("GET", "/nodelay", self.nodelay)
 
     async def echo(self, request: Request) -> Response:
         try:
@@ -72,6 +74,12 @@ class Probe:
             self.stream_written += len(chunk)
         await response.write_eof()
         return response
+
+    async def nodelay(self, request: Request) -> Response:
+        transport = request._conn.transport
+        assert transport is not None
+        sock = transport.get_extra_info("socket")
+        return Response(200, str(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)).encode())
 
     async def early(self, request: Request) -> Response:
         """Answers without reading the body (like the router's 413 on a declared Content-Length)."""
@@ -143,6 +151,13 @@ async def test_keep_alive_serves_sequential_requests_on_one_connection() -> None
             assert "connection" not in reply.headers
             assert "date" in reply.headers
         writer.close()
+
+
+async def test_nagle_is_off_on_accepted_connections() -> None:
+    """Otherwise the last small write of a stream waits for the client's delayed ACK (~40 ms)."""
+    async with probe_server() as (_, _host, port):
+        (reply,), _ = await exchange(port, b"GET /nodelay HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert reply.body == b"1"
 
 
 async def test_pipelined_requests_are_answered_in_order() -> None:
