@@ -15,6 +15,7 @@ import asyncio
 import copy
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,23 @@ def start_operator(env: dict[str, str], log: Any) -> subprocess.Popen[str]:
     """`vllm-operator run` as its own process (health loop off: no Prometheus in this benchmark)."""
     return subprocess.Popen([str(ROOT / ".venv/bin/vllm-operator"), "run", "--no-health", "--port", "0"],
                             env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (from /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu_seconds() -> float:
+    """This process's CPU: the emulator and the simulated controllers all run in it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def is_operator(user_agent: str) -> bool:
+    """Requests of the operator process: ours (vllm-operator/...) and kopf's own (annotations, watches)."""
+    return not user_agent.startswith("sim-")
 
 
 def vm_hwm_kib(pid: int) -> int:
@@ -122,12 +140,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             results["overhead_ratio_p50"] = statistics.median(latencies) / statistics.median(bare)
             # 2. bulk: N CRs at once -> all Ready
             seq = cluster.api.request_log.next_seq
+            cpu0 = (cpu_seconds(operator.pid), self_cpu_seconds())
             t0 = time.monotonic()
             names = [f"bulk-{i:04d}" for i in range(args.bulk_crs)]
             await asyncio.gather(*(client.create(VLLM_DEPLOYMENTS, "bench", cr(n, "bench")) for n in names))
             applied = time.monotonic() - t0
             pending = set(names)
+            next_report = t0 + 30
             while pending and time.monotonic() - t0 < args.bulk_timeout:
+                if time.monotonic() >= next_report:
+                    next_report += 30
+                    print(f"{time.monotonic() - t0:6.0f} s: {len(names) - len(pending)}/{len(names)} Ready, load "
+                          f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
                 items, _ = await client.list(VLLM_DEPLOYMENTS, "bench")
                 for item in items:
                     conds = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
@@ -135,15 +159,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         pending.discard(item["metadata"]["name"])
                 await asyncio.sleep(0.5)
             elapsed = time.monotonic() - t0
-            writes = [r for r in cluster.api.request_log.since(seq)
-                      if r.is_write and constants.APP_NAME in r.user_agent]
+            cpu1 = (cpu_seconds(operator.pid), self_cpu_seconds())
+            records = [r for r in cluster.api.request_log.since(seq) if is_operator(r.user_agent)]
+            writes = [r for r in records if r.is_write]
             by_kind: dict[str, int] = {}
             for r in writes:
-                key = f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
+                who = "ours" if constants.APP_NAME in r.user_agent else "kopf"
+                key = f"{who}: {r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
                 by_kind[key] = by_kind.get(key, 0) + 1
             results["bulk"] = {"crs": args.bulk_crs, "applied_s": applied, "all_ready_s": elapsed,
                                "not_ready": len(pending), "operator_writes_per_cr": len(writes) / args.bulk_crs,
-                               "writes_by_kind": dict(sorted(by_kind.items()))}
+                               "operator_requests_per_cr": len(records) / args.bulk_crs,
+                               "writes_by_kind": dict(sorted(by_kind.items())),
+                               "operator_cpu_s": cpu1[0] - cpu0[0],
+                               "emulator_and_simulation_cpu_s": cpu1[1] - cpu0[1]}
             # 3. no-op resync: restart the operator, count its writes
             peak_rss_mib = vm_hwm_kib(operator.pid) / 1024
             operator.terminate()
@@ -153,7 +182,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             operator = start_operator(env, log)
             await asyncio.sleep(args.resync_wait)
             results["resync_writes"] = len([r for r in cluster.api.request_log.since(seq)
-                                            if r.is_write and constants.APP_NAME in r.user_agent])
+                                            if r.is_write and is_operator(r.user_agent)])
             results["operator_peak_rss_mib_after_resync"] = vm_hwm_kib(operator.pid) / 1024
         finally:
             operator.terminate()

@@ -1,24 +1,34 @@
 """Lifecycle handlers: create, update and resume all run the same reconcile; owned Deployments update status.
 
-Thin on purpose — the work is in `reconcile.py`. kopf's retry semantics: a refused spec is a PermanentError (no
-retry until the spec changes; the status and a Warning event say why); API trouble is a TemporaryError with a delay.
+Thin on purpose — the work is in `reconcile.py`; owned-Deployment changes are coalesced into one status refresh
+per VLLMDeployment (`refresh.py`) that reads kopf's in-memory indexes rather than the API. kopf's retry semantics:
+a refused spec is a PermanentError (no retry until the spec changes; the status and a Warning event say why); API
+trouble is a TemporaryError with a delay.
 There is no on.delete handler, so kopf adds no finalizer: children go by ownerReference garbage collection.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from vllm_operator import constants
+from vllm_operator import constants, names
+from vllm_operator.handlers import refresh
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
-from vllm_operator.handlers.reconcile import reconcile, refresh_status
-from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeApi, KubeError
+from vllm_operator.handlers.reconcile import is_owned_by, reconcile, refresh_status
+from vllm_operator.k8s import KubeApi, KubeError
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
+PARENT_INDEX = "vllm_deployment_index"
+"""kopf index (handler kwarg) of VLLMDeployment bodies by (namespace, child label value)."""
+DEPLOYMENT_INDEX = "pool_deployment_index"
+"""kopf index (handler kwarg) of owned Deployments' counts by (namespace, owner label value)."""
 
 
 def configure_settings(settings: kopf.OperatorSettings) -> None:
@@ -53,7 +63,7 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any) -> N
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    """Attach the lifecycle handlers to `registry`."""
+    """Attach the lifecycle handlers to `registry` (the memo must carry `kube`, `metrics` and a `refresher`)."""
     del config  # lifecycle needs no settings beyond the memo's clients
 
     @kopf.on.startup(registry=registry)
@@ -66,19 +76,59 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await run_reconcile(memo.kube, memo.metrics, body)
 
-    @kopf.on.event("apps", "v1", "deployments", labels={constants.LABEL_NAME: constants.APP_NAME,
-                                                       constants.LABEL_DEPLOYMENT: kopf.PRESENT}, registry=registry)
-    async def _child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    deployment_labels: dict[str, Any] = {constants.LABEL_NAME: constants.APP_NAME,
+                                         constants.LABEL_DEPLOYMENT: kopf.PRESENT}
+
+    # In-memory indexes fed by the watch streams kopf keeps anyway (an informer cache): the coalesced status
+    # refresh reads the parent and its Deployments from here instead of GET + LIST per event.
+    @kopf.index(*RESOURCE, id=PARENT_INDEX, registry=registry)
+    def vllm_deployment_index(body: kopf.Body, **_: Any) -> dict[refresh.Key, Any]:
+        meta = body["metadata"]
+        return {(meta["namespace"], names.dns_label(meta["name"])): copy.deepcopy(dict(body))}
+
+    @kopf.index("apps", "v1", "deployments", labels=deployment_labels, id=DEPLOYMENT_INDEX, registry=registry)
+    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict[refresh.Key, Any]:
+        meta = body["metadata"]
+        return {(meta["namespace"], meta["labels"][constants.LABEL_DEPLOYMENT]): deployment_counts_view(body)}
+
+    @kopf.on.cleanup(registry=registry)
+    async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+        await memo.refresher.close()
+
+    @kopf.on.event("apps", "v1", "deployments", labels=deployment_labels, registry=registry)
+    async def _child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: Any,
+                             **kwargs: Any) -> None:
+        parents: kopf.Index[refresh.Key, Any] = kwargs[PARENT_INDEX]
+        deployments: kopf.Index[refresh.Key, Any] = kwargs[DEPLOYMENT_INDEX]
         owner = body.get("metadata", {}).get("labels", {}).get(constants.LABEL_DEPLOYMENT)
         namespace = body.get("metadata", {}).get("namespace")
         if not owner or not namespace:
             return
-        parent = await memo.kube.get(VLLM_DEPLOYMENTS, namespace, owner)
-        if parent is None or parent.get("metadata", {}).get("deletionTimestamp"):
-            return
+        key = (namespace, owner)
         if event.get("type") == "DELETED":
-            logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
-                        body["metadata"]["name"])
-            await run_reconcile(memo.kube, memo.metrics, parent)
-        else:
-            await refresh_status(memo.kube, parent)
+            for parent in list(parents.get(key, ())):
+                if is_owned_by(body, parent["metadata"]["uid"]) and not parent["metadata"].get("deletionTimestamp"):
+                    logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
+                                body["metadata"]["name"])
+                    await run_reconcile(memo.kube, memo.metrics, parent)
+            return
+        memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments))
+
+
+def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a Deployment that status is computed from (kept per Deployment in memory, so kept small)."""
+    meta = body.get("metadata", {})
+    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+                         "ownerReferences": [{"uid": r.get("uid")} for r in meta.get("ownerReferences") or []]},
+            "spec": {"replicas": (body.get("spec") or {}).get("replicas", 1)},
+            "status": copy.deepcopy(dict(body.get("status") or {}))}
+
+
+async def _refresh_from_indexes(kube: KubeApi, key: refresh.Key, parents: Mapping[refresh.Key, Any],
+                                deployments: Mapping[refresh.Key, Any]) -> None:
+    for parent in list(parents.get(key, ())):
+        meta = parent["metadata"]
+        if meta.get("deletionTimestamp"):
+            continue
+        owned = [d for d in deployments.get(key, ()) if is_owned_by(d, meta["uid"])]
+        await refresh_status(kube, parent, deployments=owned)

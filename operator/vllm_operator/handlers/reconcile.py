@@ -15,7 +15,7 @@ Order of work, and why:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,31 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
     note = None if len(kinds) == 1 else (f"accelerator auto matched {', '.join(kinds)}; planned for "
                                          f"{chosen.type}, the smallest")
     return chosen, note
+
+
+EVENT_MESSAGE_LIMIT = 1024
+"""Event messages longer than this are cut by the API server's clients (kubectl describe) and by events.k8s.io."""
+
+
+def change_message(verb: str, items: Sequence[str], limit: int = EVENT_MESSAGE_LIMIT) -> str:
+    """One event per verb and reconcile, naming every child: "Created 14 children: Deployment ns/a, ...".
+
+    One event per child doubled the writes of creating a VLLMDeployment (benchmarks/controller) and buried the
+    object's other events; the list still names each child. A list too long for one message ends with how many
+    were left out.
+    """
+    noun = "child" if len(items) == 1 else "children"
+    head = f"{verb} {len(items)} {noun}: "
+    text = head + ", ".join(items)
+    if len(text) <= limit:
+        return text
+    shown: list[str] = []
+    for item in items:
+        left = len(items) - len(shown) - 1
+        if len(head + ", ".join([*shown, item]) + f", ... and {left} more") > limit:
+            break
+        shown.append(item)
+    return head + ", ".join(shown) + f"{', ' if shown else ''}... and {len(items) - len(shown)} more"
 
 
 async def _emit(kube: KubeApi, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -240,7 +265,8 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     for verb, items in (("Created", outcome.created), ("Updated", outcome.updated), ("Deleted", outcome.deleted)):
         for item in items:
             log.info("%s %s for VLLMDeployment %s/%s", verb, item, meta["namespace"], meta["name"])
-            await _emit(kube, obj, "Normal", verb, f"{verb} {item}")
+        if items:
+            await _emit(kube, obj, "Normal", verb, change_message(verb, items))
     # Status comes from a fresh list, not from create/patch responses: pods may have become ready meanwhile. When
     # another writer (the Deployment watch, the health loop) wrote status since `obj` was read, the conditional
     # write gets 409: re-read the object (its status now carries their fields) and write again.
@@ -293,14 +319,17 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
     return status
 
 
-async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *, attempts: int = 3) -> bool:
-    """Cheap status refresh after an owned Deployment changed: replan (pure) and re-read Deployments only.
+async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
+                         deployments: Sequence[Mapping[str, Any]] | None = None, attempts: int = 3) -> bool:
+    """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
-    A 409 (someone wrote status since `obj` was read) re-reads the object and tries again.
+    `obj` and `deployments` may come from the operator's watch caches (handlers/refresh.py), so that the only
+    request is the status PATCH; without `deployments` they are listed. The write is conditional on `obj`'s
+    resourceVersion: a 409 (someone wrote since, or the cache lagged) re-reads the object and tries again.
     """
     for _ in range(attempts - 1):
         try:
-            return await _refresh_status_once(kube, obj)
+            return await _refresh_status_once(kube, obj, deployments)
         except KubeError as err:
             if not err.conflict:
                 raise
@@ -308,10 +337,11 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *, attempts: int
             if fresh is None:
                 return False
             obj = fresh
-    return await _refresh_status_once(kube, obj)
+    return await _refresh_status_once(kube, obj, deployments)
 
 
-async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
+async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any],
+                               deployments: Sequence[Mapping[str, Any]] | None) -> bool:
     meta = obj["metadata"]
     prev = _current_status(obj)
     try:
@@ -321,8 +351,10 @@ async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any]) -> bool:
                         namespace=meta["namespace"])
     except SpecError:
         return False  # the spec is refused; the lifecycle handler owns that status
-    children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
-                for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
+    if deployments is None:
+        deployments = await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
+    children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d for d in deployments
+                if is_owned_by(d, meta["uid"])}
     has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile does.
     observed = prev.observed_generation if prev else None

@@ -22,6 +22,7 @@ from aiohttp import web
 from vllm_operator.handlers import health, lifecycle
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
+from vllm_operator.handlers.refresh import Coalescer
 from vllm_operator.k8s import ClientKubeApi, KubeApi
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             flag.set()
         forwarder = asyncio.create_task(_signal_ready(ready_flag))
     runner = await serve_http(config, metrics, ready) if config.http_port else None
-    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config)
+    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
+                     refresher=Coalescer(delay=config.status_refresh_delay))
     try:
         await kopf.operator(
             registry=build_registry(config),

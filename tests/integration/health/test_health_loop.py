@@ -82,6 +82,14 @@ async def pool_pods(kube: ClientKubeApi, pool: str) -> list[dict[str, Any]]:
     return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")), key=lambda p: p["metadata"]["name"])
 
 
+async def started_pool_pods(kube: ClientKubeApi, pool: str) -> list[dict[str, Any]] | None:
+    """The pool's pods once the kubelet has started them all: a state driven before the kubelet's first report
+    would be overwritten by it."""
+    pods = await pool_pods(kube, pool)
+    started = all(p.get("status", {}).get("containerStatuses") for p in pods)
+    return pods if pods and started else None
+
+
 async def ready_obj(kube: ClientKubeApi) -> dict[str, Any] | None:
     obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
     return obj if cond(obj, constants.COND_READY).get("status") == "True" else None
@@ -298,7 +306,7 @@ async def test_a_decision_on_a_stale_status_is_not_acted_on(cluster: SimCluster)
         created = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)
         assert created is not None
         await reconcile(kube, created)
-        pods = await eventually(lambda: pool_pods(kube, "long"), timeout=20)
+        pods = await eventually(lambda: started_pool_pods(kube, "long"), timeout=20)
         dep_name = names.pool(NAME, "long")
         before = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
         message = json.dumps({"reason": exit_codes.REASON_KV_CACHE_TOO_SMALL,
