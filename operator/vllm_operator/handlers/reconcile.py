@@ -7,8 +7,10 @@ Order of work, and why:
 2. Plan. A refusal (SpecError) sets SpecValid=False, posts one Warning event and returns *before touching any
    child*: a bad edit never takes a working deployment down.
 3. Render and converge children by comparing spec-hash annotations (never rewriting an unchanged object), create
-   what is missing, adopt same-named orphans, delete owned children the plan no longer has. Replicas of a pool
-   owned by an external autoscaler are written only at creation.
+   what is missing, adopt same-named orphans, delete owned children the plan no longer has. A changed child is
+   merge-patched with nulls for the fields the operator set before and the new rendering dropped
+   (rendering/applied.py), so removing e.g. every toleration from the spec removes them from the pods too.
+   Replicas of a pool owned by an external autoscaler are written only at creation.
 4. Patch status only when it changed, so a no-op resync makes zero writes.
 """
 
@@ -41,7 +43,7 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import accelerator_from_node_labels
-from vllm_operator.rendering import render
+from vllm_operator.rendering import applied, render
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +207,8 @@ async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manif
         res = resource_of(rendered)
         key = (res.api_version, res.kind, rendered["metadata"]["name"])
         wanted.add(key)
-        desired = {**rendered, "metadata": {**rendered["metadata"], "ownerReferences": [owner_reference(obj)]}}
+        desired = applied.annotate({**rendered, "metadata": {**rendered["metadata"],
+                                                             "ownerReferences": [owner_reference(obj)]}})
         have = existing.get(key)
         label = f"{res.kind} {namespace}/{desired['metadata']['name']}"
         if have is None:
@@ -221,7 +224,8 @@ async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manif
                     raise
         if spec_hash(have) == spec_hash(desired) and is_owned_by(have, uid):
             continue
-        await kube.patch(res, namespace, desired["metadata"]["name"], _patch_body(desired, autoscaled))
+        patch = _patch_body(applied.with_removals(applied.recorded(have), desired), autoscaled)
+        await kube.patch(res, namespace, desired["metadata"]["name"], patch)
         outcome.updated.append(label)
     for key, have in existing.items():
         if key not in wanted and is_owned_by(have, uid):

@@ -162,3 +162,32 @@ async def test_invalid_edit_keeps_children_and_reports_why(cluster: SimCluster) 
         events = [e for e in await kube.list(EVENTS, ns) if e["involvedObject"]["name"] == name]
         warnings = [e for e in events if e["type"] == "Warning" and e["reason"] == "SpecInvalid"]
         assert len(warnings) == 1 and "131072" in warnings[0]["message"]
+
+
+async def test_fields_dropped_from_the_spec_are_removed_from_children(cluster: SimCluster) -> None:
+    """A merge patch only adds and changes keys: removing every toleration and the nodeSelector from a pool must
+    still remove them from its Deployment (the applied-fields annotation names what the operator set before)."""
+    obj = example("cpu-dev")
+    obj["spec"]["pools"]["short"]["tolerations"] = [{"key": "team", "operator": "Exists", "effect": "NoSchedule"}]
+    obj["spec"]["pools"]["short"]["nodeSelector"] = {"kubernetes.io/os": "linux"}
+    ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+    dep_name = names.pool(name, "short")
+    async with running_operator(cluster) as kube:
+        await kube.create(VLLM_DEPLOYMENTS, ns, obj)
+        current = await converge(kube, ns, name, 1)
+        dep = await kube.get(DEPLOYMENTS, ns, dep_name)
+        assert dep is not None
+        pod_spec = dep["spec"]["template"]["spec"]
+        assert pod_spec["tolerations"][0]["key"] == "team" and pod_spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+        revision = dep["metadata"]["annotations"].get("deployment.kubernetes.io/revision")
+
+        await kube.patch(VLLM_DEPLOYMENTS, ns, name, {"spec": {"pools": {"short": {"tolerations": None,
+                                                                                  "nodeSelector": None}}}})
+        await converge(kube, ns, name, current["metadata"]["generation"] + 1)
+        dep = await kube.get(DEPLOYMENTS, ns, dep_name)
+        assert dep is not None
+        pod_spec = dep["spec"]["template"]["spec"]
+        assert "tolerations" not in pod_spec and "nodeSelector" not in pod_spec
+        # fields the operator never set (the Deployment controller's) are left alone
+        if revision is not None:
+            assert "deployment.kubernetes.io/revision" in dep["metadata"]["annotations"]
