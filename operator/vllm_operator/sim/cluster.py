@@ -9,7 +9,12 @@ over the API like a kubelet registers its Node, with GPU feature discovery label
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
+import json
+import signal
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -65,41 +70,29 @@ def cpu_node(name: str, *, cpu: str = "2", memory: str = "24Gi", labels: dict[st
     }
 
 
-class SimCluster:
-    """An API server on 127.0.0.1 plus controllers and nodes; an async context manager."""
+class ControllerSet:
+    """The simulated controllers and nodes of a cluster, against an API server at `url`; an async context manager.
 
-    def __init__(self, *, nodes: Iterable[dict[str, Any]] = (), runtimes: dict[str, PodRuntime] | None = None,
-                 controllers: Sequence[str] = ALL_CONTROLLERS, crds: Sequence[Path] = (REPO_CRD,),
-                 api: ApiServer | None = None, port: int | None = None, ready_after: float = 0.0) -> None:
-        self.api = api if api is not None else ApiServer()
+    `SimCluster` runs them next to its own API server. On their own (`python -m vllm_operator.sim.cluster --url`)
+    they are a separate process like kube-controller-manager, the scheduler and the kubelets are, so a large
+    benchmark spreads the simulation over two cores instead of queueing it behind the API server on one.
+    """
+
+    def __init__(self, url: str, *, nodes: Iterable[dict[str, Any]] = (),
+                 runtimes: dict[str, PodRuntime] | None = None, controllers: Sequence[str] = ALL_CONTROLLERS,
+                 ready_after: float = 0.0) -> None:
+        self.url = url
         self._nodes = list(nodes)
         default_runtime = FakeRuntime(ready_after=ready_after)
         self._runtimes: dict[str, PodRuntime] = {n["metadata"]["name"]: default_runtime for n in self._nodes}
         self._runtimes.update(runtimes or {})
         self._controller_names = tuple(controllers)
-        self._crds = tuple(crds)
-        self._port = port
         self._stack = contextlib.AsyncExitStack()
-        self._tmp = tempfile.TemporaryDirectory(prefix="vllm-operator-sim-")
-        self.url = ""
-        self.kubeconfig = Path(self._tmp.name) / "kubeconfig"
         self.client: SimClient | None = None
         self.controllers: dict[str, Controller] = {}
 
-    @property
-    def kubelet(self) -> Kubelet:
-        kubelet = self.controllers["kubelet"]
-        assert isinstance(kubelet, Kubelet)
-        return kubelet
-
-    async def __aenter__(self) -> SimCluster:
-        _, self.url = await self._stack.enter_async_context(serve(self.api, port=self._port))
-        write_kubeconfig(str(self.kubeconfig), self.url)
+    async def __aenter__(self) -> ControllerSet:
         self.client = await self._stack.enter_async_context(SimClient(self.url, user_agent="sim-cluster"))
-        for path in self._crds:
-            for doc in yaml.safe_load_all(path.read_text()):
-                if doc:
-                    await self.client.create(CRDS, None, doc)
         for node in self._nodes:
             await self.add_node(node)
         for name in self._controller_names:
@@ -127,7 +120,7 @@ class SimCluster:
         await self.client.create(NODES, None, node)
 
     @property
-    def controller_errors(self) -> list[BaseException]:
+    def errors(self) -> list[BaseException]:
         return [e for c in self.controllers.values() for e in c.errors]
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -135,4 +128,88 @@ class SimCluster:
         for controller in self.controllers.values():
             await controller.stop()
         await self._stack.aclose()
+
+
+class SimCluster:
+    """An API server on 127.0.0.1 plus controllers and nodes; an async context manager."""
+
+    def __init__(self, *, nodes: Iterable[dict[str, Any]] = (), runtimes: dict[str, PodRuntime] | None = None,
+                 controllers: Sequence[str] = ALL_CONTROLLERS, crds: Sequence[Path] = (REPO_CRD,),
+                 api: ApiServer | None = None, port: int | None = None, ready_after: float = 0.0) -> None:
+        self.api = api if api is not None else ApiServer()
+        self._nodes = list(nodes)
+        self._runtimes = runtimes
+        self._controller_names = tuple(controllers)
+        self._ready_after = ready_after
+        self._crds = tuple(crds)
+        self._port = port
+        self._stack = contextlib.AsyncExitStack()
+        self._tmp = tempfile.TemporaryDirectory(prefix="vllm-operator-sim-")
+        self.url = ""
+        self.kubeconfig = Path(self._tmp.name) / "kubeconfig"
+        self.client: SimClient | None = None
+        self._set: ControllerSet | None = None
+
+    @property
+    def controllers(self) -> dict[str, Controller]:
+        return self._set.controllers if self._set is not None else {}
+
+    @property
+    def kubelet(self) -> Kubelet:
+        kubelet = self.controllers["kubelet"]
+        assert isinstance(kubelet, Kubelet)
+        return kubelet
+
+    async def __aenter__(self) -> SimCluster:
+        _, self.url = await self._stack.enter_async_context(serve(self.api, port=self._port))
+        write_kubeconfig(str(self.kubeconfig), self.url)
+        self.client = await self._stack.enter_async_context(SimClient(self.url, user_agent="sim-cluster"))
+        for path in self._crds:
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc:
+                    await self.client.create(CRDS, None, doc)
+        self._set = await self._stack.enter_async_context(ControllerSet(
+            self.url, nodes=self._nodes, runtimes=self._runtimes, controllers=self._controller_names,
+            ready_after=self._ready_after))
+        return self
+
+    async def add_node(self, node: dict[str, Any], runtime: PodRuntime | None = None) -> None:
+        assert self._set is not None
+        await self._set.add_node(node, runtime)
+
+    @property
+    def controller_errors(self) -> list[BaseException]:
+        return self._set.errors if self._set is not None else []
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._stack.aclose()
         self._tmp.cleanup()
+
+
+async def _run_controllers(url: str, nodes: list[dict[str, Any]]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with ControllerSet(url, nodes=nodes) as controllers:
+        print(f"controllers {', '.join(controllers.controllers)} running against {url}", flush=True)
+        await stop.wait()
+        errors = controllers.errors
+    if errors:
+        raise SystemExit(f"simulated controllers failed: {errors[:3]!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m vllm_operator.sim.cluster --url URL [--nodes nodes.json]`: the controllers as their own process."""
+    parser = argparse.ArgumentParser(prog="python -m vllm_operator.sim.cluster", description=main.__doc__)
+    parser.add_argument("--url", required=True, help="the simulated API server's base URL")
+    parser.add_argument("--nodes", type=Path, help="JSON list of Node objects to register (with fake runtimes)")
+    args = parser.parse_args(argv)
+    nodes = json.loads(args.nodes.read_text()) if args.nodes else []
+    asyncio.run(_run_controllers(args.url, nodes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
