@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -458,9 +459,28 @@ def plan_hash(p: Plan) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def check_name(name: str) -> None:
+    """The VLLMDeployment's name prefixes its Services' names, which must be DNS-1035 labels. Kubernetes accepts a
+    custom resource named like a DNS subdomain ('chat.prod', '1chat'), and the first Service create would then be
+    refused on every reconcile; refuse it up front instead, with a name that would work. (Length is not a
+    problem: child names are shortened with a hash suffix.)"""
+    if _DNS_1035_LABEL.fullmatch(name):
+        return
+    suggestion = re.sub(r"[^-a-z0-9]+", "-", name.lower()).strip("-")
+    if not suggestion[:1].isalpha():
+        suggestion = f"vllm-{suggestion}".rstrip("-")
+    raise SpecError("metadata.name", f"{name!r} cannot prefix Service names: they must be DNS-1035 labels "
+                    f"(lowercase letters, digits and '-', starting with a letter and ending with a letter or "
+                    f"digit); e.g. {suggestion!r}")
+
+
 def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
          name: str, namespace: str, engine_version: str | None = None) -> Plan:
     """Plan a VLLMDeployment (see the module docstring); raises SpecError."""
+    check_name(name)
     model = resolve_model(spec)
     acc = resolve_accelerator(spec, accelerator)
     if acc.is_gpu:

@@ -12,10 +12,12 @@ import yaml
 from tests.support.paths import EXAMPLE_FILES
 from tests.unit.planning.helpers import arg, make_plan, make_spec
 from vllm_operator import constants
+from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import WorkloadClass
 from vllm_operator.planning import RemediationState, catalog, plan, profiles
+from vllm_operator.planning.planner import check_name
 
 
 def plan_file(path: Path) -> Plan:
@@ -283,3 +285,13 @@ def test_remote_code_models_warn_until_trusted() -> None:
     assert not any("--trust-remote-code" in w for w in trusted.pools["short"].warnings)
     assert not any("--trust-remote-code" in w for w in make_plan(model={"name": "THUDM/glm-4-9b-chat-hf"}).pools[
         "short"].warnings)
+
+
+@pytest.mark.parametrize(("name", "suggestion"), [("chat.prod", "chat-prod"), ("1chat", "vllm-1chat"),
+                                                  ("Chat_Prod", "chat-prod")])
+def test_a_name_that_cannot_prefix_service_names_is_refused_with_one_that_can(name: str, suggestion: str) -> None:
+    with pytest.raises(SpecError) as err:
+        check_name(name)
+    assert err.value.field == "metadata.name"
+    assert repr(name) in err.value.message and repr(suggestion) in err.value.message
+    check_name(suggestion)
