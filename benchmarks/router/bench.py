@@ -564,6 +564,7 @@ CATEGORIES = [
     ("router: tokens/decide (bounds, decision)", r"vllm_operator/router/(tokens|decide)"),
     ("router: upstream client (http1)", r"vllm_operator/router/http1"),
     ("router: metrics (prometheus_client)", r"prometheus_client|vllm_operator/router/metrics"),
+    ("router: HTTP server (server.py: parsing, dispatch, writing)", r"vllm_operator/router/server"),
     ("router: proxy.py own code", r"vllm_operator/router/proxy"),
     ("router: auth / upstream choice", r"vllm_operator/router/(auth|upstreams)"),
     ("event loop and socket I/O (asyncio in Python)", r"asyncio/|uvloop|selectors"),

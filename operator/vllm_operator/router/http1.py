@@ -3,7 +3,8 @@
 Why not aiohttp's client: measured here it costs ~220 µs of CPU per request — more than the whole aiohttp *server*
 side of the fake engine — and the router pays it on every request. This client does only what the router needs
 towards vLLM (plain HTTP, a POST with a JSON body, Content-Length or chunked responses, keep-alive), in a few dozen
-microseconds. aiohttp still serves the router's clients and does the health polls and the Kubernetes watch.
+microseconds. The serving side is `server.py`, in the same style; aiohttp only does the health polls and the Kubernetes
+watch.
 
 Semantics the proxy relies on:
 * `ConnectError` (refused, unreachable, reset before the request was written) = the request was not delivered.
