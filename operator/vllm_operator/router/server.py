@@ -352,6 +352,11 @@ def _head(status: int, headers: Mapping[str, str], framing: str, keep_alive: boo
     return "".join(lines).encode("latin-1")
 
 
+def _internal_error() -> Response:
+    return Response(500, error_body(500, "internal error in the router", "internal_error"),
+                    content_type="application/json")
+
+
 class _Reject(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
         super().__init__(message)
@@ -568,29 +573,32 @@ class _Connection(asyncio.Protocol):
 
     async def _run(self, request: Request, handler: Handler) -> None:
         try:
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            finally:
+                self.task = None
         except asyncio.CancelledError:
             if not self.closed and self.transport is not None:
                 self.transport.abort()  # cancelled by the shutdown: nothing more will be written
             return
         except Exception:
             log.exception("Handler for %s %s failed", request.method, request.path)
-            if self.request is request and not request._streamed:
-                self._answer(request, Response(500, error_body(500, "internal error in the router", "internal_error"),
-                                               content_type="application/json"))
-            elif self.transport is not None:
-                self.transport.abort()
-            return
-        finally:
-            self.task = None
-        if isinstance(response, StreamResponse):
-            if response._conn is None:  # never prepared: nothing was written
-                self._answer(request, Response(response.status, b"", response.headers))
+            if request._streamed or self.request is not request:
+                if self.transport is not None:
+                    self.transport.abort()  # the status line is gone: cut the response short
                 return
+            response = _internal_error()
+        if isinstance(response, StreamResponse) and response._conn is not None:
             await response.write_eof()
             self._complete(request, request.keep_alive and response._chunked)
         else:
-            self._answer(request, response)
+            if isinstance(response, StreamResponse):  # never prepared: nothing was written
+                response = Response(response.status, b"", response.headers)
+            try:
+                self._answer(request, response)
+            except ValueError:  # a header value with a line break: nothing was written
+                log.exception("Response to %s %s cannot be sent", request.method, request.path)
+                self._answer(request, _internal_error())
         if self.request is None and self._buf:
             self._next()
 
@@ -719,8 +727,8 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: App, host: str = "127.0.0.1", port: int = 0, *,
-                shutdown_timeout: float = SHUTDOWN_SECONDS) -> AsyncIterator[str]:
+async def serve(app: App, host: str = "127.0.0.1", port: int = 0, *, shutdown_timeout: float = SHUTDOWN_SECONDS,
+                keepalive_s: float = KEEPALIVE_SECONDS) -> AsyncIterator[str]:
     """Enter the app's lifespans, serve until the block ends, shut down gracefully; yields the base URL (port 0
     picks a free one)."""
     async with contextlib.AsyncExitStack() as stack:
@@ -732,7 +740,7 @@ async def serve(app: App, host: str = "127.0.0.1", port: int = 0, *,
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
             sock.setblocking(False)
-            server = Server(app)
+            server = Server(app, keepalive_s=keepalive_s)
             await server.start(sock)
         except BaseException:
             sock.close()

@@ -44,6 +44,8 @@ class Probe:
         self.app.add("GET", "/stream", self.stream)
         self.app.add("POST", "/early", self.early)
         self.app.add("GET", "/nodelay", self.nodelay)
+        self.app.add("GET", "/fail", self.fail)
+        self.app.add("GET", "/bad-header", self.bad_header)
 
     async def echo(self, request: Request) -> Response:
         try:
@@ -80,6 +82,12 @@ class Probe:
         assert transport is not None
         sock = transport.get_extra_info("socket")
         return Response(200, str(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)).encode())
+
+    async def fail(self, request: Request) -> Response:
+        raise RuntimeError("a bug in a handler")
+
+    async def bad_header(self, request: Request) -> Response:
+        return Response(200, b"x", {"X-Injected": "a\r\nSet-Cookie: evil=1"})
 
     async def early(self, request: Request) -> Response:
         """Answers without reading the body (like the router's 413 on a declared Content-Length)."""
@@ -158,6 +166,16 @@ async def test_nagle_is_off_on_accepted_connections() -> None:
     async with probe_server() as (_, _host, port):
         (reply,), _ = await exchange(port, b"GET /nodelay HTTP/1.1\r\nHost: t\r\n\r\n")
     assert reply.body == b"1"
+
+
+async def test_idle_keep_alive_connections_are_closed_after_the_keep_alive_time() -> None:
+    probe = Probe()
+    async with serve(probe.app, keepalive_s=0.3) as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_reply(reader)).status == 200
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server, not by the client
+        writer.close()
 
 
 async def test_pipelined_requests_are_answered_in_order() -> None:
@@ -247,6 +265,16 @@ async def test_unknown_path_404_and_other_methods_405_with_allow() -> None:
         first, second = await read_reply(reader, head_request=True), await read_reply(reader)
         writer.close()
         assert first.status == 405 and second.status == 200  # …so the next answer starts right after its head
+
+
+async def test_failing_handler_or_unsendable_header_is_500_and_the_connection_goes_on() -> None:
+    raw = (b"GET /fail HTTP/1.1\r\nHost: t\r\n\r\nGET /bad-header HTTP/1.1\r\nHost: t\r\n\r\n"
+           b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+    async with probe_server() as (_, _host, port):
+        replies, _ = await exchange(port, raw, replies=3)
+    assert [r.status for r in replies] == [500, 500, 200]
+    assert "set-cookie" not in replies[1].headers
+    assert json.loads(replies[0].body)["error"]["code"] == "internal_error"
 
 
 async def test_chunked_request_body_with_extensions_and_trailers() -> None:
