@@ -19,25 +19,40 @@ MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 MANAGER = "endpointslice-controller.k8s.io"
 
 
-def _services_of_pod(_: str, pod: dict[str, Any]) -> list[Key]:
-    # Any Service in the namespace may select this pod; reconcile them all (cheap at simulation sizes).
-    return [(pod["metadata"]["namespace"], "*")]
-
-
 class EndpointSliceController(Controller):
     name = "endpointslice-controller"
 
     def __init__(self, client: SimClient) -> None:
         super().__init__(client)
-        self.watches = [(SERVICES, own_key), (PODS, _services_of_pod)]
+        self.watches = [(SERVICES, self._service_changed), (PODS, self._services_of_pod)]
+        # Like the real controller's informer cache: every Service's selector, and the Services each pod was last
+        # matched to (a pod whose labels changed must still leave the slices it was in).
+        self._selectors: dict[Key, dict[str, str]] = {}
+        self._pod_services: dict[Key, set[Key]] = {}
+
+    def _service_changed(self, kind: str, svc: dict[str, Any]) -> list[Key]:
+        keys = own_key(kind, svc)
+        if kind == "DELETED":
+            self._selectors.pop(keys[0], None)
+        else:
+            self._selectors[keys[0]] = dict(svc.get("spec", {}).get("selector") or {})
+        return keys
+
+    def _services_of_pod(self, kind: str, pod: dict[str, Any]) -> list[Key]:
+        """The Services whose selector matches the pod now or did before (a scan of cached selectors, not a LIST
+        of every Service per pod event: that made a 500-VLLMDeployment run quadratic)."""
+        meta = pod["metadata"]
+        namespace, labels = meta["namespace"], meta.get("labels") or {}
+        pod_key = (namespace, meta["name"])
+        now = {key for key, selector in self._selectors.items()
+               if key[0] == namespace and selector and all(labels.get(k) == v for k, v in selector.items())}
+        before = self._pod_services.pop(pod_key, set())
+        if kind != "DELETED":
+            self._pod_services[pod_key] = now
+        return sorted(now | before)
 
     async def reconcile(self, key: Key) -> None:
         namespace, name = key
-        if name == "*":
-            services, _ = await self.client.list(SERVICES, namespace)
-            for svc in services:
-                await self._sync(svc)
-            return
         found = await self.client.get(SERVICES, namespace, name)
         if found is not None:
             await self._sync(found)

@@ -73,7 +73,20 @@ class Scheduler(Controller):
 
     def __init__(self, client: SimClient) -> None:
         super().__init__(client)
-        self.watches = [(PODS, own_key)]
+        self.watches = [(PODS, self._pod_changed)]
+        # GPUs held per pod, from the pod watch plus the scheduler's own binds ("assumed" pods, as in the real
+        # scheduler's cache: a bind shows up in the watch a moment later, and a second pod must not take the same
+        # GPU meanwhile). Listing every pod per scheduling decision made a 500-VLLMDeployment run quadratic.
+        self._placed: dict[Key, tuple[str, int]] = {}
+
+    def _pod_changed(self, kind: str, pod: dict[str, Any]) -> list[Key]:
+        key = own_key(kind, pod)[0]
+        node = pod["spec"].get("nodeName")
+        if kind == "DELETED" or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            self._placed.pop(key, None)
+        elif node:
+            self._placed[key] = (node, gpu_request(pod))
+        return [key]
 
     async def resync(self) -> list[Key]:
         pods, _ = await self.client.list(PODS, None, field_selector="spec.nodeName=")
@@ -85,20 +98,22 @@ class Scheduler(Controller):
         if pod is None or pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
             return
         nodes, _ = await self.client.list(NODES)
-        all_pods, _ = await self.client.list(PODS)
-        used: dict[str, int] = {}
-        for other in all_pods:
-            node_name = other["spec"].get("nodeName")
-            if node_name and other.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-                used[node_name] = used.get(node_name, 0) + gpu_request(other)
-        reasons: dict[str, int] = {}
-        for node in sorted(nodes, key=lambda n: (used.get(n["metadata"]["name"], 0), n["metadata"]["name"])):
-            why = fits(pod, node, used.get(node["metadata"]["name"], 0))
-            if why is None:
-                await self._bind(namespace, name, node["metadata"]["name"])
-                log.debug("Bound Pod %s/%s to Node %s", namespace, name, node["metadata"]["name"])
-                return
-            reasons[why] = reasons.get(why, 0) + 1
+        for attempt in range(2):
+            used: dict[str, int] = {}
+            for node_name, gpus in self._placed.values():
+                used[node_name] = used.get(node_name, 0) + gpus
+            reasons: dict[str, int] = {}
+            for node in sorted(nodes, key=lambda n: (used.get(n["metadata"]["name"], 0), n["metadata"]["name"])):
+                why = fits(pod, node, used.get(node["metadata"]["name"], 0))
+                if why is None:
+                    await self._bind(namespace, name, node["metadata"]["name"])
+                    self._placed[key] = (node["metadata"]["name"], gpu_request(pod))
+                    log.debug("Bound Pod %s/%s to Node %s", namespace, name, node["metadata"]["name"])
+                    return
+                reasons[why] = reasons.get(why, 0) + 1
+            if attempt or not any(constants.GPU_RESOURCE in why for why in reasons):
+                break
+            await self._rebuild_placed()  # before refusing for want of GPUs, make sure the cache is not stale
         message = f"0/{len(nodes)} nodes are available: " + ", ".join(
             f"{count} {why}" for why, count in sorted(reasons.items())) + "."
         conditions = pod.get("status", {}).get("conditions", []) or []
@@ -108,6 +123,13 @@ class Scheduler(Controller):
                 {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
                  "lastTransitionTime": now()}]}}, subresource="status")
 
+
+    async def _rebuild_placed(self) -> None:
+        """The cache from a full LIST (a watch that relisted after 410 Gone never saw the deletions in between)."""
+        pods, _ = await self.client.list(PODS)
+        self._placed = {}
+        for pod in pods:
+            self._pod_changed("ADDED", pod)
 
     async def _bind(self, namespace: str, name: str, node: str) -> None:
         """POST pods/binding as the real scheduler does; where the emulator lacks that subresource, set

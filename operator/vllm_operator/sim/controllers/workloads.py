@@ -122,7 +122,10 @@ class DeploymentController(Controller):
         desired = int(spec.get("replicas", 1))
         template = spec["template"]
         hash_ = template_hash(template)
-        all_rs, _ = await self.client.list(REPLICA_SETS, namespace)
+        # The Deployment's selector narrows the LIST to its own ReplicaSets (listing the namespace's every
+        # ReplicaSet per reconcile made large runs quadratic); ownership still decides.
+        match_labels = (spec.get("selector") or {}).get("matchLabels") or {}
+        all_rs, _ = await self.client.list(REPLICA_SETS, namespace, selector_string(match_labels) or None)
         owned = [rs for rs in all_rs if owned_by(rs, uid)]
         new = next((rs for rs in owned if rs["metadata"].get("labels", {}).get(HASH_LABEL) == hash_), None)
         old = [rs for rs in owned if rs is not new]
