@@ -379,7 +379,8 @@ class _Connection(asyncio.Protocol):
         self.last_active = 0.0
         self.request: Request | None = None
         self.task: asyncio.Task[None] | None = None
-        self._buf = b""
+        self._buf: bytes | bytearray = b""
+        self._scanned = 0  # how much of _buf is known to hold no end of head
         self._reading_paused = False
         self._discarding = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -407,7 +408,12 @@ class _Connection(asyncio.Protocol):
             data = request._feed(data)
             if not data:
                 return
-        self._buf = self._buf + data if self._buf else data
+        if not self._buf:
+            self._buf = data
+        else:  # a head arriving in pieces, or pipelined requests: append in place (no quadratic copying)
+            if isinstance(self._buf, bytes):
+                self._buf = bytearray(self._buf)
+            self._buf += data
         if request is not None:  # pipelined: parsed when the current response is complete
             if len(self._buf) > PIPELINE_BUFFER and not self._reading_paused and self.transport is not None:
                 self._reading_paused = True
@@ -449,11 +455,13 @@ class _Connection(asyncio.Protocol):
         while self.request is None and self._buf and not self.closed and not self._discarding:
             buf = self._buf
             if buf[:1] in (b"\r", b"\n"):  # empty lines before a request line are ignored (RFC 9112 2.2)
-                buf = self._buf = buf.lstrip(b"\r\n")
+                buf = self._buf = bytes(buf).lstrip(b"\r\n")
+                self._scanned = 0
                 if not buf:
                     return
-            end = buf.find(b"\r\n\r\n")
+            end = buf.find(b"\r\n\r\n", max(0, self._scanned - 3))
             if end < 0:
+                self._scanned = len(buf)
                 if len(buf) > MAX_HEAD_BYTES:
                     line_end = buf.find(b"\r\n")
                     if line_end < 0 or line_end > MAX_HEAD_BYTES:
@@ -464,12 +472,13 @@ class _Connection(asyncio.Protocol):
             if end > MAX_HEAD_BYTES:
                 self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes", "headers_too_large")
                 return
+            self._scanned = 0
             try:
-                request = self._parse(buf[:end])
+                request = self._parse(bytes(buf[:end]))
             except _Reject as reject:
                 self._refuse(reject.status, reject.message, reject.code)
                 return
-            rest = buf[end + 4 :]
+            rest = bytes(buf[end + 4 :])
             self.request = request
             if rest and not request._done:
                 rest = request._feed(rest)
@@ -568,7 +577,7 @@ class _Connection(asyncio.Protocol):
         body = error_body(status, message, code)
         self._write(_head(status, {"Content-Type": "application/json"}, f"Content-Length: {len(body)}\r\n", False,
                           "HTTP/1.1") + body)
-        self._buf = b""
+        self._buf, self._scanned = b"", 0
         self._end_connection(body_complete=False)
 
     async def _run(self, request: Request, handler: Handler) -> None:
@@ -662,7 +671,7 @@ class _Connection(asyncio.Protocol):
             return
         # The client may still be sending: half-close, read and drop the rest for a while, then close.
         self._discarding = True
-        self._buf = b""
+        self._buf, self._scanned = b"", 0
         transport.write_eof()
         if self._reading_paused:
             self._reading_paused = False
