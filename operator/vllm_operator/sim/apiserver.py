@@ -557,16 +557,19 @@ class ApiServer(kmock.KubernetesEmulator):
             return selectors.labels_match(labels, obj) and selectors.fields_match(fields, obj)
         return matches
 
-    def _objects_of(self, res: kmock.resource) -> list[dict[str, Any]]:
-        items = list(self._live.get(self._storage_resource(res), {}).values())
+    def _objects_of(self, res: kmock.resource, matches: Callable[[dict[str, Any]], bool] | None = None
+                    ) -> list[dict[str, Any]]:
+        """The live objects of `res` that `matches` selects, in (namespace, name) order (filtered first, so a
+        selective LIST sorts only what it returns)."""
+        live = self._live.get(self._storage_resource(res), {}).values()
+        items = [o for o in live if matches(o)] if matches is not None else list(live)
         items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
         return items
 
     def _list(self, res: kmock.resource, request: rendering.Request) -> rendering.Response:
         if request.subresource:
             raise errors.no_route()
-        matches = self._selection(res, request)
-        items = [obj for obj in self._objects_of(res) if matches(obj)]
+        items = self._objects_of(res, self._selection(res, request))
         rv = str(self._rv)
         start = 0
         cont = request.params.get("continue")
@@ -605,8 +608,7 @@ class ApiServer(kmock.KubernetesEmulator):
             raise errors.bad_request(f"invalid resourceVersion {since_text!r}") from exc
         initial: list[dict[str, Any]] = []
         if since == 0:
-            initial = [{"type": "ADDED", "object": self._present(res, o)} for o in self._objects_of(res)
-                       if matches(o)]
+            initial = [{"type": "ADDED", "object": self._present(res, o)} for o in self._objects_of(res, matches)]
             since = self._rv
         timeout_text = params.get("timeoutSeconds")
         timeout = float(timeout_text) if timeout_text else None

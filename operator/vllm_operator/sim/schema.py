@@ -208,7 +208,14 @@ class Structural:
 
     def _run_rules(self, value: Any, node: dict[str, Any], path: Path, old: Any, has_old: bool,
                    issues: list[Issue]) -> None:
-        for rule in self.rules.get(id(node), []):
+        rules = self.rules.get(id(node), [])
+        unchanged = has_old and bool(rules) and value == old
+        for rule in rules:
+            if unchanged and not rule.uses_old_self:
+                # Validation ratcheting (KEP-4008, GA in Kubernetes 1.30): an update does not fail on a rule over
+                # a value it did not change, so it need not be evaluated. Status writes (the operator's most
+                # frequent write) leave the spec and its rules alone this way, as on a real API server.
+                continue
             passed, message = rule.evaluate(value, old, has_old)
             if passed is None or passed:
                 continue

@@ -29,23 +29,31 @@ class EndpointSliceController(Controller):
         # matched to (a pod whose labels changed must still leave the slices it was in).
         self._selectors: dict[Key, dict[str, str]] = {}
         self._pod_services: dict[Key, set[Key]] = {}
+        # Services by (namespace, one label pair of their selector): a pod's candidates are the Services indexed
+        # under one of its own labels, so a pod event looks at a handful of Services, not all of them.
+        self._by_label: dict[tuple[str, str, str], set[Key]] = {}
 
     def _service_changed(self, kind: str, svc: dict[str, Any]) -> list[Key]:
         keys = own_key(kind, svc)
-        if kind == "DELETED":
-            self._selectors.pop(keys[0], None)
-        else:
-            self._selectors[keys[0]] = dict(svc.get("spec", {}).get("selector") or {})
+        key = keys[0]
+        previous = self._selectors.pop(key, None)
+        if previous:
+            self._by_label.get((key[0], *min(previous.items())), set()).discard(key)
+        selector = dict(svc.get("spec", {}).get("selector") or {})
+        if kind != "DELETED" and selector:
+            self._selectors[key] = selector
+            self._by_label.setdefault((key[0], *min(selector.items())), set()).add(key)
         return keys
 
     def _services_of_pod(self, kind: str, pod: dict[str, Any]) -> list[Key]:
-        """The Services whose selector matches the pod now or did before (a scan of cached selectors, not a LIST
-        of every Service per pod event: that made a 500-VLLMDeployment run quadratic)."""
+        """The Services whose selector matches the pod now or did before (from cached selectors, not a LIST of
+        every Service per pod event: that made a 500-VLLMDeployment run quadratic)."""
         meta = pod["metadata"]
         namespace, labels = meta["namespace"], meta.get("labels") or {}
         pod_key = (namespace, meta["name"])
-        now = {key for key, selector in self._selectors.items()
-               if key[0] == namespace and selector and all(labels.get(k) == v for k, v in selector.items())}
+        candidates = set().union(*(self._by_label.get((namespace, k, v), ()) for k, v in labels.items()))
+        now = {key for key in candidates
+               if all(labels.get(k) == v for k, v in self._selectors.get(key, {"": None}).items())}
         before = self._pod_services.pop(pod_key, set())
         if kind != "DELETED":
             self._pod_services[pod_key] = now
