@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def start_operator(env: dict[str, str], log: Any) -> subprocess.Popen[str]:
+def start_operator(env: dict[str, str], log: Any, extra: list[str]) -> subprocess.Popen[str]:
     """`vllm-operator run` as its own process (health loop off: no Prometheus in this benchmark)."""
-    return subprocess.Popen([str(ROOT / ".venv/bin/vllm-operator"), "run", "--no-health", "--port", "0"],
+    return subprocess.Popen([str(ROOT / ".venv/bin/vllm-operator"), "run", "--no-health", "--port", "0", *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
 
 
@@ -86,6 +87,20 @@ def start_controllers(url: str, node: dict[str, Any], workdir: Path) -> subproce
     nodes.write_text(json.dumps([node]))
     return subprocess.Popen([sys.executable, "-m", "vllm_operator.sim.cluster", "--url", url, "--nodes", str(nodes)],
                             stdout=subprocess.DEVNULL, text=True)
+
+
+def resynced_crs(records: list[Any]) -> set[str]:
+    """VLLMDeployments the operator has reconciled since `records` began: each reconcile lists its Deployments by
+    the child selector (deployment label = the CR's name)."""
+    done = set()
+    for r in records:
+        if is_operator(r.user_agent) and r.verb == "list" and r.resource == "deployments" and r.query:
+            query = urllib.parse.parse_qs(r.query).get("labelSelector", [""])[0]
+            for term in query.split(","):
+                key, _, value = term.partition("=")
+                if key == constants.LABEL_DEPLOYMENT:
+                    done.add(value)
+    return done
 
 
 def vm_hwm_kib(pid: int) -> int:
@@ -141,7 +156,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.1)
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
         log = Path(args.operator_log).open("w")  # noqa: SIM115, ASYNC230 - closed at the end of the run
-        operator = start_operator(env, log)
+        operator = start_operator(env, log, args.operator_arg)
         try:
             await asyncio.sleep(3.0)  # operator start-up (kopf login, discovery, watches)
             want = len(children_of(cr("x", "bench")))
@@ -201,22 +216,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # 3. no-op resync: restart the operator, count its writes
             peak_rss_mib = vm_hwm_kib(operator.pid) / 1024
             operator.terminate()
-            operator.wait(60)
+            await asyncio.to_thread(operator.wait, 60)
             results["operator_peak_rss_mib"] = peak_rss_mib
             seq = cluster.api.request_log.next_seq
-            operator = start_operator(env, log)
-            await asyncio.sleep(args.resync_wait)
+            operator = start_operator(env, log, args.operator_arg)
+            t_resync = time.monotonic()
+            everyone = args.latency_crs + args.bulk_crs
+            resynced = 0
+            while time.monotonic() - t_resync < args.resync_wait:
+                await asyncio.sleep(1.0)
+                resynced = len(resynced_crs(cluster.api.request_log.since(seq)))
+                if resynced >= everyone:
+                    break
+            await asyncio.sleep(3.0)  # anything the last reconciles would write
+            results["resync_crs_reconciled"] = resynced
+            results["resync_s"] = time.monotonic() - t_resync
             results["resync_writes"] = len([r for r in cluster.api.request_log.since(seq)
                                             if r.is_write and is_operator(r.user_agent)])
             results["operator_peak_rss_mib_after_resync"] = vm_hwm_kib(operator.pid) / 1024
         finally:
+            # Wait off the event loop: the API server runs on it, and a stopping operator finishes its in-flight
+            # requests first (a blocking wait here deadlocked them until the timeout, which an earlier run
+            # recorded as "the operator took > 30 s to stop").
+            t_stop = time.monotonic()
             operator.terminate()
             try:
-                operator.wait(60)
+                await asyncio.to_thread(operator.wait, 60)
             except subprocess.TimeoutExpired:
                 operator.kill()  # recorded: a graceful stop that outlasts 60 s is a finding, not a crash
                 results["operator_stop_timed_out"] = True
-                operator.wait(10)
+                await asyncio.to_thread(operator.wait, 10)
+            results["operator_stop_s"] = time.monotonic() - t_stop
             log.close()
             if controllers is not None:
                 controllers.terminate()
@@ -230,11 +260,14 @@ def main() -> int:
     parser.add_argument("--latency-crs", type=int, default=20)
     parser.add_argument("--bulk-crs", type=int, default=500)
     parser.add_argument("--bulk-timeout", type=float, default=900)
-    parser.add_argument("--resync-wait", type=float, default=20)
+    parser.add_argument("--resync-wait", type=float, default=300,
+                        help="longest wait for the restarted operator to reconcile every CR again")
     parser.add_argument("--controllers", choices=("process", "inprocess"), default="process",
                         help="simulated controllers in their own process (default) or in the API server's")
     parser.add_argument("--poll-seconds", type=float, default=5.0,
                         help="how often the bulk phase lists the VLLMDeployments to count Ready ones")
+    parser.add_argument("--operator-arg", action="append", default=[],
+                        help="extra argument for `vllm-operator run` (repeatable), e.g. --status-refresh-delay=2")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--operator-log", default="/tmp/vllm-operator-bench.log")
     args = parser.parse_args()

@@ -155,6 +155,9 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                         help="Prometheus base URL for metric-based diagnoses; unset turns them off")
     parser.add_argument("--no-health", action="store_true", help="disable the health loop (lifecycle only)")
     parser.add_argument("--port", type=int, default=8080, help="port for /healthz and /metrics (0 = off)")
+    parser.add_argument("--status-refresh-delay", type=float, default=OperatorConfig.status_refresh_delay,
+                        metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
+                        "one status write (default %(default)s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(list(argv))
     if args.all_namespaces and args.namespace:
@@ -162,7 +165,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
-                          health_enabled=not args.no_health, http_port=args.port)
+                          health_enabled=not args.no_health, http_port=args.port,
+                          status_refresh_delay=args.status_refresh_delay)
 
 
 def main(argv: Sequence[str]) -> int:
