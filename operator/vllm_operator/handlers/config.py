@@ -16,5 +16,5 @@ class OperatorConfig:
     http_port: int = 8080  # 0 = do not serve /healthz and /metrics (tests)
     health_interval_override: float | None = None  # seconds; tests shorten every deployment's interval
     api_server: str | None = None  # log kopf in to this URL directly (the simulated cluster); None = kubeconfig
-    status_refresh_delay: float = 0.5  # seconds a Deployment change waits for others to join its status refresh
+    status_refresh_delay: float = 2.0  # seconds a Deployment change waits for others to join its status write
     extra: dict[str, str] = field(default_factory=dict)

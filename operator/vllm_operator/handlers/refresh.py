@@ -27,7 +27,7 @@ Key = tuple[str, str]
 
 Action = Callable[[], Awaitable[object]]
 
-DEFAULT_DELAY_S: Final = 0.5
+DEFAULT_DELAY_S: Final = 2.0
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
