@@ -155,6 +155,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 await asyncio.sleep(0.1)
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        if args.operator_source:
+            # another checkout's operator (its `operator/` directory first on the path) against this substrate
+            env["PYTHONPATH"] = f"{args.operator_source}/operator"
+            results["operator_source"] = args.operator_source
         log = Path(args.operator_log).open("w")  # noqa: SIM115, ASYNC230 - closed at the end of the run
         operator = start_operator(env, log, args.operator_arg)
         try:
@@ -268,9 +272,14 @@ def main() -> int:
                         help="how often the bulk phase lists the VLLMDeployments to count Ready ones")
     parser.add_argument("--operator-arg", action="append", default=[],
                         help="extra argument for `vllm-operator run` (repeatable), e.g. --status-refresh-delay=2")
+    parser.add_argument("--operator-source", default=None, metavar="CHECKOUT",
+                        help="run the operator from another checkout (e.g. a git worktree of an older commit) "
+                        "against this checkout's simulated cluster: a baseline in the same run")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--operator-log", default="/tmp/vllm-operator-bench.log")
     args = parser.parse_args()
+    if args.operator_source:
+        args.operator_source = str(Path(args.operator_source).resolve())
     results = asyncio.run(run(args))
     text = json.dumps(results, indent=2)
     print(text)
