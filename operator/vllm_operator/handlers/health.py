@@ -23,6 +23,7 @@ from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeError
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 TICK_S = 5.0
+HANDLER_ID = "health"
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -30,7 +31,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     source = PrometheusSource(config.prometheus_url) if config.prometheus_url else None
     tick = min(TICK_S, config.health_interval_override) if config.health_interval_override else TICK_S
 
-    @kopf.timer(*RESOURCE, interval=tick, registry=registry)
+    @kopf.timer(*RESOURCE, interval=tick, id=HANDLER_ID, registry=registry)
     async def _health(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
         meta = body.get("metadata", {})
         if meta.get("deletionTimestamp"):

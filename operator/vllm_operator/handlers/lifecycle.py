@@ -25,6 +25,7 @@ from vllm_operator.handlers.reconcile import is_owned_by, reconcile, refresh_sta
 from vllm_operator.k8s import KubeApi, KubeError
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
+CHILD_EVENT_ID = "owned-deployment-changed"
 PARENT_INDEX = "vllm_deployment_index"
 """kopf index (handler kwarg) of VLLMDeployment bodies by (namespace, child label value)."""
 DEPLOYMENT_INDEX = "pool_deployment_index"
@@ -95,7 +96,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.refresher.close()
 
-    @kopf.on.event("apps", "v1", "deployments", labels=deployment_labels, registry=registry)
+    @kopf.on.event("apps", "v1", "deployments", labels=deployment_labels, id=CHILD_EVENT_ID, registry=registry)
     async def _child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: Any,
                              **kwargs: Any) -> None:
         parents: kopf.Index[refresh.Key, Any] = kwargs[PARENT_INDEX]

@@ -28,6 +28,29 @@ from vllm_operator.k8s import ClientKubeApi, KubeApi
 log = logging.getLogger(__name__)
 
 
+class RoutineSuccessFilter(logging.Filter):
+    """Drops kopf's INFO line for every successful health tick and owned-Deployment event.
+
+    kopf logs "<handler> succeeded." after each run; for these two handlers that is one line per VLLMDeployment
+    every tick and one per Deployment status change (6,905 of the 16,100 lines of a 500-VLLMDeployment benchmark
+    run), saying nothing. Failures, retries and the lifecycle handlers' lines stay, as do our own logs of what
+    was done.
+    """
+
+    QUIET = frozenset({f"Timer {health.HANDLER_ID!r} succeeded.",
+                       f"Handler {lifecycle.CHILD_EVENT_ID!r} succeeded."})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.getMessage() in self.QUIET)
+
+
+def quiet_routine_successes() -> None:
+    """Install `RoutineSuccessFilter` on kopf's per-object logger once per process."""
+    logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, RoutineSuccessFilter) for f in logger.filters):
+        logger.addFilter(RoutineSuccessFilter())
+
+
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     lifecycle.register(registry, config)
@@ -76,6 +99,7 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
     kopf cancels every task created in its event loop after it started when it exits, so anything else that must
     keep running (a simulated cluster in tests or the demo) belongs in another thread: see `OperatorThread`.
     """
+    quiet_routine_successes()
     own_kube = kube is None
     kube_api: KubeApi = kube if kube is not None else ClientKubeApi.from_environment()
     metrics = OperatorMetrics()
