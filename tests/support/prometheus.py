@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,18 +23,14 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.net import free_port
+
 
 @dataclass(frozen=True)
 class Target:
     address: str
     """host:port of the exporter."""
     labels: Mapping[str, str]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def binary() -> str:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.net import free_port
 from tests.support.paths import ROOT
 from vllm_operator.sim.processes import descendants
 
@@ -62,12 +62,6 @@ DROPPED_ENV = ("VLLM_PORT", "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_
 
 class VllmStartError(RuntimeError):
     """The server exited or did not answer /health 200 in time; the message carries the log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def require_vllm_venv() -> Path:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import vllm_cpu
 from tests.support.health_harness import record_timing
+from tests.support.net import free_port
 from vllm_operator.engine import exit_codes
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +32,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_wrapped(model: Path, args: list[str], tmp_path: Path) -> tuple[vllm_cpu.VllmServer, Path]:
-    port = vllm_cpu.free_port()
+    port = free_port()
     message = tmp_path / "termination-log"
     argv = [sys.executable, "-m", "vllm_operator.cli", "engine", "--launcher=api-server",
             f"--python={vllm_cpu.require_vllm_venv()}", f"--termination-message-path={message}", "--preflight=off",

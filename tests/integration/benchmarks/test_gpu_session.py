@@ -19,18 +19,12 @@ from typing import Any
 import pytest
 
 from tests.support.loadgen import GPU_BENCH, load_script
+from tests.support.net import free_port
 
 TINY = (
     "--duration 1 --short-rate 4 --short-arrival fixed --short-output 4:8 --long-prompt 600 --long-output 8 "
     "--long-bursts 1 --long-burst-size 2 --long-first-burst 0.2 --tokens-per-word 1 --warmup 0"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_rehearsal_with_fake_engine(tmp_path: Path) -> None:

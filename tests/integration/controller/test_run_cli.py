@@ -7,24 +7,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 
 import aiohttp
 
 from tests.integration.controller.conftest import example
+from tests.support.net import free_port
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
 from vllm_operator import constants
 from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS
 from vllm_operator.sim.cluster import SimCluster
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_run_command_reconciles_and_serves_health_and_metrics(cluster: SimCluster, tmp_path: object) -> None:

@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 
 from tests.support.health_harness import DEPLOYMENT, NAMESPACE, Engine, engines, pod_json, record_timing
-from tests.support.prometheus import Prometheus, Target, free_port, running_prometheus
+from tests.support.net import free_port
+from tests.support.prometheus import Prometheus, Target, running_prometheus
 from vllm_operator import constants
 from vllm_operator.health.diagnose import Diagnosis, State, diagnose
 from vllm_operator.health.policy import LadderView, decide

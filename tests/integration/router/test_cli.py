@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,15 +17,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.support.net import free_port
 from tests.support.router import MODEL, router_config, words, write_word_tokenizer
 from tests.support.waiting import eventually
 from vllm_operator.sim.fake_vllm import FakeVllm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

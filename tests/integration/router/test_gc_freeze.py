@@ -6,22 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
-import sys
 from pathlib import Path
 
 import aiohttp
 
+from tests.integration.router.test_cli import router_process
+from tests.support.net import free_port
 from tests.support.router import MODEL, router_config, words, write_word_tokenizer
 from vllm_operator.sim.fake_vllm import FakeVllm
 
 STARTED = re.compile(rb"Started router for .* \((\d+) start-up objects frozen out of GC scans\)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_router_freezes_startup_objects_and_serves(short_engine: FakeVllm, long_engine: FakeVllm,
@@ -31,11 +25,7 @@ async def test_router_freezes_startup_objects_and_serves(short_engine: FakeVllm,
     config_file = tmp_path / "router.json"
     config_file.write_text(json.dumps(config.to_wire()))
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vllm_operator.cli", "router", "--config", str(config_file), "--port", str(port),
-        "--host", "127.0.0.1", "--log-level", "INFO", stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE)
-    try:
+    async with router_process(config_file, port) as proc:  # logs at INFO by default: the start line says the count
         assert proc.stderr is not None
         seen = b""
         async with asyncio.timeout(60):
@@ -49,8 +39,4 @@ async def test_router_freezes_startup_objects_and_serves(short_engine: FakeVllm,
                              json={"model": MODEL, "prompt": words(10)}) as response:
             assert response.status == 200
             assert response.headers["x-vllm-operator-pool"] == "short"
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await asyncio.wait_for(proc.wait(), 15)
     assert proc.returncode == 0
