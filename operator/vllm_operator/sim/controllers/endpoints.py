@@ -52,8 +52,8 @@ class EndpointSliceController(Controller):
         namespace, labels = meta["namespace"], meta.get("labels") or {}
         pod_key = (namespace, meta["name"])
         candidates = set().union(*(self._by_label.get((namespace, k, v), ()) for k, v in labels.items()))
-        now = {key for key in candidates
-               if all(labels.get(k) == v for k, v in self._selectors.get(key, {"": None}).items())}
+        # every indexed Service has its selector cached (both are updated together in _service_changed)
+        now = {key for key in candidates if all(labels.get(k) == v for k, v in self._selectors[key].items())}
         before = self._pod_services.pop(pod_key, set())
         if kind != "DELETED":
             self._pod_services[pod_key] = now
