@@ -11,88 +11,30 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, NoReturn
-
-import yaml
 
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, Plan, PoolPlan
-from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.planning import catalog, kvcache
-from vllm_operator.planning.planner import RemediationState, plan
+from vllm_operator.planning.cli_inputs import (
+    Parser,
+    Planned,
+    UsageError,
+    add_input_arguments,
+    display_name,
+    facts_block,
+    facts_missing,
+    input_file,
+    plan_input,
+)
 
 PROG = "vllm-operator plan"
 
 
-class UsageError(Exception):
-    """A command-line mistake; the CLIs print it as one line and exit 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing usage and exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Plan a VLLMDeployment: engine args, KV budget, capacity, warnings.")
-    p.add_argument("-f", "--file", help="VLLMDeployment YAML (several documents are planned in turn)")
-    p.add_argument("path", nargs="?", help="the same as -f FILE")
+    add_input_arguments(p, "planned")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
-    p.add_argument("--gpu", metavar="TYPE", help="plan for this GPU type (needed offline for accelerator.type auto)")
-    p.add_argument("--engine-version", metavar="V", help="vLLM version to plan the flags for (e.g. 0.26)")
-    p.add_argument("--model-config", metavar="FILE",
-                   help="a Hugging Face config.json describing a model outside the catalog")
-    p.add_argument("--weights-gib", type=float, metavar="GIB",
-                   help="weight size for --model-config (default: estimated from the shape)")
     return p
-
-
-def load_documents(path: str) -> list[Any]:
-    """The non-empty YAML documents of a file; SpecError (naming the file) when unreadable, invalid or empty."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as err:
-        raise SpecError("", f"cannot read {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise SpecError("", f"{path} is not UTF-8 text") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError("", f"{path} is not valid YAML{where}: {problem}") from None
-    if not docs:
-        raise SpecError("", f"{path} is empty: expected a VLLMDeployment")
-    return docs
-
-
-def _model_config(path: str, weights_gib: float | None) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except OSError as err:
-        raise SpecError("--model-config", f"cannot read {path}: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SpecError("--model-config", f"{path} is not valid JSON: {err}") from None
-    if not isinstance(config, dict):
-        raise SpecError("--model-config", f"{path} must hold a JSON object (a Hugging Face config.json)")
-    return catalog.facts_from_hf_config(config, weights_gib=weights_gib, origin=f"--model-config {path}")
-
-
-def accelerator_for_gpu(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:
-    """Facts for `--gpu TYPE` (None without the flag, so the planner uses the spec's own type)."""
-    if gpu is None:
-        return None
-    if gpu in {"cpu", "auto"}:
-        raise SpecError("--gpu", f"expects a GPU type from the catalog, not {gpu!r}")
-    try:
-        return catalog.gpu_facts(catalog.gpu_type(gpu), resource.spec.accelerator.count)
-    except SpecError as err:
-        raise SpecError("--gpu", err.message) from None
 
 
 def _gib(n: float) -> str:
@@ -153,39 +95,38 @@ def format_table(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def _plan_one(doc: Any, args: argparse.Namespace, facts: Any) -> Plan:
-    resource = parse_resource(doc)
-    spec = resource.spec
-    if facts is not None:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
-    return plan(spec, accelerator_for_gpu(resource, args.gpu), RemediationState.from_status(resource.status),
-                name=resource.metadata.name, namespace=resource.metadata.namespace,
-                engine_version=args.engine_version)
+def _facts_lines(item: Planned) -> list[str]:
+    """spec.model.facts for a plan made with --model-config: the operator in the cluster has no such flag."""
+    assert item.spec.model.facts is not None
+    lines = [f"model facts: planned from --model-config; {item.plan.namespace}/{item.plan.name} does not carry "
+             "them, so add this to the VLLMDeployment before applying it (the operator plans from the spec):"]
+    lines += ["  " + line for line in facts_block(item.spec.model.facts).splitlines()]
+    return lines
 
 
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
-        if args.file and args.path and args.file != args.path:
-            raise UsageError(f"two files given ({args.file}, {args.path}); plan one -f FILE at a time")
-        args.file = args.file or args.path
-        if not args.file:
-            raise UsageError("the following arguments are required: -f/--file")
+        path = input_file(args)
     except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
-    where = args.file
     try:
-        facts = _model_config(args.model_config, args.weights_gib) if args.model_config else None
-        plans = [_plan_one(doc, args, facts) for doc in load_documents(args.file)]
+        planned = plan_input(path, args)
     except SpecError as err:
-        print(f"{PROG}: {where}: {err}".replace("\n", " "), file=sys.stderr)
+        print(f"{PROG}: {display_name(path)}: {err}".replace("\n", " "), file=sys.stderr)
         return 2
     if args.output == "json":
-        wire = [p.to_wire() for p in plans]
+        wire = [item.plan.to_wire() for item in planned]
         text = json.dumps(wire[0] if len(wire) == 1 else wire, indent=2, sort_keys=True)
+        for item in filter(facts_missing, planned):  # stdout stays the Plan; the reminder goes to the reader
+            assert item.spec.model.facts is not None
+            print(f"{PROG}: note: {item.plan.namespace}/{item.plan.name} was planned from --model-config; the "
+                  f"operator needs spec.model.facts: {json.dumps(item.spec.model.facts.to_wire(), sort_keys=True)}",
+                  file=sys.stderr)
     else:
-        text = "\n\n".join(format_table(p) for p in plans)
+        text = "\n\n".join("\n".join([format_table(item.plan), *(_facts_lines(item) if facts_missing(item) else [])])
+                            for item in planned)
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

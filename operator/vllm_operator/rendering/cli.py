@@ -10,6 +10,7 @@ field — never a traceback; 1 = an internal error (a bug), also as one line.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -18,10 +19,22 @@ from typing import Any
 import yaml
 
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.resource import parse_resource
-from vllm_operator.planning import RemediationState, plan
-from vllm_operator.planning.cli import Parser, UsageError, accelerator_for_gpu, load_documents
+from vllm_operator.api.spec import ModelFacts
+from vllm_operator.planning.cli_inputs import (
+    Parser,
+    Planned,
+    UsageError,
+    add_input_arguments,
+    display_name,
+    facts_missing,
+    input_file,
+    load_documents,
+    plan_documents,
+    plan_input,
+)
 from vllm_operator.rendering import RenderOptions, render
+
+__all__ = ["load_documents", "main", "manifests_json", "manifests_yaml", "render_documents"]
 
 PROG = "vllm-operator render"
 
@@ -39,9 +52,9 @@ def _labels(text: str) -> dict[str, str]:
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Render a VLLMDeployment to the manifests the operator would apply.")
-    p.add_argument("-f", "--file", required=True, help="VLLMDeployment YAML (several documents are rendered in turn)")
-    p.add_argument("--gpu", metavar="TYPE", help="plan for this GPU type (needed offline for accelerator.type auto)")
-    p.add_argument("--engine-version", metavar="V", help="vLLM version to plan the flags for (e.g. 0.26)")
+    add_input_arguments(p, "rendered")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                   help="multi-document YAML (default) or one JSON v1 List, as kubectl prints them")
     p.add_argument("--scraper-pod-labels", type=_labels, metavar="K=V,...",
                    help="labels of the metrics scraper's pods the engines' NetworkPolicy admits "
                         "(default app.kubernetes.io/name=prometheus; '' = any pod)")
@@ -68,26 +81,41 @@ def manifests_yaml(objects: Sequence[dict[str, Any]]) -> str:
                          allow_unicode=True, explicit_start=True)
 
 
-def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
-                     options: RenderOptions | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(objects of every document in turn, plan warnings); SpecError for a refused document."""
+def manifests_json(objects: Sequence[dict[str, Any]]) -> str:
+    """The objects as one `v1 List` in JSON, the shape `kubectl get -o json` prints for several objects."""
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}, indent=2, sort_keys=True) + "\n"
+
+
+def render_planned(planned: Sequence[Planned], options: RenderOptions | None = None,
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(objects of every planned document in turn, plan warnings)."""
     objects: list[dict[str, Any]] = []
     warnings: list[str] = []
-    for doc in docs:
-        resource = parse_resource(doc)
-        the_plan = plan(resource.spec, accelerator_for_gpu(resource, gpu),
-                        RemediationState.from_status(resource.status), name=resource.metadata.name,
-                        namespace=resource.metadata.namespace, engine_version=engine_version)
+    for item in planned:
+        the_plan = item.plan
         who = f"{the_plan.namespace}/{the_plan.name}"
         warnings += [f"{who}: {w}" for w in the_plan.warnings]
         warnings += [f"{who} pool {p.name}: {w}" for p in the_plan.pools.values() for w in p.warnings]
-        objects += render(the_plan, resource.spec, options=options)
+        if facts_missing(item):
+            assert item.spec.model.facts is not None
+            warnings.append(f"{who}: rendered from --model-config; the operator plans from the spec, so add "
+                            f"spec.model.facts {json.dumps(item.spec.model.facts.to_wire(), sort_keys=True)} "
+                            "(`vllm-operator plan --model-config` prints it as YAML)")
+        objects += render(the_plan, item.spec, options=options)
     return objects, warnings
+
+
+def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
+                     options: RenderOptions | None = None, facts: ModelFacts | None = None,
+                     ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(objects of every document in turn, plan warnings); SpecError for a refused document."""
+    return render_planned(plan_documents(docs, gpu=gpu, engine_version=engine_version, facts=facts), options)
 
 
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
+        path = input_file(args)
     except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
@@ -98,20 +126,20 @@ def main(argv: list[str]) -> int:
     if args.scraper_namespace_labels is not None:
         options = RenderOptions(scraper_pod_labels=options.scraper_pod_labels,
                                 scraper_namespace_labels=args.scraper_namespace_labels or None)
+    where = display_name(path)
     try:
-        objects, warnings = render_documents(load_documents(args.file), gpu=args.gpu,
-                                             engine_version=args.engine_version, options=options)
+        objects, warnings = render_planned(plan_input(path, args), options)
     except SpecError as err:
-        print(f"{PROG}: {args.file}: {err}".replace("\n", " "), file=sys.stderr)
+        print(f"{PROG}: {where}: {err}".replace("\n", " "), file=sys.stderr)
         return 2
     except Exception as err:  # the CLI promises one line, never a traceback
-        print(f"{PROG}: {args.file}: internal error (please report): {type(err).__name__}: {err}"
+        print(f"{PROG}: {where}: internal error (please report): {type(err).__name__}: {err}"
               .replace("\n", " "), file=sys.stderr)
         return 1
     for warning in warnings:
         print(f"{PROG}: warning: {warning}".replace("\n", " "), file=sys.stderr)
     try:
-        sys.stdout.write(manifests_yaml(objects))
+        sys.stdout.write(manifests_json(objects) if args.output == "json" else manifests_yaml(objects))
         sys.stdout.flush()
     except BrokenPipeError:  # `render ... | head`: the reader left; not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet

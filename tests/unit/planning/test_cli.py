@@ -128,3 +128,53 @@ def test_positional_file_is_accepted(capsys: pytest.CaptureFixture[str]) -> None
     assert json.loads(capsys.readouterr().out)["name"] == "chat"
     assert cli.main([str(CHAT), "-f", str(ROOT / "examples" / "rag.yaml")]) == 2
     assert "two files given" in capsys.readouterr().err
+
+
+SMALL_CONFIG = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 2048,
+                "max_position_embeddings": 32768, "intermediate_size": 5632, "vocab_size": 32000}
+
+
+def test_model_config_prints_the_facts_block_the_cluster_needs(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The operator has no --model-config: `plan` prints the spec.model.facts block, and a spec carrying it plans
+    exactly as the flag did (same plan hash)."""
+    cfg = write(tmp_path, "config.json", json.dumps(SMALL_CONFIG))
+    spec = write(tmp_path, "d.yaml", chat_doc(model={"name": "acme/small-2b"}))
+    assert cli.main(["-f", spec, "--model-config", cfg, "--weights-gib", "4.5"]) == 0
+    out = capsys.readouterr().out
+    head, _, block = out.partition("model facts: ")
+    assert "does not carry them" in block
+    facts = yaml.safe_load("\n".join(line[2:] for line in block.splitlines()[1:]))["spec"]["model"]["facts"]
+    assert "pool short" in head
+    assert {k: facts[k] for k in ("numLayers", "headDim", "maxContextLength", "weightsGiB")} == {
+        "numLayers": 24, "headDim": 128, "maxContextLength": 32768, "weightsGiB": 4.5}
+    assert cli.main(["-f", spec, "--model-config", cfg, "--weights-gib", "4.5", "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    flag_hash = json.loads(captured.out)["hash"]
+    assert "spec.model.facts" in captured.err and captured.err.count("\n") == 1
+    doc = yaml.safe_load(Path(spec).read_text())
+    doc["spec"]["model"]["facts"] = facts
+    with_facts = write(tmp_path, "with-facts.yaml", yaml.safe_dump(doc))
+    assert cli.main(["-f", with_facts, "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["hash"] == flag_hash and captured.err == ""
+    assert cli.main(["-f", with_facts, "--model-config", cfg, "--weights-gib", "4.5"]) == 0
+    assert "model facts:" not in capsys.readouterr().out  # the spec already carries them
+
+
+def test_stdin_like_kubectl() -> None:
+    """`plan -f -` (and a positional `-`) read the VLLMDeployment from stdin; errors name stdin."""
+    for argv in (["-f", "-", "-o", "json"], ["-", "-o", "json"]):
+        res = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "plan", *argv], cwd=ROOT,
+                             input=CHAT.read_text(), capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["name"] == "chat"
+    res = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "plan", "-f", "-"], cwd=ROOT,
+                         input="spec: [unclosed\n", capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("vllm-operator plan: stdin: stdin is not valid YAML at line"), res.stderr
+
+
+def test_weights_gib_without_model_config_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["-f", str(CHAT), "--weights-gib", "3"]) == 2
+    assert "--weights-gib only applies with --model-config" in capsys.readouterr().err

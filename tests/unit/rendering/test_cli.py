@@ -3,6 +3,9 @@ traceback (also through the real console script)."""
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 import yaml
 
 from tests.support.paths import EXAMPLES
+from vllm_operator.planning import cli as plan_cli
 from vllm_operator.rendering import cli
 
 CHAT = EXAMPLES / "chat.yaml"
@@ -114,3 +118,48 @@ def test_console_script(tmp_path: Path) -> None:
                             timeout=120, check=False)
     assert failed.returncode == 2 and failed.stdout == ""
     assert len(failed.stderr.strip().splitlines()) == 1 and "Traceback" not in failed.stderr
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {s: a for a in parser._actions for s in (a.option_strings or [a.dest])}
+
+
+def test_render_takes_every_flag_plan_takes() -> None:
+    """The README promises render has plan's flags: every plan option exists on render with the same meaning
+    (only -o differs in its formats)."""
+    plan_opts, render_opts = _options(plan_cli._parser()), _options(cli._parser())
+    for name, action in plan_opts.items():
+        if name in {"-h", "--help"}:
+            continue
+        assert name in render_opts, f"render lacks plan's {name}"
+        other = render_opts[name]
+        if name not in {"-o", "--output"}:
+            assert (other.dest, other.nargs, other.type, other.metavar) == (
+                action.dest, action.nargs, action.type, action.metavar), name
+
+
+def test_positional_path_stdin_json_and_model_config(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    rc, positional, _ = run([str(CHAT)], capsys)
+    assert rc == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO(CHAT.read_text()))
+    rc, from_stdin, _ = run(["-f", "-"], capsys)
+    assert rc == 0 and from_stdin == positional
+    rc, as_json, _ = run([str(CHAT), "-o", "json"], capsys)
+    listed = json.loads(as_json)
+    assert rc == 0 and listed["kind"] == "List" and listed["items"] == list(yaml.safe_load_all(positional))
+    config = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 2048,
+              "max_position_embeddings": 32768, "intermediate_size": 5632, "vocab_size": 32000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = yaml.safe_load(CHAT.read_text())
+    spec["spec"]["model"] = {"name": "acme/small-2b"}
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(spec))
+    rc, _, err = run([str(tmp_path / "d.yaml")], capsys)
+    assert rc == 2 and "acme/small-2b" in err
+    rc, out, err = run([str(tmp_path / "d.yaml"), "--model-config", str(tmp_path / "config.json"),
+                        "--weights-gib", "4.5"], capsys)
+    assert rc == 0, err
+    engine = next(d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "chat-short"
+                  and d["kind"] == "Deployment")
+    assert engine["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "acme/small-2b"
+    assert "add spec.model.facts" in err and '"weightsGiB": 4.5' in err

@@ -1,0 +1,174 @@
+"""What `vllm-operator plan` and `vllm-operator render` share: their input flags, reading the input, planning it.
+
+Both commands take the same VLLMDeployment input the same way — `-f FILE` or a positional path, `-` for stdin as
+kubectl does, `--gpu`, `--engine-version`, `--model-config` with `--weights-gib` — so the flags are defined once here
+and each command adds only its own (`-o` formats, the scraper labels). Any input problem is a SpecError or a
+UsageError with one line of text; the commands print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import yaml
+
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts, Plan
+from vllm_operator.api.resource import VLLMDeployment, parse_resource
+from vllm_operator.api.spec import ModelFacts, VLLMDeploymentSpec
+from vllm_operator.planning import catalog
+from vllm_operator.planning.planner import RemediationState, plan
+
+STDIN = "-"
+
+
+class UsageError(Exception):
+    """A command-line mistake; the CLIs print it as one line and exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The flags both commands take to read and plan a VLLMDeployment (`verb`: "planned" or "rendered")."""
+    parser.add_argument("-f", "--file", metavar="FILE",
+                        help=f"VLLMDeployment YAML, '-' for stdin (several documents are {verb} in turn)")
+    parser.add_argument("path", nargs="?", metavar="FILE", help="the same as -f FILE")
+    parser.add_argument("--gpu", metavar="TYPE",
+                        help="plan for this GPU type (needed offline for accelerator.type auto)")
+    parser.add_argument("--engine-version", metavar="V", help="vLLM version to plan the flags for (e.g. 0.26)")
+    parser.add_argument("--model-config", metavar="FILE",
+                        help="a Hugging Face config.json describing a model outside the catalog (the operator "
+                             "needs the same numbers as spec.model.facts; `plan` prints that block)")
+    parser.add_argument("--weights-gib", type=float, metavar="GIB",
+                        help="weight size for --model-config (default: estimated from the shape)")
+
+
+def input_file(args: argparse.Namespace) -> str:
+    """The one input file of `-f FILE` / the positional path; UsageError when none or two different ones."""
+    if args.file and args.path and args.file != args.path:
+        raise UsageError(f"two files given ({args.file}, {args.path}); give one -f FILE at a time")
+    path: str | None = args.file or args.path
+    if not path:
+        raise UsageError("the following arguments are required: -f/--file (or a FILE argument; '-' for stdin)")
+    if args.weights_gib is not None and not args.model_config:
+        raise UsageError("--weights-gib only applies with --model-config")
+    return path
+
+
+def display_name(path: str) -> str:
+    return "stdin" if path == STDIN else path
+
+
+def _read_text(path: str) -> str:
+    if path == STDIN:
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError:
+            raise SpecError("", "stdin is not UTF-8 text") from None
+        except OSError as err:
+            raise SpecError("", f"cannot read stdin: {err.strerror or err}") from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as err:
+        raise SpecError("", f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise SpecError("", f"{path} is not UTF-8 text") from None
+
+
+def parse_documents(text: str, where: str) -> list[Any]:
+    """The non-empty YAML documents of a text; SpecError (naming `where`) when invalid or empty."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError("", f"{where} is not valid YAML{at}: {problem}") from None
+    if not docs:
+        raise SpecError("", f"{where} is empty: expected a VLLMDeployment")
+    return docs
+
+
+def load_documents(path: str) -> list[Any]:
+    """The non-empty YAML documents of a file (`-` = stdin); SpecError (naming the file) when unreadable, invalid
+    or empty."""
+    return parse_documents(_read_text(path), display_name(path))
+
+
+def model_facts(path: str, weights_gib: float | None) -> ModelFacts:
+    """spec.model.facts read off a Hugging Face config.json (`--model-config`)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except OSError as err:
+        raise SpecError("--model-config", f"cannot read {path}: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SpecError("--model-config", f"{path} is not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise SpecError("--model-config", f"{path} must hold a JSON object (a Hugging Face config.json)")
+    return catalog.facts_from_hf_config(config, weights_gib=weights_gib, origin=f"--model-config {path}")
+
+
+def accelerator_for_gpu(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:
+    """Facts for `--gpu TYPE` (None without the flag, so the planner uses the spec's own type)."""
+    if gpu is None:
+        return None
+    if gpu in {"cpu", "auto"}:
+        raise SpecError("--gpu", f"expects a GPU type from the catalog, not {gpu!r}")
+    try:
+        return catalog.gpu_facts(catalog.gpu_type(gpu), resource.spec.accelerator.count)
+    except SpecError as err:
+        raise SpecError("--gpu", err.message) from None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One input document planned: the resource as read, the spec the plan was made from (with --model-config's
+    facts), and the plan."""
+
+    resource: VLLMDeployment
+    spec: VLLMDeploymentSpec
+    plan: Plan
+
+
+def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
+                   facts: ModelFacts | None = None) -> list[Planned]:
+    """Plan every document (`facts`: --model-config's, in place of the spec's); SpecError for the first refused."""
+    out: list[Planned] = []
+    for doc in docs:
+        resource = parse_resource(doc)
+        spec = resource.spec
+        if facts is not None:
+            spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
+        the_plan = plan(spec, accelerator_for_gpu(resource, gpu), RemediationState.from_status(resource.status),
+                        name=resource.metadata.name, namespace=resource.metadata.namespace,
+                        engine_version=engine_version)
+        out.append(Planned(resource, spec, the_plan))
+    return out
+
+
+def plan_input(path: str, args: argparse.Namespace) -> list[Planned]:
+    """Read `path` and plan each document with the shared flags of `add_input_arguments`."""
+    facts = model_facts(args.model_config, args.weights_gib) if args.model_config else None
+    return plan_documents(load_documents(path), gpu=args.gpu, engine_version=args.engine_version, facts=facts)
+
+
+def facts_block(facts: ModelFacts) -> str:
+    """The YAML to put under `spec.model` so the operator (which has no --model-config) plans the same model."""
+    return yaml.safe_dump({"spec": {"model": {"facts": facts.to_wire()}}}, sort_keys=False, default_flow_style=False)
+
+
+def facts_missing(item: Planned) -> bool:
+    """True when the plan used --model-config facts the VLLMDeployment itself does not carry."""
+    return item.spec.model.facts is not None and item.resource.spec.model.facts != item.spec.model.facts
