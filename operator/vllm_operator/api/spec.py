@@ -107,6 +107,7 @@ class ModelFacts(ApiModel):
 
     model_config = ConfigDict(json_schema_extra=x_validations(
         ("has(self.weightsGiB) || has(self.paramsBillions)", "give weightsGiB, or paramsBillions with weightsDtype"),
+        ("has(self.kvLoraRank) == has(self.qkRopeHeadDim)", "give kvLoraRank and qkRopeHeadDim together (MLA)"),
     ))
 
     num_layers: int = Field(ge=1, le=1024, description="Transformer layers (num_hidden_layers).")
@@ -121,11 +122,28 @@ class ModelFacts(ApiModel):
         default=None, gt=0, le=10_000, description="Parameter count in billions (used with weightsDtype).")
     weights_dtype: WeightsDtype | None = Field(
         default=None, description="Dtype of the weights when sized from paramsBillions (default bfloat16).")
+    kv_lora_rank: int | None = Field(
+        default=None, ge=1, le=65_536,
+        description="Multi-head latent attention (DeepSeek kv_lora_rank): each layer caches kvLoraRank + "
+                    "qkRopeHeadDim values per token, the same on every tensor-parallel rank; numKVHeads and headDim "
+                    "then do not size the KV cache.")
+    qk_rope_head_dim: int | None = Field(
+        default=None, ge=1, le=4096, description="The rotary part of an MLA key (DeepSeek qk_rope_head_dim).")
+    hidden_size: int | None = Field(
+        default=None, ge=1, le=1_048_576, description="Model width (refines the activation estimate).")
+    intermediate_size: int | None = Field(
+        default=None, ge=1, le=4_194_304,
+        description="MLP width one token passes through (MoE: experts per token x expert width, plus shared "
+                    "experts); refines the activation estimate.")
+    vocab_size: int | None = Field(
+        default=None, ge=1, le=16_777_216, description="Vocabulary size (sizes the sampler's logits).")
 
     @model_validator(mode="after")
     def _weights_known(self) -> Self:
         if self.weights_gib is None and self.params_billions is None:
-            raise ValueError("model.facts: give weightsGiB, or paramsBillions with weightsDtype")
+            raise ValueError("give weightsGiB, or paramsBillions with weightsDtype")
+        if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
+            raise ValueError("give kvLoraRank and qkRopeHeadDim together (multi-head latent attention)")
         return self
 
 

@@ -10,8 +10,9 @@ arithmetic never hides a constant. Three kinds of facts:
 * **KV cache dtypes** (`KV_DTYPE_TABLE`): per vLLM attention backend and compute capability, which `--kv-cache-dtype`
   values work. The planner turns that into default / allowed on request / refused for a GPU (`kv_dtype_verdict`).
 * **Models** (`MODELS`): the architecture numbers KV math needs, keyed case-insensitively by Hugging Face id, with
-  base-model ids as aliases. A Hugging Face `config.json` (`facts_from_hf_config`) or the spec's `model.facts` stand
-  in for a model outside the catalog.
+  base-model ids as aliases. A Hugging Face `config.json` (`facts_from_hf_config`, read by `hf_config` for the
+  architectures it understands, experts and latent attention included) or the spec's `model.facts` stand in for a
+  model outside the catalog.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts
 from vllm_operator.api.spec import KVCacheDtype, ModelFacts, WeightsDtype
+from vllm_operator.planning import hf_config
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -258,6 +260,15 @@ class ModelInfo:
     aliases: tuple[str, ...] = ()
     source: str = ""
     trust_remote_code: bool = False  # the checkpoint's tokenizer/config classes live in the repo's own code
+    kv_lora_rank: int | None = None  # multi-head latent attention: one latent vector per layer and token
+    qk_rope_head_dim: int | None = None
+
+    @property
+    def latent_kv_dim(self) -> int | None:
+        """Values an MLA layer caches per token (kv_lora_rank + qk_rope_head_dim); None for per-head K and V."""
+        if self.kv_lora_rank is None or self.qk_rope_head_dim is None:
+            return None
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
     def weights_bytes(self) -> int:
@@ -282,7 +293,7 @@ class ModelInfo:
 def _bf16_gib(params: int) -> float:
     """bf16 weights in GiB, plus 0.5 % for the buffers vLLM allocates at load (RoPE caches etc.): calibrated on
     Llama-3.1-8B, 8.03 B params = 14.96 GiB of tensors, reported by vLLM 0.26 as 15.04 GiB on the H200."""
-    return round(params * 2 / GIB * 1.005, 2)
+    return round(params * 2 / GIB * hf_config.LOAD_OVERHEAD, 2)
 
 
 # Sources: each model's config.json on the Hugging Face Hub (num_hidden_layers, num_attention_heads,
@@ -311,6 +322,16 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b",), "the base model of glm-4-9b-chat: same shape, but seq_length 8192",
               trust_remote_code=True),
+    # Mixture of experts: the weights hold every expert; activations see the experts a token is routed to
+    # (intermediate = num_experts_per_tok x moe_intermediate_size).
+    ModelInfo("Qwen/Qwen3-30B-A3B", 48, 32, 4, 128, 40_960, 56.91, 2048, 8 * 768, 151_936, (),
+              "HF config.json (Qwen3MoeForCausalLM: 128 experts of width 768, 8 per token, untied embeddings; "
+              "30.53 B params = 56.87 GiB of bf16 tensors); weights as vLLM 0.26 loaded them on the H200 "
+              "('Model loading took 56.91 GiB')"),
+    ModelInfo("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 32, 8, 128, 32_768, _bf16_gib(46_702_792_704), 4096,
+              2 * 14336, 32_000, ("mistralai/Mixtral-8x7B-v0.1",),
+              "HF config.json (MixtralForCausalLM: 8 experts of width 14336, 2 per token, sliding_window null); "
+              "46.70 B params"),
 )
 _MODEL_INDEX: dict[str, ModelInfo] = {}
 for _m in MODELS:
@@ -333,65 +354,36 @@ def model_from_facts(name: str, facts: ModelFacts) -> ModelInfo:
     else:
         assert facts.params_billions is not None  # the API model guarantees one of the two
         per_param = _WEIGHT_BYTES[facts.weights_dtype or WeightsDtype.BFLOAT16]
-        weights = round(facts.params_billions * 1e9 * per_param / GIB * 1.005, 2)
+        weights = round(facts.params_billions * 1e9 * per_param / GIB * hf_config.LOAD_OVERHEAD, 2)
     return ModelInfo(name, facts.num_layers, facts.num_attention_heads, facts.num_kv_heads, facts.head_dim,
-                     facts.max_context_length, weights, source="spec.model.facts")
-
-
-def _first_int(config: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+                     facts.max_context_length, weights, hidden_size=facts.hidden_size,
+                     intermediate_size=facts.intermediate_size, vocab_size=facts.vocab_size,
+                     source="spec.model.facts", kv_lora_rank=facts.kv_lora_rank,
+                     qk_rope_head_dim=facts.qk_rope_head_dim)
 
 
 def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None = None,
-                         origin: str = "config.json") -> ModelFacts:
-    """Read the KV-relevant numbers off a Hugging Face config.json (Llama/Qwen/Mistral and ChatGLM spellings).
+                         origin: str = "config.json", notes: list[str] | None = None) -> ModelFacts:
+    """`spec.model.facts` for a Hugging Face config.json of an architecture the estimator understands
+    (`hf_config.SUPPORTED_ARCHITECTURES`): dense, mixture-of-experts and multi-head-latent-attention models.
 
-    Weights are not in config.json: pass `weights_gib`, else they are estimated from the shape (embeddings +
-    attention + MLP parameters in the config's torch_dtype). SpecError names the missing key.
+    Weights are not in config.json: pass `weights_gib`, else they are estimated from the shape (every expert
+    counted). What the estimate simplifies (sliding windows sized at full length) is appended to `notes`.
+    SpecError names the missing key or lists the supported architectures.
     """
-    cfg: Mapping[str, Any] = config
-    if isinstance(config.get("text_config"), Mapping):  # multimodal wrappers keep the LM under text_config
-        cfg = config["text_config"]
-    layers = _first_int(cfg, "num_hidden_layers", "num_layers", "n_layer")
-    heads = _first_int(cfg, "num_attention_heads", "n_head")
-    if layers is None or heads is None:
-        raise SpecError(origin, "needs num_hidden_layers (or num_layers) and num_attention_heads")
-    kv_heads = _first_int(cfg, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads
-    hidden = _first_int(cfg, "hidden_size", "n_embd", "d_model")
-    head_dim = _first_int(cfg, "head_dim", "kv_channels") or (hidden // heads if hidden else None)
-    if head_dim is None:
-        raise SpecError(origin, "needs head_dim, kv_channels or hidden_size to know the head dimension")
-    context = _first_int(cfg, "max_position_embeddings", "seq_length", "max_sequence_length", "n_positions")
-    if context is None:
-        raise SpecError(origin, "needs max_position_embeddings (or seq_length) for the native context")
+    shape = hf_config.read(config, origin)
+    if notes is not None:
+        notes.extend(shape.notes)
     if weights_gib is None:
-        hidden = hidden or heads * head_dim
-        inter = _first_int(cfg, "intermediate_size", "ffn_hidden_size") or int(3.5 * hidden)
-        vocab = _first_int(cfg, "vocab_size", "padded_vocab_size") or 32_000
-        attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-        params = layers * (attn + 3 * hidden * inter) + (1 if cfg.get("tie_word_embeddings") else 2) * vocab * hidden
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        per_param = 4.0 if dtype == "float32" else 2.0
-        weights_gib = max(round(params * per_param / GIB * 1.005, 2), 0.01)
-    return ModelFacts(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, max_context_length=context,
-                      num_attention_heads=heads, weights_gib=weights_gib)
-
-
-def shape_extras_from_hf_config(config: Mapping[str, Any]) -> dict[str, int]:
-    """hidden/intermediate/vocab sizes from config.json (they refine the activation estimate)."""
-    cfg = config["text_config"] if isinstance(config.get("text_config"), Mapping) else config
-    out: dict[str, int] = {}
-    for name, keys in (("hidden_size", ("hidden_size", "n_embd")),
-                       ("intermediate_size", ("intermediate_size", "ffn_hidden_size")),
-                       ("vocab_size", ("vocab_size", "padded_vocab_size"))):
-        value = _first_int(cfg, *keys)
-        if value is not None:
-            out[name] = value
-    return out
+        weights_gib = shape.weights_gib()
+        if weights_gib is None:
+            raise SpecError(origin, f"quantization_config {config.get('quantization_config')!r} is not one the "
+                            "weight estimate knows (fp8, 4/8-bit awq or gptq); give the size with --weights-gib")
+    return ModelFacts(num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                      max_context_length=shape.max_context_length, num_attention_heads=shape.num_attention_heads,
+                      weights_gib=weights_gib, kv_lora_rank=shape.kv_lora_rank,
+                      qk_rope_head_dim=shape.qk_rope_head_dim, hidden_size=shape.hidden_size,
+                      intermediate_size=shape.activation_intermediate, vocab_size=shape.vocab_size)
 
 
 def gib(n_bytes: float) -> float:

@@ -117,7 +117,12 @@ def model_facts(path: str, weights_gib: float | None) -> ModelFacts:
         raise SpecError("--model-config", f"{path} is not valid JSON: {err}") from None
     if not isinstance(config, dict):
         raise SpecError("--model-config", f"{path} must hold a JSON object (a Hugging Face config.json)")
-    return catalog.facts_from_hf_config(config, weights_gib=weights_gib, origin=f"--model-config {path}")
+    notes: list[str] = []
+    facts = catalog.facts_from_hf_config(config, weights_gib=weights_gib, origin=f"--model-config {path}",
+                                         notes=notes)
+    for note in notes:  # what the estimate simplifies (sliding windows sized at full length)
+        print(f"note: --model-config {path}: {note}", file=sys.stderr)
+    return facts
 
 
 def accelerator_for_gpu(resource: VLLMDeployment, gpu: str | None) -> AcceleratorFacts | None:

@@ -72,7 +72,12 @@ def kv_heads_per_gpu(model: ModelInfo, tp: int) -> int:
 
 
 def bytes_per_token(model: ModelInfo, kv_dtype: str, tp: int = 1) -> int:
-    """2 (K and V) × layers × KV heads (per GPU) × head dim × dtype bytes."""
+    """2 (K and V) × layers × KV heads (per GPU) × head dim × dtype bytes; for multi-head latent attention
+    layers × (kv_lora_rank + qk_rope_head_dim) × dtype bytes, which every tensor-parallel rank stores whole
+    (DeepSeek-V3: 61 × 576 × 2 = 70,272 B, where reading its 128 heads as K and V would give 4.0 MB)."""
+    latent = model.latent_kv_dim
+    if latent is not None:
+        return model.num_layers * latent * kv_dtype_bytes(kv_dtype)
     return 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes(kv_dtype)
 
 

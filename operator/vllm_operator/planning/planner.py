@@ -148,7 +148,7 @@ def _check_tensor_parallel(model: ModelInfo, tp: int) -> None:
         raise SpecError("spec.accelerator.count", f"tensor-parallel size {tp} does not divide the {heads} attention "
                         f"heads of {model.name}")
     kv = model.num_kv_heads
-    if kv % tp and tp % kv:
+    if model.latent_kv_dim is None and kv % tp and tp % kv:
         raise SpecError("spec.accelerator.count", f"tensor-parallel size {tp} does not divide the {kv} KV heads of "
                         f"{model.name} (nor is it a multiple of them, which vLLM would replicate)")
 

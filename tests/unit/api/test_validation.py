@@ -111,6 +111,9 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
      "count must be 1 for cpu"),
     ("facts-without-weights", with_spec(model={"name": "x/y", "facts": {
         "numLayers": 2, "numKVHeads": 2, "headDim": 64, "maxContextLength": 4096}}), "cel", "give weightsGiB"),
+    ("mla-rank-without-rope", with_spec(model={"name": "x/y", "facts": {
+        "numLayers": 2, "numKVHeads": 2, "headDim": 64, "maxContextLength": 4096, "weightsGiB": 1,
+        "kvLoraRank": 512}}), "cel", "kvLoraRank and qkRopeHeadDim together"),
     ("two-model-sources", with_spec(model={"name": "x/y", "source": {"huggingFace": {}, "pvc": {"claimName": "m"}}}),
      "cel", "only one of huggingFace and pvc"),
     ("two-tokenizer-sources", with_spec(model={"name": "x/y", "tokenizer": {

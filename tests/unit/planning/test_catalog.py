@@ -114,7 +114,8 @@ def test_glm4_chat_has_128k_context() -> None:
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
                 "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
                 "max_position_embeddings": 131072, "vocab_size": 128256, "torch_dtype": "bfloat16"}
-CHATGLM_CONFIG = {"num_layers": 40, "num_attention_heads": 32, "multi_query_group_num": 2, "kv_channels": 128,
+CHATGLM_CONFIG = {"architectures": ["ChatGLMModel"],
+                  "num_layers": 40, "num_attention_heads": 32, "multi_query_group_num": 2, "kv_channels": 128,
                   "hidden_size": 4096, "seq_length": 131072, "ffn_hidden_size": 13696, "padded_vocab_size": 151552}
 
 

@@ -64,7 +64,8 @@ def test_gpu_override_and_auto(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_model_config_for_a_model_outside_the_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 2048,
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 24, "num_attention_heads": 16,
+              "num_key_value_heads": 4, "hidden_size": 2048,
               "max_position_embeddings": 32768, "intermediate_size": 5632, "vocab_size": 32000}
     cfg = write(tmp_path, "config.json", json.dumps(config))
     spec = write(tmp_path, "d.yaml", chat_doc(model={"name": "acme/small-2b"}))

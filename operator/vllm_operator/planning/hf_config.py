@@ -1,0 +1,223 @@
+"""Read a Hugging Face `config.json` into the shape the KV estimator needs, for the architectures it understands.
+
+Why an explicit list of architectures: a config.json names its numbers differently per family, and some families
+change what the numbers mean. Mixture-of-experts models store every expert's MLP (Mixtral-8x7B: 46.7 B parameters,
+≈87 GiB in bf16, where a dense reading of the same config gives ≈13.6 GiB); multi-head latent attention (DeepSeek
+V2/V3) caches one compressed vector per layer and token (`kv_lora_rank + qk_rope_head_dim` values, the same on every
+tensor-parallel rank) instead of K and V per head. Sizing a family the estimator does not know as if it were a dense
+Llama yields a plan that cannot start, so anything outside `SUPPORTED_ARCHITECTURES` is refused with the list.
+
+What is counted, per family (the parameter counts match the published totals: Llama-3.1-8B 8.03 B, Mixtral-8x7B
+46.70 B, Qwen3-30B-A3B 30.53 B, DeepSeek-V2-Lite 15.71 B, DeepSeek-V3 671.0 B):
+
+* attention: q/k/v/o projections (grouped-query), or MLA's low-rank q and kv projections;
+* MLP: `3 × hidden × intermediate` for dense layers; for MoE layers every routed expert (`num_local_experts`,
+  `num_experts` or `n_routed_experts` × `3 × hidden × moe_intermediate_size`), the shared experts
+  (`n_shared_experts`, `shared_expert_intermediate_size`) and the router; which layers are MoE follows the family's
+  own rule (Qwen: `decoder_sparse_step` and `mlp_only_layers`; DeepSeek: `first_k_dense_replace` and
+  `moe_layer_freq`);
+* embeddings once when `tie_word_embeddings`, else twice (the LM head);
+* bytes per parameter: 2 for 16-bit checkpoints (vLLM also loads float32 checkpoints in 16 bit by default), 1 for
+  `quantization_config.quant_method: fp8` (embeddings stay 16 bit), `bits / 8` for AWQ/GPTQ; any other quantization
+  needs an explicit weight size.
+
+Sliding-window attention (Mistral-7B-v0.1's `sliding_window`, Gemma-style `layer_types`) lets vLLM keep only the
+window for those layers; the estimator sizes every layer at full length instead — an over-estimate of the KV each
+sequence needs, so the plan promises fewer tokens than vLLM will have, never more — and says so in a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_operator.api.errors import SpecError
+
+GIB = 1 << 30
+# Buffers vLLM allocates at load on top of the tensors (RoPE caches and the like): calibrated on Llama-3.1-8B, whose
+# 8.03 B parameters (14.96 GiB) vLLM 0.26 reported as 15.04 GiB on the H200. On Qwen3-30B-A3B (56.87 GiB of tensors,
+# 56.91 GiB measured) the same factor over-estimates by 0.4 %, on the safe side.
+LOAD_OVERHEAD = 1.005
+
+DENSE = "dense"
+MOE = "moe"
+MLA_MOE = "mla-moe"
+
+# architecture (config.json `architectures[0]`) -> family; `model_type` spellings are accepted when `architectures`
+# is absent.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": DENSE, "MistralForCausalLM": DENSE, "Qwen2ForCausalLM": DENSE, "Qwen3ForCausalLM": DENSE,
+    "ChatGLMModel": DENSE, "ChatGLMForConditionalGeneration": DENSE, "GlmForCausalLM": DENSE,
+    "MixtralForCausalLM": MOE, "Qwen2MoeForCausalLM": MOE, "Qwen3MoeForCausalLM": MOE,
+    "DeepseekV2ForCausalLM": MLA_MOE, "DeepseekV3ForCausalLM": MLA_MOE,
+}
+MODEL_TYPES: dict[str, str] = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "chatglm": "ChatGLMModel", "glm": "GlmForCausalLM",
+    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+}
+
+
+@dataclass(frozen=True)
+class ConfigShape:
+    """The numbers of one config.json the planner uses (`params` counts every stored weight, experts included)."""
+
+    architecture: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_context_length: int
+    hidden_size: int
+    activation_intermediate: int  # MLP width one token passes through (MoE: experts per token × expert width)
+    vocab_size: int
+    params: int
+    embedding_params: int
+    bytes_per_param: float | None  # None: a quantization the estimator does not size
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    experts: int = 0
+    experts_per_token: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def weights_gib(self) -> float | None:
+        """Estimated weights as vLLM loads them (None when the quantization is unknown)."""
+        if self.bytes_per_param is None:
+            return None
+        dense = (self.params - self.embedding_params) * self.bytes_per_param + self.embedding_params * 2
+        return max(round(dense / GIB * LOAD_OVERHEAD, 2), 0.01)
+
+
+def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def architecture(config: Mapping[str, Any], origin: str) -> str:
+    """The config's architecture if the estimator understands it; SpecError listing the supported ones otherwise."""
+    archs = config.get("architectures")
+    name = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if name is None:
+        model_type = config.get("model_type")
+        name = MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        if name is None:
+            raise SpecError(origin, "names no architecture (architectures or model_type); the KV estimator "
+                            f"understands {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if name not in SUPPORTED_ARCHITECTURES:
+        raise SpecError(origin, f"architecture {name} is not one the KV estimator understands (supported: "
+                        f"{', '.join(SUPPORTED_ARCHITECTURES)}); describe the model with spec.model.facts instead")
+    return name
+
+
+def _bytes_per_param(cfg: Mapping[str, Any]) -> float | None:
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", "")).lower()
+        if method == "fp8":
+            return 1.0
+        bits = quant.get("bits")
+        if method in {"awq", "gptq"} and isinstance(bits, int) and bits in (4, 8):
+            return bits / 8 * 1.03  # group scales and zeros: ~3 % at group size 128
+        return None
+    return 2.0
+
+
+def _moe_layers(arch: str, cfg: Mapping[str, Any], layers: int) -> list[bool]:
+    """Which decoder layers hold experts, by each family's own rule."""
+    if arch == "MixtralForCausalLM":
+        return [True] * layers
+    if arch in {"Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}:
+        step = _int(cfg, "decoder_sparse_step") or 1
+        dense_only = set(cfg.get("mlp_only_layers") or [])
+        return [i not in dense_only and (i + 1) % step == 0 for i in range(layers)]
+    first_dense = cfg.get("first_k_dense_replace")
+    first = first_dense if isinstance(first_dense, int) else 0
+    freq = _int(cfg, "moe_layer_freq") or 1
+    return [i >= first and i % freq == 0 for i in range(layers)]
+
+
+def _sliding_layers(cfg: Mapping[str, Any], layers: int, context: int) -> tuple[int, int] | None:
+    """(window, layers using it) when some layers attend to a window shorter than the context."""
+    types = cfg.get("layer_types")
+    window = _int(cfg, "sliding_window")
+    if isinstance(types, list) and window:
+        count = sum(1 for t in types if t == "sliding_attention")
+        return (window, count) if count and window < context else None
+    if window is None or window >= context or cfg.get("use_sliding_window") is False:
+        return None
+    max_window = _int(cfg, "max_window_layers")
+    count = layers if max_window is None or "use_sliding_window" not in cfg else max(layers - max_window, 0)
+    return (window, count) if count else None
+
+
+def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
+    """The shape of a supported config.json; SpecError naming the missing key or the unsupported architecture."""
+    arch = architecture(config, origin)
+    family = SUPPORTED_ARCHITECTURES[arch]
+    cfg = config
+    layers = _int(cfg, "num_hidden_layers", "num_layers")
+    heads = _int(cfg, "num_attention_heads")
+    if layers is None or heads is None:
+        raise SpecError(origin, "needs num_hidden_layers (or num_layers) and num_attention_heads")
+    kv_heads = _int(cfg, "num_key_value_heads", "multi_query_group_num") or heads
+    hidden = _int(cfg, "hidden_size")
+    if hidden is None:
+        raise SpecError(origin, "needs hidden_size")
+    context = _int(cfg, "max_position_embeddings", "seq_length")
+    if context is None:
+        raise SpecError(origin, "needs max_position_embeddings (or seq_length) for the native context")
+    vocab = _int(cfg, "vocab_size", "padded_vocab_size")
+    if vocab is None:
+        raise SpecError(origin, "needs vocab_size")
+    inter = _int(cfg, "intermediate_size", "ffn_hidden_size") or 0
+    notes: list[str] = []
+    kv_lora = rope = None
+    if family == MLA_MOE:
+        kv_lora, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
+        nope, v_dim = _int(cfg, "qk_nope_head_dim"), _int(cfg, "v_head_dim")
+        if kv_lora is None or rope is None or nope is None or v_dim is None:
+            raise SpecError(origin, f"{arch} needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and v_head_dim "
+                            "(multi-head latent attention)")
+        head_dim = nope + rope
+        q_lora = _int(cfg, "q_lora_rank")
+        q = (hidden * q_lora + q_lora * heads * head_dim) if q_lora else hidden * heads * head_dim
+        attn = q + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
+    else:
+        head_dim_or = _int(cfg, "head_dim", "kv_channels") or hidden // heads
+        head_dim = head_dim_or
+        attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    if family == DENSE:
+        inter = inter or int(3.5 * hidden)
+        mlp = [3 * hidden * inter] * layers
+        per_token_mlp, experts, top_k = inter, 0, 0
+    else:
+        experts = _int(cfg, "num_local_experts", "num_experts", "n_routed_experts") or 0
+        top_k = _int(cfg, "num_experts_per_tok") or 0
+        expert_inter = _int(cfg, "moe_intermediate_size") or inter
+        if not experts or not top_k or not expert_inter:
+            raise SpecError(origin, f"{arch} needs the expert count (num_local_experts, num_experts or "
+                            "n_routed_experts), num_experts_per_tok and the expert width (moe_intermediate_size)")
+        shared = (_int(cfg, "n_shared_experts") or 0) * expert_inter + (_int(cfg, "shared_expert_intermediate_size")
+                                                                         or 0)
+        moe_mlp = experts * 3 * hidden * expert_inter + hidden * experts + 3 * hidden * shared
+        if cfg.get("shared_expert_intermediate_size"):
+            moe_mlp += hidden  # Qwen2-MoE's shared-expert gate
+        mlp = [moe_mlp if is_moe else 3 * hidden * inter for is_moe in _moe_layers(arch, cfg, layers)]
+        per_token_mlp = top_k * expert_inter + shared
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    params = sum(attn + m + 2 * hidden for m in mlp) + embeddings
+    sliding = _sliding_layers(cfg, layers, context)
+    if sliding is not None:
+        window, count = sliding
+        notes.append(f"{count} of {layers} layers use a {window}-token sliding window; the KV estimate sizes them "
+                     "at full length (an over-estimate: vLLM will report more KV tokens than planned)")
+    return ConfigShape(
+        architecture=arch, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        max_context_length=context, hidden_size=hidden, activation_intermediate=per_token_mlp, vocab_size=vocab,
+        params=params, embedding_params=embeddings, bytes_per_param=_bytes_per_param(cfg), kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope, experts=experts, experts_per_token=top_k, notes=notes)
