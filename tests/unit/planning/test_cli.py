@@ -131,7 +131,8 @@ def test_positional_file_is_accepted(capsys: pytest.CaptureFixture[str]) -> None
     assert "two files given" in capsys.readouterr().err
 
 
-SMALL_CONFIG = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 2048,
+SMALL_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 24, "num_attention_heads": 16,
+                "num_key_value_heads": 4, "hidden_size": 2048,
                 "max_position_embeddings": 32768, "intermediate_size": 5632, "vocab_size": 32000}
 
 

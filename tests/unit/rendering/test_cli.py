@@ -148,7 +148,8 @@ def test_positional_path_stdin_json_and_model_config(tmp_path: Path, capsys: pyt
     rc, as_json, _ = run([str(CHAT), "-o", "json"], capsys)
     listed = json.loads(as_json)
     assert rc == 0 and listed["kind"] == "List" and listed["items"] == list(yaml.safe_load_all(positional))
-    config = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 2048,
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 24, "num_attention_heads": 16,
+              "num_key_value_heads": 4, "hidden_size": 2048,
               "max_position_embeddings": 32768, "intermediate_size": 5632, "vocab_size": 32000}
     (tmp_path / "config.json").write_text(json.dumps(config))
     spec = yaml.safe_load(CHAT.read_text())
