@@ -107,8 +107,18 @@ def normalize_flag(token: str) -> str | None:
 
 
 def check_extra_args(extra: list[str], field_path: str) -> None:
-    """Refuse extraArgs that set a managed flag in any spelling."""
+    """Refuse extraArgs that set a managed flag in any spelling, and flag items with a space before the value:
+    each item is one argv entry, so `--max-model-len 9999` reaches vLLM as a single word that argparse takes for a
+    positional argument (it fails to start), and a check that read it as an unknown flag would let a managed flag
+    through."""
     for i, token in enumerate(extra):
+        head = token.split("=", 1)[0]
+        if token.startswith("-") and len(head.split()) > 1:
+            name = normalize_flag(head.split()[0])
+            managed = f"; --{name} is managed by the operator (set the pool's field instead)" \
+                if name in MANAGED_FLAGS else ""
+            raise SpecError(f"{field_path}[{i}]", f"{token!r} holds a flag and its value in one item, which vLLM "
+                            f"would read as one word{managed}; write {head.split()[0]}=VALUE or use two items")
         name = normalize_flag(token)
         if name in MANAGED_FLAGS:
             raise SpecError(f"{field_path}[{i}]", f"{token!r} sets --{name}, which the operator manages "

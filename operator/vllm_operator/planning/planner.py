@@ -401,7 +401,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
 
 # --- router ---------------------------------------------------------------------------------------------------------
 
-def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan) -> list[TierConfig]:
+def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan,
+           warnings: list[str]) -> list[TierConfig]:
     routing = spec.routing
     if routing is None or not routing.tiers:
         default = short.max_tokens if short.enabled else long.max_tokens
@@ -413,9 +414,27 @@ def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan) -> list[Ti
             raise SpecError(f"spec.routing.tiers[{i}].maxTokens",
                             f"tier {tier.name} caps max_tokens at {tier.max_tokens}, above pools.long.maxTokens "
                             f"({long.max_tokens}): the long pool's engine would cut answers the tier allows")
-        tiers.append(TierConfig(name=tier.name, default_max_tokens=tier.default_max_tokens or tier.max_tokens,
-                                max_tokens=tier.max_tokens))
+        default = tier.default_max_tokens or tier.max_tokens
+        warnings += _tier_default_warning(i, tier.name, default, tier.default_max_tokens is None, short, long)
+        tiers.append(TierConfig(name=tier.name, default_max_tokens=default, max_tokens=tier.max_tokens))
     return tiers
+
+
+def _tier_default_warning(i: int, tier: str, default: int, from_cap: bool, short: PoolPlan,
+                          long: PoolPlan) -> list[str]:
+    """The router sends a request short only when its max_tokens fits the short pool (contract 2); a tier whose
+    default does not fit sends every request that omits max_tokens — a one-word "hello" too — to the long pool,
+    which is sized for few long sequences. Legitimate on purpose, a trap by accident: warn, naming the fix."""
+    if not (short.enabled and long.enabled):
+        return []
+    room = min(short.max_tokens, short.max_model_len - 1)
+    if default <= room:
+        return []
+    origin = "its maxTokens cap, the default when defaultMaxTokens is unset" if from_cap else "defaultMaxTokens"
+    return [f"routing.tiers[{i}] ({tier}): requests that omit max_tokens ask for {default} ({origin}), above "
+            f"pools.short.maxTokens ({short.max_tokens}): every one of them goes to the long pool "
+            f"({long.replicas} replica{'s' if long.replicas != 1 else ''}), however short the prompt; set "
+            f"defaultMaxTokens to {room} or less to keep them short"]
 
 
 def _tokenizer(spec: VLLMDeploymentSpec) -> TokenizerConfig:
@@ -507,10 +526,18 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
     if threshold > long.max_model_len:
         raise SpecError("spec.routing.promptLengthThreshold", f"{threshold} is above pools.long.maxModelLen "
                         f"({long.max_model_len}): no prompt at the threshold fits the long pool")
+    if short.enabled and long.enabled and threshold > short.max_model_len:
+        # Refused, not warned: the router sends a prompt short only when prompt + max_tokens fits the short pool,
+        # so prompts between the two numbers go long anyway; the threshold would only make the plan's prompt
+        # ranges (and the README's reading of the spec) claim a split the router never makes.
+        raise SpecError("spec.routing.promptLengthThreshold", f"{threshold} is above pools.short.maxModelLen "
+                        f"({short.max_model_len}): prompts that long never fit the short pool; use at most "
+                        f"{short.max_model_len - short.max_tokens} (maxModelLen - maxTokens, the default) so a "
+                        "prompt below the threshold still has room for its answer")
     if short.enabled and long.enabled:
         short = short.model_copy(update={"prompt_range": (0, threshold)})
         long = long.model_copy(update={"prompt_range": (threshold, long.max_model_len)})
-    tiers = _tiers(spec, short, long)
+    tiers = _tiers(spec, short, long, warnings)
     router = RouterConfig(
         model=short.served_model_name, deployment=name, namespace=namespace, prompt_length_threshold=threshold,
         over_limit=(routing.over_limit if routing and routing.over_limit else OverLimit.CLAMP), tiers=tiers,
