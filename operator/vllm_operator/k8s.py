@@ -15,6 +15,7 @@ import concurrent.futures
 import datetime as dt
 import functools
 import json
+import os
 import time
 import urllib.parse
 import uuid
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 import kubernetes.client
 import kubernetes.config
+import yaml
 
 from vllm_operator import __version__, constants
 
@@ -135,6 +137,22 @@ DISCOVERY_TTL_SECONDS = 60.0
 the next reconcile after this; without the cache every reconcile and status refresh paid a discovery GET."""
 
 
+class CredentialsError(Exception):
+    """Neither an in-cluster service account nor a usable kubeconfig: a setup mistake, said in one line."""
+
+
+def _credentials_problem(kubeconfig: str | None, context: str | None, err: BaseException) -> str:
+    path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    first = os.path.expanduser(path.split(os.pathsep)[0])
+    if not os.path.exists(first):
+        why = "does not exist"
+    else:
+        text = " ".join(str(err).split()) or type(err).__name__
+        why = f"is unusable ({text})" if context is None else f"is unusable for context {context!r} ({text})"
+    return (f"no Kubernetes credentials: not running in a cluster (no service-account token) and the kubeconfig "
+            f"{path} {why}; set KUBECONFIG to a kubeconfig for the target cluster")
+
+
 class ClientKubeApi:
     """KubeApi over the official `kubernetes` client's REST layer."""
 
@@ -159,8 +177,11 @@ class ClientKubeApi:
                 raise kubernetes.config.ConfigException("explicit kubeconfig")
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(config_file=kubeconfig, context=context,
-                                               client_configuration=configuration)
+            try:
+                kubernetes.config.load_kube_config(config_file=kubeconfig, context=context,
+                                                   client_configuration=configuration)
+            except (kubernetes.config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
+                raise CredentialsError(_credentials_problem(kubeconfig, context, err)) from None
         return cls(kubernetes.client.ApiClient(configuration), timeout=timeout)
 
     def close(self) -> None:

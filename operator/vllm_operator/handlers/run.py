@@ -23,8 +23,10 @@ from vllm_operator.handlers import health, lifecycle
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
-from vllm_operator.k8s import ClientKubeApi, KubeApi
+from vllm_operator.k8s import ClientKubeApi, CredentialsError, KubeApi
+from vllm_operator.listen import listen_failure
 
+PROG = "vllm-operator run"
 log = logging.getLogger(__name__)
 
 
@@ -109,10 +111,12 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             await ready.wait()
             flag.set()
         forwarder = asyncio.create_task(_signal_ready(ready_flag))
-    runner = await serve_http(config, metrics, ready) if config.http_port else None
+    runner: web.AppRunner | None = None
     memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
                      refresher=Coalescer(delay=config.status_refresh_delay))
     try:
+        if config.http_port:
+            runner = await serve_http(config, metrics, ready)
         await kopf.operator(
             registry=build_registry(config),
             standalone=True,
@@ -169,7 +173,7 @@ class OperatorThread:
 
 
 def parse_args(argv: Sequence[str]) -> OperatorConfig:
-    parser = argparse.ArgumentParser(prog="vllm-operator run", description="Run the vllm-operator controller.")
+    parser = argparse.ArgumentParser(prog=PROG, description="Run the vllm-operator controller.")
     parser.add_argument("--namespace", "-n", action="append", default=[],
                         help="watch only this namespace (repeatable); default: all namespaces")
     parser.add_argument("--all-namespaces", "-A", action="store_true", help="watch all namespaces (default)")
@@ -208,6 +212,15 @@ def main(argv: Sequence[str]) -> int:
         asyncio.run(_main())
     except KeyboardInterrupt:
         return 130
+    except CredentialsError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        message = listen_failure(err, config.http_host, config.http_port)
+        if message is None:
+            raise
+        print(f"{PROG}: {message} (serves /healthz and /metrics; 0 turns it off)", file=sys.stderr)
+        return 2
     log.info("Stopped the operator")
     return 0
 

@@ -21,6 +21,7 @@ from typing import Any
 import pydantic
 
 from vllm_operator.api.router_config import RouterConfig
+from vllm_operator.listen import listen_failure
 from vllm_operator.router.app import build_app, serve
 from vllm_operator.router.tokens import TokenizerLoadError, load_counter
 from vllm_operator.router.upstreams import Endpoint
@@ -111,5 +112,11 @@ def main(argv: list[str]) -> int:
         runner(_run(args, config))
     except TokenizerLoadError as err:
         print(f"vllm-operator router: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        message = listen_failure(err, args.host, args.port if args.port is not None else config.port)
+        if message is None:
+            raise
+        print(f"vllm-operator router: {message}", file=sys.stderr)
         return 2
     return 0

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -160,3 +161,19 @@ async def test_bad_start_exits_2_naming_the_problem(tmp_path: Path, hf_hub: tupl
     assert proc.returncode == 2
     assert message in err.decode()
     assert "Traceback" not in err.decode()
+
+
+async def test_busy_port_exits_2_with_one_line_naming_the_port(tmp_path: Path) -> None:
+    config_file = tmp_path / "router.json"
+    config_file.write_text(json.dumps(router_config(["http://127.0.0.1:1"], ["http://127.0.0.1:1"]).to_wire()))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        async with router_process(config_file, port) as proc:
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+    text = err.decode()
+    assert proc.returncode == 2, text[-2000:]
+    assert "Traceback" not in text and "Errno" not in text, text[-2000:]
+    (line,) = [x for x in text.splitlines() if x.startswith("vllm-operator router: ")]
+    assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in line
