@@ -18,38 +18,90 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vllm_operator import constants
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import AcceleratorFacts
 from vllm_operator.api.resource import parse_resource
+from vllm_operator.api.spec import AcceleratorType
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.run import OperatorThread
-from vllm_operator.k8s import DEPLOYMENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
-from vllm_operator.planning import RemediationState, plan
+from vllm_operator.k8s import DEPLOYMENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, KubeError, Resource
+from vllm_operator.planning import catalog
+from vllm_operator.planning.cli_inputs import load_documents
+from vllm_operator.planning.planner import resolve_accelerator
 from vllm_operator.sim.cluster import SimCluster, cpu_node, gpu_node
 
+PROG = "vllm-operator demo"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 GPUS_PER_NODE = 8
 
 
+DEFAULT_GPU = "nvidia-l4-24gb"  # the node `accelerator.type: auto` examples get when no other example names a GPU
+
+
+class DemoInputError(Exception):
+    """The examples directory as a whole cannot be demonstrated (missing, or no usable file): one line, exit 2."""
+
+
 def load_examples(directory: Path) -> list[dict[str, Any]]:
-    return [yaml.safe_load(p.read_text()) for p in sorted(directory.glob("*.yaml"))]
+    """Every VLLMDeployment document in `directory/*.yaml` that the API would accept, in file order.
+
+    A file that cannot be read, is not YAML, or holds something that is not a valid VLLMDeployment is skipped with
+    one line on stderr naming the file and the problem; DemoInputError when the directory is missing or nothing in
+    it is usable. Objects without a namespace get the `default` one the API would give them.
+    """
+    if not directory.is_dir():
+        raise DemoInputError(f"examples directory {directory} does not exist" if not directory.exists()
+                             else f"{directory} is not a directory")
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise DemoInputError(f"examples directory {directory} has no *.yaml files")
+    out: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            docs = load_documents(str(path))
+            resources = [(doc, parse_resource(doc)) for doc in docs]
+        except SpecError as err:
+            print(f"{PROG}: skipped {path}: {err}".replace("\n", " "), file=sys.stderr)
+            continue
+        for doc, resource in resources:
+            obj = dict(doc)
+            obj["metadata"] = {**doc["metadata"], "namespace": resource.metadata.namespace}
+            out.append(obj)
+    if not out:
+        raise DemoInputError(f"no usable VLLMDeployment in {directory} (each file's problem is above)")
+    return out
+
+
+def _accelerator(obj: dict[str, Any]) -> AcceleratorFacts | None:
+    """The accelerator an example names (None for `auto`, or a type the catalog does not know: the operator
+    reports that as SpecValid=False)."""
+    try:
+        return resolve_accelerator(parse_resource(obj).spec, None)
+    except SpecError:
+        return None
 
 
 def nodes_for(examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One 8-GPU node per GPU type the examples plan for, labelled from the catalog's facts, plus a CPU node."""
+    """One 8-GPU node per GPU type the examples name, labelled from the catalog's facts, plus a CPU node; examples
+    with `accelerator.type: auto` are resolved by the operator from these nodes (an L4 node is added when no
+    example names a GPU)."""
     nodes: dict[str, dict[str, Any]] = {"cpu-0": cpu_node("cpu-0", cpu="64", memory="256Gi")}
+    auto = False
     for obj in examples:
-        resource = parse_resource(obj)
-        facts = plan(resource.spec, None, RemediationState.from_status(None), name=resource.metadata.name,
-                     namespace=resource.metadata.namespace).accelerator
-        if not facts.is_gpu or facts.type in nodes:
-            continue
-        nodes[facts.type] = gpu_node(
-            f"{facts.type}-0", product=facts.product or facts.type, memory_mib=facts.memory_bytes // 2**20,
-            gpus=GPUS_PER_NODE, compute=facts.compute_capability or (0, 0))
+        facts = _accelerator(obj)
+        auto = auto or parse_resource(obj).spec.accelerator.type is AcceleratorType.AUTO
+        if facts is not None and facts.is_gpu and facts.type not in nodes:
+            nodes[facts.type] = _gpu_node(facts)
+    if auto and not any(name != "cpu-0" for name in nodes):
+        nodes[DEFAULT_GPU] = _gpu_node(catalog.gpu_facts(catalog.gpu_type(DEFAULT_GPU), 1))
     return list(nodes.values())
+
+
+def _gpu_node(facts: AcceleratorFacts) -> dict[str, Any]:
+    return gpu_node(f"{facts.type}-0", product=facts.product or facts.type, memory_mib=facts.memory_bytes // 2**20,
+                    gpus=GPUS_PER_NODE, compute=facts.compute_capability or (0, 0))
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -88,47 +140,78 @@ def describe_pools(obj: dict[str, Any], deployments: Sequence[dict[str, Any]]) -
     return "\n".join(lines)
 
 
-async def wait_ready(kube: ClientKubeApi, objs: Sequence[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+def settled(obj: dict[str, Any]) -> bool:
+    """Ready, or refused by the planner (SpecValid=False): either way the operator has said what it does."""
+    return (condition(obj, constants.COND_READY).get("status") == "True"
+            or condition(obj, constants.COND_SPEC_VALID).get("status") == "False")
+
+
+async def wait_settled(kube: ClientKubeApi, objs: Sequence[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Each object once it is Ready or refused; TimeoutError naming the ones that are neither."""
     deadline = time.monotonic() + timeout
     while True:
         current = [await kube.get(VLLM_DEPLOYMENTS, o["metadata"]["namespace"], o["metadata"]["name"]) or {}
                    for o in objs]
-        if all(condition(c, constants.COND_READY).get("status") == "True" for c in current):
+        if all(settled(c) for c in current):
             return current
         if time.monotonic() > deadline:
             late = [f"{c.get('metadata', {}).get('name')}: {condition(c, constants.COND_READY).get('message')}"
-                    for c in current if condition(c, constants.COND_READY).get("status") != "True"]
+                    for c in current if not settled(c)]
             raise TimeoutError("not Ready in time: " + "; ".join(late))
         await asyncio.sleep(0.1)
 
 
+async def apply(kube: ClientKubeApi, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Create each example's namespace and the object; an object the API server refuses (a duplicate name, say)
+    is reported in one line and left out."""
+    applied: list[dict[str, Any]] = []
+    for ns in sorted({o["metadata"]["namespace"] for o in examples}):
+        await kube.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    for obj in examples:
+        who = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        try:
+            await kube.create(VLLM_DEPLOYMENTS, obj["metadata"]["namespace"], obj)
+        except KubeError as err:
+            print(f"{PROG}: could not apply {who}: {err}".replace("\n", " "), file=sys.stderr)
+            continue
+        print(f"Applied {obj['kind']} {who} ({obj['spec'].get('workloadClass')} on "
+              f"{obj['spec']['accelerator']['type']})")
+        applied.append(obj)
+    return applied
+
+
 async def demo(examples_dir: Path, timeout: float) -> int:
     examples = load_examples(examples_dir)
+    nodes = nodes_for(examples)
     started = time.monotonic()
-    async with SimCluster(nodes=nodes_for(examples)) as cluster:
+    async with SimCluster(nodes=nodes) as cluster:
         kubeconfig = str(cluster.kubeconfig)
         kube = ClientKubeApi.from_environment(kubeconfig=kubeconfig)
         operator = OperatorThread(OperatorConfig(http_port=0, api_server=cluster.url),
                                   lambda: ClientKubeApi.from_environment(kubeconfig=kubeconfig))
         await asyncio.to_thread(operator.start, timeout)
         try:
-            print(f"Simulated cluster at {cluster.url} with nodes: "
-                  + ", ".join(n["metadata"]["name"] for n in nodes_for(examples)))
-            for ns in sorted({o["metadata"]["namespace"] for o in examples}):
-                await kube.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": ns}})
-            for obj in examples:
-                await kube.create(VLLM_DEPLOYMENTS, obj["metadata"]["namespace"], obj)
-                print(f"Applied {obj['kind']} {obj['metadata']['namespace']}/{obj['metadata']['name']} "
-                      f"({obj['spec']['workloadClass']} on {obj['spec']['accelerator']['type']})")
-            current = await wait_ready(kube, examples, timeout)
-            print(f"\nAll {len(current)} VLLMDeployments Ready {time.monotonic() - started:.1f} s after start.\n")
-            print(table(current) + "\n")
-            for obj in current:
+            print(f"Simulated cluster at {cluster.url} with nodes: " + ", ".join(n["metadata"]["name"] for n in nodes))
+            applied = await apply(kube, examples)
+            if not applied:
+                raise DemoInputError("the API server refused every example (see above)")
+            current = await wait_settled(kube, applied, timeout)
+            ready = [c for c in current if condition(c, constants.COND_READY).get("status") == "True"]
+            refused = [c for c in current if c not in ready]
+            elapsed = time.monotonic() - started
+            print(f"\n{'All ' if not refused else ''}{len(ready)} VLLMDeployments Ready {elapsed:.1f} s after start"
+                  + (f"; {len(refused)} refused by the planner:" if refused else "."))
+            for obj in refused:
+                cond = condition(obj, constants.COND_SPEC_VALID)
+                print(f"  {obj['metadata']['namespace']}/{obj['metadata']['name']}: SpecValid=False "
+                      f"({cond.get('reason')}): {cond.get('message')}")
+            print("\n" + table(current) + "\n")
+            for obj in ready:
                 deps = await kube.list(DEPLOYMENTS, obj["metadata"]["namespace"],
                                        f"{constants.LABEL_DEPLOYMENT}={obj['metadata']['name']}")
                 print(describe_pools(obj, deps) + "\n")
-            await show_refusal(kube, current[0])
+            if ready:
+                await show_refusal(kube, ready[0])
         finally:
             kube.close()
             await asyncio.to_thread(operator.stop)
@@ -162,7 +245,7 @@ async def show_refusal(kube: ClientKubeApi, obj: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-operator demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=Path, default=EXAMPLES, help="directory of VLLMDeployment YAML files")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for Ready")
     parser.add_argument("--verbose", "-v", action="store_true")
@@ -171,6 +254,9 @@ def main(argv: Sequence[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(demo(args.examples, args.timeout))
+    except DemoInputError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
     except (TimeoutError, RuntimeError) as err:
         print(f"demo failed: {err}", file=sys.stderr)
         return 1
