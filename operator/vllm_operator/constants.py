@@ -15,7 +15,7 @@ SINGULAR: Final = "vllmdeployment"
 SHORT_NAME: Final = "vllmd"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
-# Label contract (ARCHITECTURE.md, contract 7).
+# The label contract (docs/architecture.md, Labels).
 LABEL_NAME: Final = "app.kubernetes.io/name"
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
@@ -40,10 +40,10 @@ POOL_SHORT: Final = "short"
 POOL_LONG: Final = "long"
 POOLS: Final = (POOL_SHORT, POOL_LONG)
 
-# Router ConfigMap key (contract 5).
+# Router ConfigMap key (docs/architecture.md, RouterConfig).
 ROUTER_CONFIG_KEY: Final = "router.json"
 
-# Condition types (contract 9).
+# Condition types (docs/architecture.md, Status).
 COND_READY: Final = "Ready"
 COND_PROGRESSING: Final = "Progressing"
 COND_DEGRADED: Final = "Degraded"

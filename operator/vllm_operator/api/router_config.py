@@ -1,4 +1,4 @@
-"""RouterConfig: what the router reads from `router.json` in its ConfigMap (contract 5).
+"""RouterConfig: what the router reads from `router.json` in its ConfigMap (docs/architecture.md, RouterConfig).
 
 Rendered by the planner from the same spec as the engine pools, so the router's length limits and max_tokens caps
 can never disagree with what the engines were started with. The router never talks to the operator; this file is its

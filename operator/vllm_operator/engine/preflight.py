@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 GIB = 1024**3
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-"""vLLM 0.33's default for --gpu-memory-utilization (notes/vllm.md)."""
+"""vLLM 0.33's default for --gpu-memory-utilization (its CacheConfig)."""
 
 
 @dataclass(frozen=True)

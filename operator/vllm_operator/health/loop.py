@@ -4,10 +4,10 @@
 writing, in an order chosen for crash safety: status first (the restart budget is spent and the rung recorded before
 any pod goes or any Deployment changes, so a crash in between never spends more than the budget or loses a rung),
 then pod deletions, events and counters, and finally — after a rung change — the controller's own reconcile with
-the new status, because kopf does not fire update handlers for status-only changes (contract 4). The status write
-carries the resourceVersion that was read: when the controller (or anyone) wrote the status in between, the write is
-refused with 409 and nothing is done this round, so neither side's update is lost. The caller should therefore hand
-in a freshly read object, not a cached one.
+the new status, because kopf does not fire update handlers for status-only changes (docs/architecture.md, Step-down
+through status). The status write carries the resourceVersion that was read: when the controller (or anyone) wrote the
+status in between, the write is refused with 409 and nothing is done this round, so neither side's update is lost. The
+caller should therefore hand in a freshly read object, not a cached one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decide what to do about a diagnosis: pure, so every rule is a row in a unit-test table.
 
-Who restarts what (ARCHITECTURE.md, contract 11): the kubelet restarts containers that exit (vLLM exits when its
+Who restarts what (docs/architecture.md): the kubelet restarts containers that exit (vLLM exits when its
 engine dies, the wrapper turns the exit into a reason), the liveness probe catches a hung API server, the scheduler
 owns Pending pods. The operator deletes a pod only for a state nothing else catches — Stalled: Ready and answering
 /health, requests running, no token progress — and only

@@ -52,7 +52,7 @@ class GpuType:
 
 
 # Usable memory = total device memory as CUDA reports it (torch.cuda.mem_get_info()[1]; also the "X GiB total
-# capacity" in PyTorch's OOM message). Sources: H200 measured here (shared/gpu/README.md, 139.8 GiB visible);
+# capacity" in PyTorch's OOM message). Sources: H200 measured here (benchmarks/gpu, 139.8 GiB visible);
 # the others from PyTorch OOM messages and `nvidia-smi --query-gpu=memory.total` (MiB, minus ~0.5 GiB the driver
 # keeps) as quoted in public vLLM/PyTorch issue threads. Compute capability: NVIDIA's CUDA GPUs table.
 GPUS: tuple[GpuType, ...] = (
@@ -74,7 +74,7 @@ GPUS: tuple[GpuType, ...] = (
             ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-SXM5-80GB"),
             "nvidia-smi 81559 MiB; PyTorch reports 79.1-79.2 GiB total capacity"),
     GpuType("nvidia-h200-141gb", 139.8, (9, 0), ("NVIDIA-H200", "NVIDIA-H200-NVL"),
-            "measured on the project's H200 with vLLM 0.26: 139.8 GiB visible (shared/gpu/README.md)"),
+            "measured on the project's H200 with vLLM 0.26: 139.8 GiB visible (benchmarks/gpu)"),
 )
 GPUS_BY_NAME: dict[str, GpuType] = {g.name: g for g in GPUS}
 
@@ -174,9 +174,10 @@ class BackendKVRule:
     source: str
 
 
-# Read off vLLM 0.33.0 (shared/notes/vllm.md, "KV cache and memory"): FlashAttention stores fp8/fp8_e4m3 only with
-# FA3 on SM90/SM100 and never e5m2; FlashInfer (SM 8.0-12.1) adds e5m2; Triton attention stores every fp8 flavour on
-# any GPU. bfloat16 needs SM80 or newer in hardware (vLLM casts bf16 models to fp16 on a T4).
+# Read off vLLM 0.33.0's attention backends (their supported KV-cache dtypes and compute capabilities): FlashAttention
+# stores fp8/fp8_e4m3 only with FA3 on SM90/SM100 and never e5m2; FlashInfer (SM 8.0-12.1) adds e5m2; Triton attention
+# stores every fp8 flavour on any GPU. bfloat16 needs SM80 or newer in hardware (vLLM casts bf16 models to fp16 on a
+# T4).
 KV_DTYPE_TABLE: tuple[BackendKVRule, ...] = (
     BackendKVRule(AttentionBackend.FLASH_ATTN, (8, 0), (8, 9), _BF16_FP16, "FA2: no fp8 KV"),
     BackendKVRule(AttentionBackend.FLASH_ATTN, (9, 0), (10, 3), _BF16_FP16 | _FP8_E4M3, "FA3: fp8/e4m3, never e5m2"),

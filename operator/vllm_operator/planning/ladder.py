@@ -1,6 +1,6 @@
 """The step-down ladder: what the planner changes, rung by rung, after a pool keeps running out of memory.
 
-Two paths, because the two failures need different medicine (ARCHITECTURE.md contract 11):
+Two paths, because the two failures need different medicine (docs/architecture.md, Who restarts what):
 
 * **EngineOOM** (CUDA OOM at run time: memory outside the KV cache ran out) climbs `STEP_DOWN_LADDER`, cheapest
   headroom first:

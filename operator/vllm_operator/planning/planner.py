@@ -1,4 +1,4 @@
-"""`plan()`: a VLLMDeployment spec + accelerator facts + remediation state -> the Plan (contract 3).
+"""`plan()`: a VLLMDeployment spec + accelerator facts + remediation state -> the Plan (docs/architecture.md, Plan).
 
 One pure function so that the operator, the offline CLI, the e2e harness and the GPU benchmark all agree on what a
 spec means. The order is fixed and each step can refuse with a SpecError naming the field and the numbers:
@@ -8,8 +8,8 @@ spec means. The order is fixed and each step can refuse with a SpecError naming 
    max_tokens, pick the KV dtype (profile FP8 only where native; a requested dtype against the GPU's table), apply
    the remediation rungs (ladder.py), size the KV cache (kvcache.py) and refuse when one full-length sequence does
    not fit, warn when the class's concurrency at full length does not;
-3. the router's configuration from the same numbers (contract 2: tier defaults filled, a tier cap above the long
-   pool's maxTokens refused);
+3. the router's configuration from the same numbers (docs/architecture.md, max_tokens: tier defaults filled, a tier
+   cap above the long pool's maxTokens refused);
 4. a stable hash over the whole plan.
 
 Defaults chosen here (documented in the README's class table): replicas 1; a missing tier list becomes one tier

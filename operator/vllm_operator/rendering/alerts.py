@@ -3,7 +3,7 @@
 Self-contained on purpose: the health loop's owner refines these expressions and tests them with `promtool test
 rules`; `monitoring.prometheus_rule` only wraps `alert_groups(plan)` in a PrometheusRule.
 
-Series come from two places, with the label contract of ARCHITECTURE.md (contract 7):
+Series come from two places, with the label contract (docs/architecture.md, Labels):
 - engine metrics, scraped by this deployment's PodMonitor, which adds `namespace`, `pod`, `vllmdeployment` and `pool`
   (router targets are scraped too but carry no `pool` label, so `pool!=""` keeps to the engines). vLLM's metric names
   contain a colon, which Prometheus may store as an underscore when the scrape negotiates OpenMetrics, so every vLLM

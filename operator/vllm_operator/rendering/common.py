@@ -1,9 +1,9 @@
 """What every renderer shares: the label contract, object metadata, content hashes and the order objects come out in.
 
-The operator decides whether to patch a child by comparing one annotation (contract 8: hash what you render, compare
-hashes, not fields), so the hash must depend on nothing but the object's own content: canonical JSON with sorted keys,
-computed before the hash annotation is added. Dict key order is normalised here too, so two renders of the same plan
-are equal byte for byte whichever order a renderer happened to build its dicts in.
+The operator decides whether to patch a child by comparing one annotation (docs/architecture.md, Conventions: hash what
+you render, compare hashes, not fields), so the hash must depend on nothing but the object's own content: canonical
+JSON with sorted keys, computed before the hash annotation is added. Dict key order is normalised here too, so two
+renders of the same plan are equal byte for byte whichever order a renderer happened to build its dicts in.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def deployment_label(plan: Plan) -> str:
 
 
 def base_labels(plan: Plan, component: str) -> dict[str, str]:
-    """Label contract (ARCHITECTURE.md contract 7) shared by every child object of a VLLMDeployment."""
+    """The label contract (docs/architecture.md, Labels) shared by every child object of a VLLMDeployment."""
     return {
         constants.LABEL_NAME: constants.APP_NAME,
         constants.LABEL_INSTANCE: deployment_label(plan),

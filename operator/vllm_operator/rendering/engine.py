@@ -1,11 +1,11 @@
 """The engine Deployment of one pool: vLLM under the operator's entrypoint wrapper.
 
 The container runs `vllm-operator engine -- vllm serve MODEL` with the plan's engine arguments as `args`, unchanged
-and in the plan's order (contract 3): the wrapper (`vllm_operator.engine`) starts `vllm serve`, watches its log, and
-turns an engine death or a CUDA OOM — which vLLM reports with exit code 0 — into a distinct exit code and a JSON
-termination message at the default `terminationMessagePath` (`/dev/termination-log`). `FallbackToLogsOnError` keeps the
-log tail as the message when the wrapper itself could not write one. `$(POD_IP)` in the arguments is expanded by the
-kubelet from the downward-API variable, which is listed first so later variables may reference it too.
+and in the plan's order (docs/architecture.md, Plan): the wrapper (`vllm_operator.engine`) starts `vllm serve`, watches
+its log, and turns an engine death or a CUDA OOM — which vLLM reports with exit code 0 — into a distinct exit code and
+a JSON termination message at the default `terminationMessagePath` (`/dev/termination-log`). `FallbackToLogsOnError`
+keeps the log tail as the message when the wrapper itself could not write one. `$(POD_IP)` in the arguments is expanded
+by the kubelet from the downward-API variable, which is listed first so later variables may reference it too.
 
 Probe timings (all HTTP `GET /health` on the `http` port; vLLM answers it only after the model is loaded, so a TCP
 probe would pass too early):

@@ -1,14 +1,15 @@
-"""Prometheus Operator objects of one VLLMDeployment: a PodMonitor and a PrometheusRule (contract 8).
+"""Prometheus Operator objects of one VLLMDeployment: a PodMonitor and a PrometheusRule (docs/architecture.md,
+Monitoring objects).
 
 They are rendered always (unless `spec.monitoring` turns one off) and the handler drops them when the
 `monitoring.coreos.com` CRDs are absent. `spec.monitoring.labels` are added to both, so a Prometheus whose
 `podMonitorSelector` / `ruleSelector` wants a label (e.g. `release: kube-prometheus-stack`) picks them up.
 
 The PodMonitor scrapes `/metrics` on the `http` port of this deployment's engine and router pods and relabels them to
-the label contract (contract 7): `namespace` and `pod` from the target's metadata, `pool` from the pod's pool label
-(router pods have none), and `vllmdeployment` set to the VLLMDeployment's name. The name is written as a literal rather
-than copied from the pod's deployment label because a label value holds at most 63 characters: for a longer name the
-label carries a hash-suffixed short form, while the health loop and the alerts select on the real name.
+the label contract (docs/architecture.md, Labels): `namespace` and `pod` from the target's metadata, `pool` from the
+pod's pool label (router pods have none), and `vllmdeployment` set to the VLLMDeployment's name. The name is written as
+a literal rather than copied from the pod's deployment label because a label value holds at most 63 characters: for a
+longer name the label carries a hash-suffixed short form, while the health loop and the alerts select on the real name.
 """
 
 from __future__ import annotations

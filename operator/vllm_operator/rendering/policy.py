@@ -1,9 +1,9 @@
 """Policy objects: PodDisruptionBudgets for each pool and the router, and the engines' NetworkPolicy.
 
-Pool budgets allow one engine pod down at a time (`maxUnavailable: 1`, contract 10): a node drain proceeds pod by pod
-and a pool with one replica can still be drained (`minAvailable: 1` would block it forever). The router's budget keeps
-one pod up when there are two or more (`minAvailable: 1`); a single router replica gets `maxUnavailable: 1` for the
-same reason as the pools.
+Pool budgets allow one engine pod down at a time (`maxUnavailable: 1`, docs/architecture.md, Pods): a node drain
+proceeds pod by pod and a pool with one replica can still be drained (`minAvailable: 1` would block it forever). The
+router's budget keeps one pod up when there are two or more (`minAvailable: 1`); a single router replica gets
+`maxUnavailable: 1` for the same reason as the pools.
 
 The NetworkPolicy admits traffic to the engines' port 8000 only from this deployment's router pods and from the metrics
 scraper (see `options.RenderOptions`): nothing else may bypass the router's max_tokens caps and length limits by

@@ -1,9 +1,10 @@
 """The router's objects: ConfigMap (`router.json`), ServiceAccount, Role and RoleBinding, and its Deployment.
 
-`router.json` is `plan.router.to_wire()` as JSON with sorted keys (contract 5); the pod template carries the hash of
-that exact text as `constants.ANNOTATION_CONFIG_HASH`, so a config change rolls the router pods while the engine
-Deployments, which do not depend on it, stay untouched. The router finds engine pods by watching the pool Services'
-EndpointSlices (contract 6), so its Role grants get/list/watch on `discovery.k8s.io/endpointslices` and nothing else.
+`router.json` is `plan.router.to_wire()` as JSON with sorted keys (docs/architecture.md, RouterConfig); the pod
+template carries the hash of that exact text as `constants.ANNOTATION_CONFIG_HASH`, so a config change rolls the router
+pods while the engine Deployments, which do not depend on it, stay untouched. The router finds engine pods by watching
+the pool Services' EndpointSlices (docs/architecture.md, Endpoint discovery), so its Role grants get/list/watch on
+`discovery.k8s.io/endpointslices` and nothing else.
 
 Every path the router reads is mounted where the RouterConfig says it is (api_keys_dir, tokenizer.path, the directory
 of tokenizer.hfTokenFile), so the two cannot disagree. The router runs as a non-root user with a read-only root

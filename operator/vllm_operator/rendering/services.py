@@ -1,4 +1,5 @@
-"""Services: one headless Service per pool (endpoint discovery, contract 6) and the router's ClusterIP Service.
+"""Services: one headless Service per pool (docs/architecture.md, Endpoint discovery) and the router's ClusterIP
+Service.
 
 Pool Services are headless (`clusterIP: None`) because nothing connects through them: the router watches their
 EndpointSlices and balances over the pod IPs itself, and a virtual IP would hide which pod answered. They publish only

@@ -6,10 +6,10 @@ Secrets in place). Keys are compared as SHA-256 digests with `hmac.compare_diges
 time taken does not depend on how much of a key matched nor on which tier it belongs to.
 
 No directory configured = auth off: every request gets the first tier. With a directory, a request without any
-key also gets the first tier (contract 2: "No API key (or auth off) means the first tier" — tiers are caps, and the
-first tier is the anonymous one), while a key that is sent but unknown, or a malformed Authorization header, is a
-401: an unknown key never silently falls back to the first tier, because that would turn a typo or a revoked key
-into a cap change nobody notices.
+key also gets the first tier (docs/architecture.md, max_tokens: "No API key (or auth off) means the first tier" — tiers
+are caps, and the first tier is the anonymous one), while a key that is sent but unknown, or a malformed Authorization
+header, is a 401: an unknown key never silently falls back to the first tier, because that would turn a typo or a
+revoked key into a cap change nobody notices.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The router's per-request decision, as a pure function: which pool, which max_tokens, or which refusal.
 
-Why a module of its own: this is the contract (ARCHITECTURE.md, contract 2) that makes the engines' limits and the
+Why a module of its own: this is the contract (docs/architecture.md, max_tokens) that makes the engines' limits and the
 clients' caps agree, and it must be testable as a table without a server, a tokenizer or a network. Everything that
 needs I/O (counting tokens, picking an endpoint, forwarding) happens around it.
 
-The order is exactly contract 2's pseudo-code:
+The order is exactly the max_tokens contract's pseudo-code:
 
     want = request max_tokens (or max_completion_tokens), else tier.defaultMaxTokens
     if want > tier.maxTokens:  clamp -> want = tier.maxTokens   | reject -> 400
@@ -127,7 +127,7 @@ def requested_max_tokens(body: Mapping[str, Any]) -> tuple[int | None, Refusal |
 
 def decide(prompt_tokens: int, requested: int | None, tier: TierConfig, limits: Limits, *,
            prompt_param: str = "messages") -> Decision:
-    """Contract 2, line by line. `prompt_param` is the request field named in prompt-length errors."""
+    """The max_tokens contract, line by line. `prompt_param` is the request field named in prompt-length errors."""
     short = limits.short if limits.short.enabled else None
     final = limits.long if limits.long.enabled else short
     if final is None:

@@ -1,8 +1,9 @@
 """`vllm-operator router --config router.json [--port N]`: run the length-aware router.
 
-The config is the RouterConfig the planner renders into the router's ConfigMap (contract 5); a file that does not
-validate, or a tokenizer source that cannot be read, stops the router at start with exit code 2 and a message naming
-the problem, rather than serving with limits it does not know. uvloop is used when installed (optional speed-up).
+The config is the RouterConfig the planner renders into the router's ConfigMap (docs/architecture.md, RouterConfig); a
+file that does not validate, or a tokenizer source that cannot be read, stops the router at start with exit code 2 and
+a message naming the problem, rather than serving with limits it does not know. uvloop is used when installed (optional
+speed-up).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Why the router counts for itself: vLLM's `vllm:request_success_total{finished_reason}` misses client disconnects and
 knows nothing of pools, clamps or refusals; the health loop and the dashboards need those per pool. The label for
-the finish reason is `finished_reason`, the same as vLLM's (contract 7), so one query shape covers both.
+the finish reason is `finished_reason`, the same as vLLM's (docs/architecture.md, Labels), so one query shape covers
+both.
 
 One registry per router instance (no module-level metrics), so tests can run several routers in one process.
 """

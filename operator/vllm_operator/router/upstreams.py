@@ -4,10 +4,10 @@ Why least-outstanding-requests: engine requests vary from milliseconds to minute
 onto an engine that is still busy with long generations; the number of requests the router has in flight to each
 endpoint is known exactly and costs nothing to track.
 
-Health is both passive and active (contract 6): a connect error or a 5xx answer ejects an endpoint at once, and a
-poller GETs `/health` on every endpoint each `health.intervalSeconds` — a 200 re-admits an ejected one, anything else
-ejects a healthy one. New endpoints start healthy: with discovery they come from EndpointSlices, which list only pods
-that passed their readiness probe; static ones are polled right away.
+Health is both passive and active (docs/architecture.md, Endpoint discovery): a connect error or a 5xx answer ejects an
+endpoint at once, and a poller GETs `/health` on every endpoint each `health.intervalSeconds` — a 200 re-admits an
+ejected one, anything else ejects a healthy one. New endpoints start healthy: with discovery they come from
+EndpointSlices, which list only pods that passed their readiness probe; static ones are polled right away.
 
 Discovery (`SliceWatcher`) lists and watches the pool Service's EndpointSlices (`kubernetes.io/service-name=<svc>`)
 through the Kubernetes API with plain aiohttp — the official client's watch is synchronous and would need a thread

@@ -6,7 +6,7 @@ Prometheus `/metrics` with vLLM's metric names) but whose timing, lengths, failu
 set and change while it runs. A real vLLM on CPU is used where the engine itself is under test (the e2e tier); this
 server is for everything that needs control rather than a model.
 
-What it imitates (read off vLLM 0.32/0.33, see the project's notes/vllm.md):
+What it imitates (read off vLLM 0.32/0.33's source and logs):
 
 * `POST /v1/chat/completions`, `POST /v1/completions`: non-streaming JSON and SSE streaming (`data: {...}\\n\\n`
   chunks, `data: [DONE]`), `usage`, `finish_reason` `stop` or `length`, `stream_options.include_usage` and vLLM's

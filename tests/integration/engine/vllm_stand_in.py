@@ -1,6 +1,6 @@
 """A stand-in for vLLM that prints one failure text and exits the way vLLM does, for the engine wrapper's tests.
 
-Usage: python vllm_stand_in.py MODE. Modes print the real vLLM lines (notes/vllm.md): vLLM exits 0 after its engine
+Usage: python vllm_stand_in.py MODE. Modes print the real vLLM lines: vLLM exits 0 after its engine
 core dies and 1 when the KV cache is too small at start-up.
 """
 

@@ -1,6 +1,7 @@
-"""Endpoint discovery through EndpointSlices in the simulated cluster (contract 6): the router lists and watches the
-pool Service's slices over HTTP, follows additions, readiness changes and deletions, and only routes to ready
-endpoints. The slices are written here with the official client (the endpoints controller comes later)."""
+"""Endpoint discovery through EndpointSlices in the simulated cluster (docs/architecture.md, Endpoint discovery): the
+router lists and watches the pool Service's slices over HTTP, follows additions, readiness changes and deletions, and
+only routes to ready endpoints. The slices are written here with the official client (the endpoints controller comes
+later)."""
 
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ async def test_api_keys_pick_the_tier(short_engine: FakeVllm, long_engine: FakeV
         assert caught.value.code == "invalid_api_key"
         for client in (pro, free, wrong):
             await client.close()
-        # No key at all: the first tier (contract 2).
+        # No key at all: the first tier (docs/architecture.md, max_tokens).
         async with aiohttp.ClientSession() as http, http.post(url + "/v1/chat/completions", json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}]}) as response:
             assert response.status == 200

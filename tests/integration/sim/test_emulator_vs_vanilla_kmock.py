@@ -1,4 +1,4 @@
-"""Every gap of vanilla kmock listed in shared/notes/testing.md, as a check that our emulator passes and the
+"""Every gap of vanilla kmock we found, as a check that our emulator passes and the
 vanilla `kmock.KubernetesEmulator` fails — so each fix is pinned and each check is shown able to fail.
 """
 

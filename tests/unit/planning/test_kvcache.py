@@ -56,7 +56,7 @@ def test_activations_grow_with_batched_tokens() -> None:
     assert kvcache.activation_bytes(LLAMA31_8B, 8192, 1024) / GIB == pytest.approx(0.88, rel=0.05)
 
 
-# Measured on the H200 with vLLM 0.26 (shared/gpu/README.md): Llama-3.1-8B shape, max_model_len 32768.
+# Measured on the H200 with vLLM 0.26 (benchmarks/gpu): Llama-3.1-8B shape, max_model_len 32768.
 H200_MEASURED = [
     pytest.param(0.45, "auto", 381_552, id="util0.45-bf16"),
     pytest.param(0.45, "fp8", 762_608, id="util0.45-fp8"),

@@ -52,7 +52,7 @@ def test_bad_keys_are_401(keys_dir: Path, header: str | None, message: str) -> N
 
 @pytest.mark.parametrize("header", [None, ""], ids=["absent", "empty"])
 def test_no_key_gives_first_tier_with_auth_on(keys_dir: Path, header: str | None) -> None:
-    """Contract 2: no API key means the first tier."""
+    """The max_tokens contract: no API key means the first tier."""
     assert Auth(TIERS, str(keys_dir)).tier_for(header) == TIERS[0]
 
 

@@ -1,4 +1,5 @@
-"""Contract 2 as tables: every line of the pseudo-code has rows that take it and rows that just miss it."""
+"""The max_tokens contract (docs/architecture.md) as tables: every line of the pseudo-code has rows that take it and
+rows that just miss it."""
 
 from __future__ import annotations
 
