@@ -422,9 +422,10 @@ def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan,
 
 def _tier_default_warning(i: int, tier: str, default: int, from_cap: bool, short: PoolPlan,
                           long: PoolPlan) -> list[str]:
-    """The router sends a request short only when its max_tokens fits the short pool (contract 2); a tier whose
-    default does not fit sends every request that omits max_tokens — a one-word "hello" too — to the long pool,
-    which is sized for few long sequences. Legitimate on purpose, a trap by accident: warn, naming the fix."""
+    """The router sends a request short only when its max_tokens fits the short pool (docs/architecture.md,
+    max_tokens); a tier whose default does not fit sends every request that omits max_tokens — a one-word "hello"
+    too — to the long pool, which is sized for few long sequences. Legitimate on purpose, a trap by accident: warn,
+    naming the fix."""
     if not (short.enabled and long.enabled):
         return []
     room = min(short.max_tokens, short.max_model_len - 1)
