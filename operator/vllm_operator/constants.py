@@ -69,6 +69,9 @@ GFD_MEMORY: Final = "nvidia.com/gpu.memory"
 GFD_COUNT: Final = "nvidia.com/gpu.count"
 GFD_COMPUTE_MAJOR: Final = "nvidia.com/gpu.compute.major"
 GFD_COMPUTE_MINOR: Final = "nvidia.com/gpu.compute.minor"
+# GFD sets this above 1 on nodes whose GPUs are time-sliced (shared by that many pods) and appends "-SHARED" to
+# the product label.
+GFD_REPLICAS: Final = "nvidia.com/gpu.replicas"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 # Engine pods: where things are mounted.

@@ -65,7 +65,11 @@ class PoolPlan(ApiModel):
     engine_args: list[Text] = Field(description="Arguments after `vllm serve MODEL`, each --flag=value or --flag.")
     env: dict[str, str] = Field(default_factory=dict, description="Literal environment for the engine container.")
     resources: Resources = Field(description="Engine container resources.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector (GPU product label).")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector (the spec's).")
+    gpu_products: list[Text] = Field(
+        default_factory=list,
+        description="GPU feature discovery product strings the engine pods may run on (every variant of the type), "
+                    "as required node affinity that also excludes time-sliced nodes; empty for CPU pools.")
     image: Text = Field(description="Engine image.")
     kv: KVPlan = Field(description="KV cache plan.")
     step_down_level: int = Field(ge=0, description="Step-down rung applied.")

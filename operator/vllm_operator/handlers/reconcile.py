@@ -43,7 +43,7 @@ from vllm_operator.k8s import (
     resource_of,
 )
 from vllm_operator.planning import RemediationState, plan
-from vllm_operator.planning.catalog import accelerator_from_node_labels
+from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
 from vllm_operator.rendering import applied, render
 
 log = logging.getLogger(__name__)
@@ -112,13 +112,21 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
                             "namespaced without the nodes ClusterRole); name the GPU type instead") from err
         raise
     candidates = []
+    shared: list[str] = []
     for node in nodes:
         labels = node.get("metadata", {}).get("labels", {}) or {}
         facts = accelerator_from_node_labels(labels, spec.accelerator.count)
         if facts is not None:
             candidates.append((facts.memory_bytes, facts.type, facts))
+        elif (how := shared_gpu(labels)) is not None:
+            shared.append(f"{node.get('metadata', {}).get('name')} ({how})")
     if not candidates:
         where = f" matching nodeSelector {label_selector}" if label_selector else ""
+        if shared:
+            raise SpecError("spec.accelerator.type", f"auto: the GPU node(s){where} are time-sliced: "
+                            f"{', '.join(shared[:3])}{' …' if len(shared) > 3 else ''}; pods there share one "
+                            "card's memory and a pod planned for the whole card runs the next one out of memory; "
+                            "the operator does not plan for shared GPUs: use nodes without time-slicing")
         raise SpecError("spec.accelerator.type", f"auto: no node{where} carries GPU feature discovery labels "
                         f"(nvidia.com/gpu.product) of a known GPU type; {len(nodes)} node(s) looked at")
     candidates.sort(key=lambda c: (c[0], c[1]))

@@ -52,9 +52,11 @@ class GpuType:
 
 
 # Usable memory = total device memory as CUDA reports it (torch.cuda.mem_get_info()[1]; also the "X GiB total
-# capacity" in PyTorch's OOM message). Sources: H200 measured here (benchmarks/gpu, 139.8 GiB visible);
-# the others from PyTorch OOM messages and `nvidia-smi --query-gpu=memory.total` (MiB, minus ~0.5 GiB the driver
-# keeps) as quoted in public vLLM/PyTorch issue threads. Compute capability: NVIDIA's CUDA GPUs table.
+# capacity" in PyTorch's OOM message), of the smallest variant the type's product strings name: engine pods select
+# every one of them (SXM and PCIe alike), so the plan must fit the smallest (the variants listed have the same
+# memory). Sources: H200 measured here (benchmarks/gpu, 139.8 GiB visible); the others from PyTorch OOM messages and
+# `nvidia-smi --query-gpu=memory.total` (MiB, minus ~0.5 GiB the driver keeps) as quoted in public vLLM/PyTorch issue
+# threads. Compute capability: NVIDIA's CUDA GPUs table.
 GPUS: tuple[GpuType, ...] = (
     GpuType("nvidia-t4-16gb", 14.56, (7, 5), ("Tesla-T4", "NVIDIA-T4"),
             "PyTorch OOM messages on T4 (Colab/Kaggle): 'total capacity of 14.56 GiB' (older drivers 14.74)"),
@@ -78,8 +80,8 @@ GPUS: tuple[GpuType, ...] = (
 )
 GPUS_BY_NAME: dict[str, GpuType] = {g.name: g for g in GPUS}
 
-# GFD appends these to the product name when a GPU is time-sliced / shared; the memory is still the whole card's.
-_PRODUCT_SUFFIXES = ("-SHARED",)
+# GFD appends this to the product name when a GPU is time-sliced: each pod gets a share of the card, not the card.
+SHARED_SUFFIX = "-SHARED"
 
 
 def gpu_type(name: str) -> GpuType:
@@ -93,15 +95,39 @@ def gpu_type(name: str) -> GpuType:
 
 def gpu_type_for_product(product: str) -> GpuType | None:
     """Match a GFD `nvidia.com/gpu.product` value (case-insensitively) to a catalog type; MIG slices match nothing."""
-    wanted = product.strip().upper()
-    for suffix in _PRODUCT_SUFFIXES:
-        wanted = wanted.removesuffix(suffix)
+    wanted = product.strip().upper().removesuffix(SHARED_SUFFIX)
     if "-MIG-" in wanted:
         return None  # a MIG slice has a fraction of the card's memory: not a catalog type
     for gpu in GPUS:
         if any(p.upper() == wanted for p in gpu.products):
             return gpu
     return None
+
+
+def shared_gpu(labels: Mapping[str, str]) -> str | None:
+    """How a node's GPUs are time-sliced (GFD's `-SHARED` product suffix or `nvidia.com/gpu.replicas` above 1), or
+    None. vLLM sizes its KV cache from `utilization × total` of the card; several pods on one card each take that
+    share, and the second one runs out of memory. The planner does not plan for shares, so such nodes are neither a
+    target for `auto` nor selected by the engine pods' node affinity."""
+    product = labels.get(constants.GFD_PRODUCT, "")
+    replicas = labels.get(constants.GFD_REPLICAS, "")
+    shared_product = product.upper().endswith(SHARED_SUFFIX)
+    many = replicas.isdigit() and int(replicas) > 1
+    if not shared_product and not many:
+        return None
+    parts = [f"{constants.GFD_PRODUCT}={product}"] if shared_product else []
+    if replicas:
+        parts.append(f"{constants.GFD_REPLICAS}={replicas}")
+    return ", ".join(parts)
+
+
+def gpu_products(gpu_type_name: str, seen: str | None = None) -> list[str]:
+    """The GFD product strings engine pods may schedule on for a type: every variant the catalog lists, plus the
+    exact spelling a node was seen with (`auto`), never a time-sliced `-SHARED` one."""
+    products = list(GPUS_BY_NAME[gpu_type_name].products)
+    if seen and seen not in products and not seen.upper().endswith(SHARED_SUFFIX):
+        products.append(seen)
+    return sorted(products)
 
 
 def gpu_facts(gpu: GpuType, count: int, product: str | None = None) -> AcceleratorFacts:
@@ -116,13 +142,14 @@ def cpu_facts(memory_gib: float) -> AcceleratorFacts:
 
 
 def accelerator_from_node_labels(labels: Mapping[str, str], count: int) -> AcceleratorFacts | None:
-    """Resolve `accelerator.type: auto` from a node's GPU feature discovery labels; None if not a catalog GPU.
+    """Resolve `accelerator.type: auto` from a node's GPU feature discovery labels; None if not a catalog GPU or
+    time-sliced (`shared_gpu`).
 
     The catalog's usable memory is used, not `nvidia.com/gpu.memory` (nvidia-smi's MiB include what the driver
     keeps). When the labels carry a compute capability that contradicts the catalog, the node is not trusted (None).
     """
     product = labels.get(constants.GFD_PRODUCT)
-    if not product:
+    if not product or shared_gpu(labels) is not None:
         return None
     gpu = gpu_type_for_product(product)
     if gpu is None:

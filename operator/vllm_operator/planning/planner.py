@@ -378,10 +378,9 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         quantization=spec.model.quantization.value if spec.model.quantization else None,
         revision=hf.revision if hf is not None else None, port=constants.ENGINE_PORT)
     args = engine_args.build_args(values, version, extra)
-    node_selector: dict[str, str] = {}
-    if acc.is_gpu and acc.product:
-        node_selector[constants.GFD_PRODUCT] = acc.product
-    node_selector.update(ps.node_selector or {})
+    node_selector = dict(ps.node_selector or {})
+    products = catalog.gpu_products(acc.type, acc.product) if acc.is_gpu and acc.type in catalog.GPUS_BY_NAME \
+        else []
     runtime = (spec.engine.gpu if acc.is_gpu else spec.engine.cpu) if spec.engine else None
     image = (runtime.image if runtime and runtime.image else
              f"{ENGINE_IMAGE_GPU if acc.is_gpu else ENGINE_IMAGE_CPU}:{version_text}")
@@ -392,7 +391,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
         prompt_range=(0, s.max_model_len), model=_model_path(spec), served_model_name=served, engine_args=args,
         env=_env(spec, ps, acc, name), resources=_resources(ps, acc, spec),
-        node_selector=dict(sorted(node_selector.items())), image=image,
+        node_selector=dict(sorted(node_selector.items())), gpu_products=products, image=image,
         kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),

@@ -159,6 +159,19 @@ def tolerations(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[di
     return [unique[k] for k in sorted(unique)]
 
 
+def gpu_affinity(pool: PoolPlan) -> dict[str, Any] | None:
+    """Required node affinity for a GPU pool: a node whose `nvidia.com/gpu.product` is any variant of the planned
+    type (a plain nodeSelector pins one string, and an A100 PCIe node never matched the SXM4 string), and whose GPUs
+    are not time-sliced — `nvidia.com/gpu.replicas` absent or 1 (the `-SHARED` product strings are never in the
+    list either). Two terms because the label may be missing on nodes GFD labelled before it knew sharing."""
+    if not pool.gpu_products:
+        return None
+    product = {"key": constants.GFD_PRODUCT, "operator": "In", "values": list(pool.gpu_products)}
+    terms = [{"matchExpressions": [product, {"key": constants.GFD_REPLICAS, "operator": "DoesNotExist"}]},
+             {"matchExpressions": [product, {"key": constants.GFD_REPLICAS, "operator": "In", "values": ["1"]}]}]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
 def plan_summary(plan: Plan, pool: PoolPlan) -> str:
     """A one-line JSON summary of the pool's plan for `kubectl get -o yaml` readers."""
     return common.canonical_json({
@@ -210,6 +223,9 @@ def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> common.M
     selector = {**(pool_spec(spec, pool.name).node_selector or {}), **pool.node_selector}
     if selector:
         pod_spec["nodeSelector"] = selector
+    affinity = gpu_affinity(pool)
+    if affinity is not None:
+        pod_spec["affinity"] = affinity
     tols = tolerations(plan, pool, spec)
     if tols:
         pod_spec["tolerations"] = tols

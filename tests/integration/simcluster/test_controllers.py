@@ -14,6 +14,9 @@ import pytest
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
 from vllm_operator import constants
+from vllm_operator.api.resource import parse_spec
+from vllm_operator.planning import RemediationState, plan
+from vllm_operator.rendering import engine
 from vllm_operator.sim.client import DEPLOYMENTS, ENDPOINT_SLICES, PODS, REPLICA_SETS, SERVICES, SimClient
 from vllm_operator.sim.cluster import SimCluster, gpu_node
 from vllm_operator.sim.controllers.scheduling import ContainerState
@@ -106,6 +109,40 @@ async def test_gpu_scheduling_by_product_label_and_unschedulable(cluster: SimClu
     cond = next(c for c in stuck["status"]["conditions"] if c["type"] == "PodScheduled")
     assert cond["status"] == "False" and "Insufficient nvidia.com/gpu" in cond["message"]
     assert "didn't match Pod's node affinity/selector" in cond["message"]
+
+
+async def test_rendered_gpu_pool_schedules_on_every_variant_and_never_on_time_sliced_nodes() -> None:
+    """Issue 21: an A100-80GB pool was pinned to the SXM4 product string, so a PCIe node stayed unused and the pods
+    Pending; a time-sliced node (GFD's -SHARED product, nvidia.com/gpu.replicas) must not take them either."""
+    spec = parse_spec({"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "workloadClass": "chat",
+                       "accelerator": {"type": "nvidia-a100-80gb"}, "pools": {"short": {"replicas": 2}}})
+    the_plan = plan(spec, None, RemediationState(), name="chat", namespace="default")
+    engine_dep = engine.deployment(the_plan, the_plan.pools["short"], spec)
+    a100 = {"memory_mib": 81920, "compute": (8, 0)}
+    nodes = [gpu_node("pcie-0", product="NVIDIA-A100-80GB-PCIe", gpus=1, **a100),  # type: ignore[arg-type]
+             gpu_node("shared-0", product="NVIDIA-A100-80GB-PCIe-SHARED", gpus=4,  # type: ignore[arg-type]
+                      labels={constants.GFD_REPLICAS: "4"}, **a100),
+             gpu_node("sliced-0", product="NVIDIA-A100-SXM4-80GB", gpus=4,  # type: ignore[arg-type]
+                      labels={constants.GFD_REPLICAS: "4"}, **a100)]
+    async with SimCluster(nodes=nodes) as sim:
+        client = sim.client
+        assert client is not None
+        await client.create(DEPLOYMENTS, "default", engine_dep)
+        selector = ",".join(f"{k}={v}" for k, v in engine_dep["spec"]["selector"]["matchLabels"].items())
+
+        async def placed() -> list[dict[str, Any]] | None:
+            pods, _ = await client.list(PODS, "default", selector)
+            bound = [p for p in pods if p["spec"].get("nodeName")]
+            stuck = [p for p in pods if any(c.get("reason") == "Unschedulable"
+                                            for c in p.get("status", {}).get("conditions", []))]
+            return pods if len(bound) == 1 and len(stuck) == 1 else None
+
+        pods = await eventually(placed)
+        assert {p["spec"].get("nodeName") for p in pods} == {"pcie-0", None}
+        stuck = next(p for p in pods if not p["spec"].get("nodeName"))
+        cond = next(c for c in stuck["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert "2 node(s) didn't match Pod's node affinity/selector" in cond["message"]
+    assert sim.controller_errors == []
 
 
 async def test_rollout_with_max_surge_zero_replaces_pods_one_at_a_time(cluster: SimCluster) -> None:

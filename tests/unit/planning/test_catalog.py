@@ -15,6 +15,7 @@ from vllm_operator.planning.catalog import AttentionBackend, KVVerdict
     ("Tesla-T4", "nvidia-t4-16gb"), ("NVIDIA-A100-SXM4-80GB", "nvidia-a100-80gb"),
     ("NVIDIA-A100-PCIE-40GB", "nvidia-a100-40gb"), ("NVIDIA-H200", "nvidia-h200-141gb"),
     ("NVIDIA-L40S", "nvidia-l40s-48gb"), ("nvidia-l4", "nvidia-l4-24gb"), ("NVIDIA-L4-SHARED", "nvidia-l4-24gb"),
+    ("NVIDIA-A100-80GB-PCIe", "nvidia-a100-80gb"), ("NVIDIA-H100-PCIe", "nvidia-h100-80gb"),
 ], ids=str)
 def test_product_strings_identify_types(product: str, gpu: str) -> None:
     found = catalog.gpu_type_for_product(product)
@@ -42,7 +43,11 @@ def test_every_type_in_the_api_enum_is_in_the_catalog() -> None:
     ({constants.GFD_PRODUCT: "NVIDIA-L4", constants.GFD_COMPUTE_MAJOR: "x", constants.GFD_COMPUTE_MINOR: "0"}, None),
     ({"kubernetes.io/hostname": "cpu-node"}, None),
     ({constants.GFD_PRODUCT: "NVIDIA-B200"}, None),
-], ids=["h100-with-cc", "l4", "cc-contradicts", "cc-garbage", "no-gpu", "not-in-catalog"])
+    ({constants.GFD_PRODUCT: "NVIDIA-L4-SHARED", constants.GFD_REPLICAS: "4"}, None),
+    ({constants.GFD_PRODUCT: "NVIDIA-L4", constants.GFD_REPLICAS: "2"}, None),
+    ({constants.GFD_PRODUCT: "NVIDIA-L4", constants.GFD_REPLICAS: "1"}, "nvidia-l4-24gb"),
+], ids=["h100-with-cc", "l4", "cc-contradicts", "cc-garbage", "no-gpu", "not-in-catalog", "time-sliced",
+        "replicas-without-rename", "one-replica"])
 def test_accelerator_from_node_labels(labels: dict[str, str], expected: str | None) -> None:
     facts = catalog.accelerator_from_node_labels(labels, 2)
     if expected is None:
@@ -139,3 +144,18 @@ def test_hf_config_missing_keys_are_named(drop: str, message: str) -> None:
     config = {k: v for k, v in LLAMA_CONFIG.items() if k != drop}
     with pytest.raises(SpecError, match=message):
         catalog.facts_from_hf_config(config)
+
+
+@pytest.mark.parametrize(("labels", "how"), [
+    ({constants.GFD_PRODUCT: "NVIDIA-L4-SHARED", constants.GFD_REPLICAS: "4"},
+     "nvidia.com/gpu.product=NVIDIA-L4-SHARED, nvidia.com/gpu.replicas=4"),
+    ({constants.GFD_PRODUCT: "NVIDIA-L4", constants.GFD_REPLICAS: "2"}, "nvidia.com/gpu.replicas=2"),
+    ({constants.GFD_PRODUCT: "NVIDIA-L4", constants.GFD_REPLICAS: "1"}, None),
+    ({constants.GFD_PRODUCT: "NVIDIA-L4"}, None),
+], ids=["renamed", "replicas-only", "one-replica", "unshared"])
+def test_time_sliced_nodes_are_recognised(labels: dict[str, str], how: str | None) -> None:
+    assert catalog.shared_gpu(labels) == how
+
+
+def test_gpu_products_never_include_a_shared_spelling() -> None:
+    assert catalog.gpu_products("nvidia-l4-24gb", "NVIDIA-L4-SHARED") == ["NVIDIA-L4"]

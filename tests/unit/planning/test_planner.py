@@ -213,7 +213,8 @@ def test_gpu_pool_pod_facts() -> None:
                                                                                                 "key": "k"}}]}})
     short = p.pools["short"]
     assert short.replicas == 3 and p.pools["long"].replicas == 1
-    assert short.node_selector == {constants.GFD_PRODUCT: "NVIDIA-L4", "pool": "gpu"}
+    assert short.node_selector == {"pool": "gpu"}
+    assert short.gpu_products == ["NVIDIA-L4"]
     assert short.resources.limits == {constants.GPU_RESOURCE: "1"}
     assert short.image == "ghcr.io/vllm-operator/engine-gpu:0.33.0" and p.engine_version == "0.33.0"
     assert short.model == "meta-llama/Llama-3.1-8B-Instruct"
@@ -260,7 +261,33 @@ def test_accelerator_facts_from_nodes_are_used() -> None:
     facts = catalog.accelerator_from_node_labels({constants.GFD_PRODUCT: "NVIDIA-A100-PCIE-40GB"}, 1)
     p = plan(make_spec(accelerator={"type": "auto"}), facts, RemediationState(), name="d", namespace="n")
     assert p.accelerator.type == "nvidia-a100-40gb"
-    assert p.pools["short"].node_selector == {constants.GFD_PRODUCT: "NVIDIA-A100-PCIE-40GB"}
+    assert p.pools["short"].node_selector == {}
+    assert p.pools["short"].gpu_products == ["A100-PCIE-40GB", "A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB",
+                                             "NVIDIA-A100-SXM4-40GB"]
+
+
+@pytest.mark.parametrize(("gpu", "products"), [
+    ("nvidia-a100-80gb", ["A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "NVIDIA-A100-PCIE-80GB",
+                          "NVIDIA-A100-SXM4-80GB"]),
+    ("nvidia-h100-80gb", ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-SXM5-80GB"]),
+], ids=str)
+def test_a_named_gpu_type_selects_every_variant(gpu: str, products: list[str]) -> None:
+    # issue 21: the pods were pinned to the first product string and an A100 PCIe node stayed unused
+    p = make_plan(accelerator={"type": gpu})
+    assert p.pools["short"].gpu_products == products and p.pools["short"].node_selector == {}
+
+
+def test_auto_from_a_lowercase_label_keeps_the_spelling_seen() -> None:
+    facts = catalog.accelerator_from_node_labels({constants.GFD_PRODUCT: "nvidia-l4"}, 1)
+    p = plan(make_spec(accelerator={"type": "auto"}), facts, RemediationState(), name="d", namespace="n")
+    assert p.pools["long"].gpu_products == ["NVIDIA-L4", "nvidia-l4"]
+
+
+def test_cpu_pools_select_no_gpu_products() -> None:
+    p = make_plan(model={"name": "x/tiny", "facts": {"numLayers": 2, "numKVHeads": 2, "headDim": 64,
+                                                       "maxContextLength": 65536, "weightsGiB": 0.05}},
+                  accelerator={"type": "cpu", "memoryGiB": 4})
+    assert p.pools["short"].gpu_products == []
 
 
 def test_hash_is_stable_and_tracks_content() -> None:

@@ -51,12 +51,12 @@ def pool(name: str, *, gpu: bool, enabled: bool = True, max_model_len: int, max_
     if gpu:
         memory = ["--gpu-memory-utilization=0.9"]
         resources = Resources(limits={constants.GPU_RESOURCE: "1"})
-        selector = {constants.GFD_PRODUCT: "NVIDIA-L4"}
+        products = ["NVIDIA-L4"]
         image = "vllm/vllm-openai:v0.33.0"
     else:
         memory = ["--kv-cache-memory-bytes=1073741824"]
         resources = Resources(requests={"cpu": "1", "memory": "4Gi"}, limits={"memory": "4Gi"})
-        selector = {}
+        products = []
         image = "ghcr.io/vllm-operator/engine-cpu:0.32.0"
     args = [f"--max-model-len={max_model_len}", "--max-num-seqs=64", "--max-num-batched-tokens=2048",
             "--host=$(POD_IP)", "--port=8000", *memory, "--served-model-name=llama",
@@ -65,7 +65,7 @@ def pool(name: str, *, gpu: bool, enabled: bool = True, max_model_len: int, max_
                     max_model_len=max_model_len, max_tokens=max_tokens, max_num_seqs=64, max_num_batched_tokens=2048,
                     kv_cache_dtype="auto", gpu_memory_utilization=0.9 if gpu else None, prompt_range=(low, high),
                     model=model, served_model_name="llama", engine_args=args, env={"VLLM_LOGGING_LEVEL": "INFO"},
-                    resources=resources, node_selector=selector, image=image,
+                    resources=resources, gpu_products=products, image=image,
                     kv=kv(15.0 if gpu else 0.05, 22.0 if gpu else 4.0, 0.9 if gpu else 1.0), step_down_level=0)
 
 

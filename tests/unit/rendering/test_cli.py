@@ -65,7 +65,9 @@ def test_gpu_flag_resolves_auto(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert rc == 0
     dep = next(d for d in yaml.safe_load_all(out)
                if d["kind"] == "Deployment" and d["metadata"]["name"] == "chat-short")
-    assert dep["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"].startswith("NVIDIA-H100")
+    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert "NVIDIA-H100-PCIe" in terms[0]["matchExpressions"][0]["values"]
 
 
 CASES = {

@@ -155,7 +155,13 @@ def test_gpu_pool_specifics() -> None:
         assert constants.GPU_RESOURCE not in c["resources"].get("requests", {})
         assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
                                            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-        assert pod["nodeSelector"] == {constants.GFD_PRODUCT: "NVIDIA-L4"}
+        assert "nodeSelector" not in pod
+        assert pod["affinity"] == engine.gpu_affinity(plan.pools[pool])
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        product = {"key": constants.GFD_PRODUCT, "operator": "In", "values": ["NVIDIA-L4"]}
+        assert terms == [
+            {"matchExpressions": [product, {"key": constants.GFD_REPLICAS, "operator": "DoesNotExist"}]},
+            {"matchExpressions": [product, {"key": constants.GFD_REPLICAS, "operator": "In", "values": ["1"]}]}]
         assert engine.GPU_TOLERATION in pod["tolerations"]
         # Hub source: the model cache is an emptyDir, the token comes from its Secret, and startup allows a download.
         assert {"emptyDir": {}, "name": engine.MODEL_VOLUME} in pod["volumes"]
@@ -178,7 +184,7 @@ def test_cpu_pool_specifics() -> None:
         assert constants.GPU_RESOURCE not in json.dumps(c["resources"])
         assert c["resources"]["limits"]["memory"] == "4Gi"
         assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-        assert "nodeSelector" not in pod and "tolerations" not in pod
+        assert "nodeSelector" not in pod and "tolerations" not in pod and "affinity" not in pod
         # PVC source: read-only volume and mount, no Hub token, no download allowance.
         assert {"name": engine.MODEL_VOLUME, "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} \
             in pod["volumes"]
@@ -209,7 +215,7 @@ def test_spec_extras_reach_the_engine_pods() -> None:
     assert {"name": "SECRET_ONE", "valueFrom": {"secretKeyRef": {"key": "k", "name": "s"}}} in c["env"]
     assert c["resources"] == {"requests": {"cpu": "4", "memory": "32Gi"},
                               "limits": {"memory": "48Gi", constants.GPU_RESOURCE: "1"}}
-    assert pod["nodeSelector"] == {"topology.kubernetes.io/zone": "a", constants.GFD_PRODUCT: "NVIDIA-L4"}
+    assert pod["nodeSelector"] == {"topology.kubernetes.io/zone": "a"}
     router_pod = by_kind(render(plan, spec), "Deployment")["chat-router"]["spec"]["template"]["spec"]
     assert router_pod["imagePullSecrets"] == [{"name": "regcred"}]
 

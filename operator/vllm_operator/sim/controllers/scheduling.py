@@ -1,8 +1,9 @@
 """The scheduler and the kubelet of the simulated cluster.
 
-Scheduler: binds Pending pods to a node whose labels match the pod's nodeSelector, whose NoSchedule taints the pod
-tolerates, and with enough unallocated `nvidia.com/gpu` for the pod's limits; a pod that fits nowhere stays Pending
-with `PodScheduled=False, reason=Unschedulable` and the real scheduler's style of message.
+Scheduler: binds Pending pods to a node whose labels match the pod's nodeSelector and required node affinity
+(matchExpressions), whose NoSchedule taints the pod tolerates, and with enough unallocated `nvidia.com/gpu` for the
+pod's limits; a pod that fits nowhere stays Pending with `PodScheduled=False, reason=Unschedulable` and the real
+scheduler's style of message.
 
 Kubelet: runs the pods bound to its nodes through a pluggable `PodRuntime` — the default `FakeRuntime` reports
 containers running and ready after a delay and lets tests drive any container state (not ready, terminated with
@@ -50,11 +51,41 @@ def tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
     return False
 
 
+def _expression_matches(expr: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, op, values = expr.get("key", ""), expr.get("operator"), list(expr.get("values") or [])
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and key in labels and len(values) == 1:
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def node_affinity_matches(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    """requiredDuringSchedulingIgnoredDuringExecution as the scheduler reads it: terms are ORed, the expressions of
+    a term ANDed (matchFields is not simulated: no test selects on node fields)."""
+    affinity = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+    return any(all(_expression_matches(e, labels) for e in term.get("matchExpressions") or [])
+               for term in required.get("nodeSelectorTerms") or [])
+
+
 def fits(pod: dict[str, Any], node: dict[str, Any], used_gpus: int) -> str | None:
     """None when the pod fits the node, else the reason it does not (scheduler message style)."""
     labels = node["metadata"].get("labels", {}) or {}
     selector = pod["spec"].get("nodeSelector", {}) or {}
-    if any(labels.get(k) != v for k, v in selector.items()):
+    if any(labels.get(k) != v for k, v in selector.items()) or not node_affinity_matches(pod, labels):
         return "node(s) didn't match Pod's node affinity/selector"
     for taint in node.get("spec", {}).get("taints", []) or []:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod, taint):
