@@ -1,9 +1,17 @@
-"""Every name other tools depend on, in one place: API group, label and annotation keys, component names.
+"""The contract module: every name and number that more than one part of the product depends on, in one place.
 
-Renderers, handlers, the router and the simulated cluster import these rather than spelling strings, so a
-rename is one edit and a typo is an import error.
+API group, label and annotation keys, component and condition names; the metric names the health loop, the alerts
+and the dashboards select on; the engine wrapper's exit codes and termination reasons; the KV-cache dtype verdict
+table the planner and the engine wrapper's preflight share; the remediation defaults the health loop and the alert
+rules both resolve. The renderers, the handlers, the health loop, the router and the engine wrapper import these
+rather than spelling strings, so a rename is one edit and a typo is an import error.
+
+This module imports nothing of the product and nothing outside the standard library: the engine wrapper runs inside
+vLLM's image with neither pydantic nor the planner, and reads its exit codes and the KV table from here.
 """
 
+import enum
+from dataclasses import dataclass
 from typing import Final
 
 GROUP: Final = "vllm-operator.dev"
@@ -78,3 +86,191 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 MODELS_MOUNT: Final = "/models"
 ENGINE_PORT: Final = 8000
 ROUTER_PORT: Final = 8080
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Metric names (docs/architecture.md, Labels)
+# ---------------------------------------------------------------------------------------------------------------------
+
+# vLLM's own metrics, without the `vllm:` prefix (stored as `vllm:name`, or `vllm_name` when the scrape negotiated
+# OpenMetrics): select them with `metric_name`.
+METRIC_RUNNING: Final = "num_requests_running"
+METRIC_GENERATION_TOKENS: Final = "generation_tokens_total"
+METRIC_KV_USAGE: Final = "kv_cache_usage_perc"
+METRIC_PREEMPTIONS: Final = "num_preemptions_total"
+METRIC_REQUEST_SUCCESS: Final = "request_success_total"
+METRIC_CACHE_CONFIG_INFO: Final = "cache_config_info"
+# The operator's and the router's own metrics (prometheus_client appends `_total` to counters).
+METRIC_ENGINE_RESTARTS: Final = "vllm_operator_engine_restarts"
+METRIC_ROUTER_PREFIX: Final = "vllm_operator_router"
+
+
+def metric_name(metric: str) -> str:
+    """A PromQL `__name__` matcher for a vLLM metric in either spelling (`vllm:foo` or `vllm_foo`)."""
+    return f'__name__=~"vllm[:_]{metric}"'
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Engine wrapper exit codes and termination reasons (docs/architecture.md, Exit codes)
+# ---------------------------------------------------------------------------------------------------------------------
+# vLLM has no OOM metric and its API server exits with code 0 when its engine core dies, so from Kubernetes alone a
+# run-time CUDA OOM looks like a clean exit. The wrapper (`vllm_operator.engine.main`) reads vLLM's log, turns the
+# failures that matter into these exit codes, and writes one JSON line to the container's termination message file
+# (`{"reason": "EngineOOM", "exitCode": 87, ...}`); `health.diagnose` reads both back from `lastState.terminated`.
+# Codes sit in 80-89, clear of vLLM's own 1/2, the shell's 126/127 and 128+signal.
+
+EXIT_ENGINE_OOM: Final = 87
+"""The engine ran out of accelerator memory ("CUDA out of memory" / torch OutOfMemoryError), at start or at run time."""
+
+EXIT_ENGINE_DEAD: Final = 88
+"""The engine core died ("EngineCore encountered a fatal error", engine core process died) — vLLM itself exits 0."""
+
+EXIT_KV_CACHE_TOO_SMALL: Final = 89
+"""Start-up refused: one sequence of max_model_len needs more KV cache than the memory left ("KV cache is needed,
+which is larger than the available KV cache memory")."""
+
+EXIT_PREFLIGHT_FAILED: Final = 85
+"""The wrapper's preflight failed before vLLM started: too little free GPU memory for the plan's budget, or FP8 KV
+requested on a GPU whose compute capability cannot do it."""
+
+EXIT_UNEXPECTED: Final = 86
+"""vLLM exited with code 0 although nobody asked it to stop and no failure text was seen: a server never ends on its
+own, so this is reported as a failure too."""
+
+EXIT_LAUNCH_FAILED: Final = 84
+"""The launch command could not be started (not found, not executable)."""
+
+REASON_ENGINE_OOM: Final = "EngineOOM"
+REASON_ENGINE_DEAD: Final = "EngineDead"
+REASON_KV_CACHE_TOO_SMALL: Final = "KVCacheTooSmall"
+REASON_PREFLIGHT_FAILED: Final = "PreflightFailed"
+REASON_UNEXPECTED_EXIT: Final = "UnexpectedExit"
+REASON_LAUNCH_FAILED: Final = "LaunchFailed"
+
+EXIT_REASONS: Final = {
+    EXIT_ENGINE_OOM: REASON_ENGINE_OOM,
+    EXIT_ENGINE_DEAD: REASON_ENGINE_DEAD,
+    EXIT_KV_CACHE_TOO_SMALL: REASON_KV_CACHE_TOO_SMALL,
+    EXIT_PREFLIGHT_FAILED: REASON_PREFLIGHT_FAILED,
+    EXIT_UNEXPECTED: REASON_UNEXPECTED_EXIT,
+    EXIT_LAUNCH_FAILED: REASON_LAUNCH_FAILED,
+}
+"""Exit code -> reason (the `reason` field of the termination message)."""
+
+EXIT_CODES: Final = {reason: code for code, reason in EXIT_REASONS.items()}
+"""Reason -> exit code."""
+
+TERMINATION_MESSAGE_MAX_BYTES: Final = 4096
+"""Kubernetes keeps at most 4096 bytes of a termination message."""
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Remediation defaults: what `spec.remediation` means when a field is unset (the health loop and the alert rules)
+# ---------------------------------------------------------------------------------------------------------------------
+
+DEFAULT_INTERVAL_S: Final = 30
+DEFAULT_WINDOW_S: Final = 600
+DEFAULT_STALL_S: Final = 120
+DEFAULT_LENGTH_SHARE_WATCH: Final = 0.05
+DEFAULT_LENGTH_SHARE_ALERT: Final = 0.20
+DEFAULT_KV_PRESSURE: Final = 0.95
+DEFAULT_OOM_COUNT: Final = 2
+DEFAULT_OOM_WINDOW_S: Final = 900
+DEFAULT_RESTART_BUDGET: Final = 3
+DEFAULT_BUDGET_WINDOW_S: Final = 3600
+MIN_FINISHED_FOR_SHARE: Final = 10
+"""Fewer finished requests than this in the window: the length share is not judged (one truncated request of two
+is not a runaway)."""
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KV cache dtypes per attention backend and compute capability (the planner and the engine wrapper's preflight)
+# ---------------------------------------------------------------------------------------------------------------------
+
+class AttentionBackend(enum.StrEnum):
+    """vLLM attention backends that decide which KV dtypes a GPU can store (`--attention-backend`)."""
+
+    FLASH_ATTN = "FLASH_ATTN"
+    FLASHINFER = "FLASHINFER"
+    TRITON_ATTN = "TRITON_ATTN"
+    CPU_ATTN = "CPU_ATTN"
+
+
+class KVVerdict(enum.StrEnum):
+    """What the planner (and the engine wrapper's preflight) does with a KV dtype on a GPU."""
+
+    DEFAULT = "default"        # the GPU's default backend stores it natively; profiles may pick it on their own
+    ON_REQUEST = "on-request"  # works (vLLM picks another backend or emulates), only when the spec asks for it
+    REFUSED = "refused"        # no backend can run it on this GPU
+
+
+_BF16_FP16 = frozenset({"auto", "bfloat16", "float16"})
+_FP8_E4M3 = frozenset({"fp8", "fp8_e4m3"})
+_FP8_ALL = _FP8_E4M3 | {"fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class BackendKVRule:
+    """Dtypes one backend stores in a range of compute capabilities [min_cc, max_cc]."""
+
+    backend: AttentionBackend
+    min_cc: tuple[int, int]
+    max_cc: tuple[int, int]
+    dtypes: frozenset[str]
+    source: str
+
+
+# Read off vLLM 0.33.0's attention backends (their supported KV-cache dtypes and compute capabilities): FlashAttention
+# stores fp8/fp8_e4m3 only with FA3 on SM90/SM100 and never e5m2; FlashInfer (SM 8.0-12.1) adds e5m2; Triton attention
+# stores every fp8 flavour on any GPU. bfloat16 needs SM80 or newer in hardware (vLLM casts bf16 models to fp16 on a
+# T4).
+KV_DTYPE_TABLE: tuple[BackendKVRule, ...] = (
+    BackendKVRule(AttentionBackend.FLASH_ATTN, (8, 0), (8, 9), _BF16_FP16, "FA2: no fp8 KV"),
+    BackendKVRule(AttentionBackend.FLASH_ATTN, (9, 0), (10, 3), _BF16_FP16 | _FP8_E4M3, "FA3: fp8/e4m3, never e5m2"),
+    BackendKVRule(AttentionBackend.FLASH_ATTN, (11, 0), (12, 1), _BF16_FP16, "FA2 on newer consumer parts"),
+    BackendKVRule(AttentionBackend.FLASHINFER, (8, 0), (12, 1), _BF16_FP16 | _FP8_ALL, "FlashInfer: all fp8"),
+    BackendKVRule(AttentionBackend.TRITON_ATTN, (7, 0), (7, 9), frozenset({"auto", "float16"}) | _FP8_ALL,
+                  "Triton before SM80: no bf16 hardware"),
+    BackendKVRule(AttentionBackend.TRITON_ATTN, (8, 0), (12, 1), _BF16_FP16 | _FP8_ALL, "Triton: fp8 on any GPU"),
+    BackendKVRule(AttentionBackend.CPU_ATTN, (0, 0), (0, 0), _BF16_FP16 | {"fp8"},
+                  "CPU: fp8 only with AVX512/AMX"),
+)
+
+# Hardware FP8 (Ada SM89, Hopper SM90 and newer): where a class profile may choose FP8 KV on its own.
+NATIVE_FP8_MIN_CC = (8, 9)
+
+
+def default_backend(cc: tuple[int, int] | None) -> AttentionBackend:
+    """The backend vLLM picks for a model-dtype KV cache: FlashAttention from SM80, Triton below, CPU without GPU."""
+    if cc is None:
+        return AttentionBackend.CPU_ATTN
+    return AttentionBackend.FLASH_ATTN if cc >= (8, 0) else AttentionBackend.TRITON_ATTN
+
+
+def backend_supports(backend: AttentionBackend, cc: tuple[int, int] | None, dtype: str) -> bool:
+    key = cc if cc is not None else (0, 0)
+    if cc is not None and backend is AttentionBackend.CPU_ATTN:
+        return False
+    if cc is None and backend is not AttentionBackend.CPU_ATTN:
+        return False
+    return any(rule.backend is backend and rule.min_cc <= key <= rule.max_cc and dtype in rule.dtypes
+               for rule in KV_DTYPE_TABLE)
+
+
+def kv_dtype_verdict(cc: tuple[int, int] | None, dtype: str,
+                     backend: AttentionBackend | None = None) -> KVVerdict:
+    """Classify a KV dtype for a device (cc None = CPU), optionally for an explicitly chosen backend."""
+    value = str(dtype)
+    if cc is None and backend is None and value in _FP8_ALL:
+        # CPU attention stores fp8 only on AVX512/AMX hosts, which the planner cannot see: opt-in only.
+        return KVVerdict.ON_REQUEST if backend_supports(AttentionBackend.CPU_ATTN, None, value) else KVVerdict.REFUSED
+    if backend is not None:
+        return KVVerdict.DEFAULT if backend_supports(backend, cc, value) else KVVerdict.REFUSED
+    if backend_supports(default_backend(cc), cc, value):
+        if value in _FP8_ALL and cc is not None and cc < NATIVE_FP8_MIN_CC:
+            return KVVerdict.ON_REQUEST
+        return KVVerdict.DEFAULT
+    if any(backend_supports(b, cc, value) for b in AttentionBackend):
+        native = cc is not None and cc >= NATIVE_FP8_MIN_CC and any(
+            backend_supports(b, cc, value) for b in AttentionBackend if b is not AttentionBackend.TRITON_ATTN)
+        return KVVerdict.DEFAULT if native else KVVerdict.ON_REQUEST
+    return KVVerdict.REFUSED
+
+

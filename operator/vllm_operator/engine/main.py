@@ -10,8 +10,9 @@ operator cannot tell a run-time CUDA OOM from a clean stop. This wrapper
   stdout and stderr through line by line, and forwards SIGTERM/SIGINT for a graceful drain;
 * watches the log for "CUDA out of memory" / `OutOfMemoryError`, "EngineCore encountered a fatal error" (and the
   engine core dying), and the start-up "KV cache is needed, which is larger than the available KV cache memory";
-* exits with the distinct codes of `exit_codes.py` and writes one JSON line to the termination message file
-  (`--termination-message-path`, the container's terminationMessagePath) that `health.diagnose` reads back.
+* exits with the distinct exit codes of the contract module (`constants.py`) and writes one JSON line to the
+  termination message file (`--termination-message-path`, the container's terminationMessagePath) that
+  `health.diagnose` reads back.
 
 Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY] [--termination-message-path P]
                             [--preflight auto|off|required] [--preflight-required-bytes N] -- vllm serve MODEL ARGS…
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO
 
-from vllm_operator.engine import exit_codes, preflight
+from vllm_operator import constants
+from vllm_operator.engine import preflight
 
 log = logging.getLogger("vllm_operator.engine")
 
@@ -50,10 +52,10 @@ class Pattern:
 
 # Most specific first: a run-time CUDA OOM logs the OOM *and* the fatal-error line.
 PATTERNS: tuple[Pattern, ...] = (
-    Pattern(exit_codes.REASON_KV_CACHE_TOO_SMALL,
+    Pattern(constants.REASON_KV_CACHE_TOO_SMALL,
             re.compile(r"KV cache is needed, which is larger than the available KV cache memory")),
-    Pattern(exit_codes.REASON_ENGINE_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
-    Pattern(exit_codes.REASON_ENGINE_DEAD,
+    Pattern(constants.REASON_ENGINE_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
+    Pattern(constants.REASON_ENGINE_DEAD,
             re.compile(r"EngineCore encountered a fatal error|Engine core proc \S+ died unexpectedly|EngineDeadError")),
 )
 KV_NUMBERS = re.compile(r"max seq len \((?P<max_seq_len>\d+)\).*?\((?P<needed_gib>[\d.]+) GiB KV cache is needed.*?"
@@ -75,7 +77,7 @@ class Scanner:
 
     def feed(self, line: str) -> None:
         for pattern in PATTERNS:
-            if self.stopping and pattern.reason == exit_codes.REASON_ENGINE_DEAD:
+            if self.stopping and pattern.reason == constants.REASON_ENGINE_DEAD:
                 continue
             if pattern.reason not in self.seen and pattern.regex.search(line):
                 with self.lock:
@@ -96,11 +98,11 @@ def outcome(child_code: int, seen: dict[str, str], stop_requested: bool) -> Outc
         if pattern.reason in seen:
             line = seen[pattern.reason]
             numbers: dict[str, float | int] = {}
-            if pattern.reason == exit_codes.REASON_KV_CACHE_TOO_SMALL and (m := KV_NUMBERS.search(line)):
+            if pattern.reason == constants.REASON_KV_CACHE_TOO_SMALL and (m := KV_NUMBERS.search(line)):
                 numbers = {k: (float(v) if "." in v else int(v)) for k, v in m.groupdict().items() if v}
-            return Outcome(exit_codes.CODES[pattern.reason], pattern.reason, line[:1024], numbers)
+            return Outcome(constants.EXIT_CODES[pattern.reason], pattern.reason, line[:1024], numbers)
     if child_code == 0 and not stop_requested:
-        return Outcome(exit_codes.UNEXPECTED_EXIT, exit_codes.REASON_UNEXPECTED_EXIT,
+        return Outcome(constants.EXIT_UNEXPECTED, constants.REASON_UNEXPECTED_EXIT,
                        "vLLM exited with code 0 although no stop was requested", {})
     if child_code < 0:  # killed by a signal
         return Outcome(128 - child_code, None, f"vLLM was killed by signal {-child_code}", {})
@@ -112,7 +114,7 @@ def termination_message(result: Outcome, child_code: int) -> str:
     body: dict[str, object] = {"reason": result.reason, "exitCode": result.exit_code, "childExitCode": child_code,
                                "detail": result.detail, **result.numbers}
     text = json.dumps(body, separators=(",", ":"))
-    while len(text.encode()) > exit_codes.TERMINATION_MESSAGE_MAX_BYTES and len(str(body["detail"])) > 16:
+    while len(text.encode()) > constants.TERMINATION_MESSAGE_MAX_BYTES and len(str(body["detail"])) > 16:
         body["detail"] = str(body["detail"])[: len(str(body["detail"])) // 2]
         text = json.dumps(body, separators=(",", ":"))
     return text
@@ -157,7 +159,7 @@ def run(command: Sequence[str], *, termination_path: str) -> int:
     try:
         child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as err:
-        result = Outcome(exit_codes.LAUNCH_FAILED, exit_codes.REASON_LAUNCH_FAILED,
+        result = Outcome(constants.EXIT_LAUNCH_FAILED, constants.REASON_LAUNCH_FAILED,
                          f"could not start {command[0]!r}: {err}", {})
         write_termination_message(termination_path, termination_message(result, -1))
         log.error("Could not start the engine: %s", err)
@@ -247,7 +249,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if problems:
         detail = "; ".join(problems)
-        result = Outcome(exit_codes.PREFLIGHT_FAILED, exit_codes.REASON_PREFLIGHT_FAILED, detail, {})
+        result = Outcome(constants.EXIT_PREFLIGHT_FAILED, constants.REASON_PREFLIGHT_FAILED, detail, {})
         write_termination_message(args.termination_message_path, termination_message(result, -1))
         log.error("Preflight failed: %s", detail)
         return result.exit_code

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vllm_operator.planning.catalog import AttentionBackend, KVVerdict, kv_dtype_verdict
+from vllm_operator.constants import AttentionBackend, KVVerdict, kv_dtype_verdict
 
 log = logging.getLogger(__name__)
 

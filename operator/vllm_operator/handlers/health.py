@@ -17,7 +17,7 @@ import kopf
 from vllm_operator import constants
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.reconcile import reconcile
-from vllm_operator.health import loop, settings
+from vllm_operator.health import loop
 from vllm_operator.health.source import PrometheusSource
 from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeError
 
@@ -38,7 +38,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             return
         remediation = (body.get("spec") or {}).get("remediation") or {}
         interval = (config.health_interval_override or remediation.get("intervalSeconds")
-                    or settings.DEFAULT_INTERVAL_S)
+                    or constants.DEFAULT_INTERVAL_S)
         now = time.monotonic()
         last = getattr(memo, "health_last_check", None)  # kopf's memo is per object (a copy of the operator's)
         if last is not None and now - float(last) < float(interval) - tick / 2:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from vllm_operator import constants
+
 DEPLOYMENT_LABELS = ("vllmdeployment", "target_namespace", "pool")
 
 
@@ -19,7 +21,7 @@ class OperatorMetrics:
         self.child_writes = Counter("vllm_operator_child_writes", "Child objects created, updated or deleted.",
                                     ["verb", "kind"], registry=self.registry)
         self.engine_restarts = Counter(
-            "vllm_operator_engine_restarts", "Engine container terminations the operator observed, by reason.",
+            constants.METRIC_ENGINE_RESTARTS, "Engine container terminations the operator observed, by reason.",
             [*DEPLOYMENT_LABELS, "reason"], registry=self.registry)
         self.actions = Counter("vllm_operator_actions", "Health-loop actions taken.", [*DEPLOYMENT_LABELS, "action"],
                                registry=self.registry)

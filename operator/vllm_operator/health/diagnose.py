@@ -14,7 +14,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllm_operator.engine import exit_codes
+from vllm_operator import constants
 from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import PodFacts, PodMetrics, Snapshot, Termination
 
@@ -154,13 +154,13 @@ class Diagnosis:
 
 def classify(term: Termination) -> State | None:
     """The state a termination stands for; None for a clean or unclassified exit."""
-    if term.wrapper_reason == exit_codes.REASON_KV_CACHE_TOO_SMALL:
+    if term.wrapper_reason == constants.REASON_KV_CACHE_TOO_SMALL:
         return State.KV_CACHE_TOO_SMALL
-    if term.wrapper_reason == exit_codes.REASON_ENGINE_OOM:
+    if term.wrapper_reason == constants.REASON_ENGINE_OOM:
         return State.ENGINE_OOM
     if term.reason == "OOMKilled":
         return State.HOST_OOM_KILLED
-    if term.wrapper_reason in {exit_codes.REASON_ENGINE_DEAD, exit_codes.REASON_UNEXPECTED_EXIT}:
+    if term.wrapper_reason in {constants.REASON_ENGINE_DEAD, constants.REASON_UNEXPECTED_EXIT}:
         return State.ENGINE_DEAD
     if term.exit_code not in (None, 0):
         return State.CRASH_LOOPING

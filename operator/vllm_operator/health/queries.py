@@ -11,20 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RUNNING = "num_requests_running"
-GENERATION_TOKENS = "generation_tokens_total"
-KV_USAGE = "kv_cache_usage_perc"
-PREEMPTIONS = "num_preemptions_total"
-REQUEST_SUCCESS = "request_success_total"
-CACHE_CONFIG_INFO = "cache_config_info"
+from vllm_operator import constants
+from vllm_operator.constants import (
+    METRIC_CACHE_CONFIG_INFO,
+    METRIC_GENERATION_TOKENS,
+    METRIC_KV_USAGE,
+    METRIC_PREEMPTIONS,
+    METRIC_REQUEST_SUCCESS,
+    METRIC_RUNNING,
+)
 
 BY_POD = "pod, pool"
 """Every per-pod query keeps these labels (and nothing else that could split a pod in two)."""
-
-
-def metric_name(metric: str) -> str:
-    """A `__name__` matcher for a vLLM metric in either spelling."""
-    return f'__name__=~"vllm[:_]{metric}"'
 
 
 def _quote(value: str) -> str:
@@ -33,7 +31,7 @@ def _quote(value: str) -> str:
 
 def selector(metric: str, namespace: str, deployment: str, **labels: str) -> str:
     """`{__name__=~"vllm[:_]metric", namespace="ns", vllmdeployment="d", ...}`."""
-    parts = [metric_name(metric), f"namespace={_quote(namespace)}", f"vllmdeployment={_quote(deployment)}"]
+    parts = [constants.metric_name(metric), f"namespace={_quote(namespace)}", f"vllmdeployment={_quote(deployment)}"]
     parts += [f"{k}={_quote(v)}" for k, v in sorted(labels.items())]
     return "{" + ", ".join(parts) + "}"
 
@@ -69,15 +67,15 @@ def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s:
     up = "up{" + f"namespace={_quote(namespace)}, vllmdeployment={_quote(deployment)}" + "}"
     return DeploymentQueries(
         up=f"max by ({BY_POD}) ({up})",
-        last_sample=f"max by ({BY_POD}) (timestamp({sel(GENERATION_TOKENS)}))",
-        running=f"max by ({BY_POD}) ({sel(RUNNING)})",
-        running_min=f"min by ({BY_POD}) (min_over_time({sel(RUNNING)}[{stall}]))",
-        generated=f"sum by ({BY_POD}) (increase({sel(GENERATION_TOKENS)}[{stall}]))",
-        samples=f"max by ({BY_POD}) (count_over_time({sel(GENERATION_TOKENS)}[{stall}]))",
-        kv_usage=f"max by ({BY_POD}) ({sel(KV_USAGE)})",
-        kv_usage_avg=f"max by ({BY_POD}) (avg_over_time({sel(KV_USAGE)}[{window}]))",
-        preemptions=f"sum by ({BY_POD}) (increase({sel(PREEMPTIONS)}[{window}]))",
-        kv_tokens=f"max by ({BY_POD}, kv_cache_size_tokens) ({sel(CACHE_CONFIG_INFO)})",
-        finished=f"sum by (pool) (increase({sel(REQUEST_SUCCESS)}[{window}]))",
-        finished_length=f"sum by (pool) (increase({sel(REQUEST_SUCCESS, finished_reason='length')}[{window}]))",
+        last_sample=f"max by ({BY_POD}) (timestamp({sel(METRIC_GENERATION_TOKENS)}))",
+        running=f"max by ({BY_POD}) ({sel(METRIC_RUNNING)})",
+        running_min=f"min by ({BY_POD}) (min_over_time({sel(METRIC_RUNNING)}[{stall}]))",
+        generated=f"sum by ({BY_POD}) (increase({sel(METRIC_GENERATION_TOKENS)}[{stall}]))",
+        samples=f"max by ({BY_POD}) (count_over_time({sel(METRIC_GENERATION_TOKENS)}[{stall}]))",
+        kv_usage=f"max by ({BY_POD}) ({sel(METRIC_KV_USAGE)})",
+        kv_usage_avg=f"max by ({BY_POD}) (avg_over_time({sel(METRIC_KV_USAGE)}[{window}]))",
+        preemptions=f"sum by ({BY_POD}) (increase({sel(METRIC_PREEMPTIONS)}[{window}]))",
+        kv_tokens=f"max by ({BY_POD}, kv_cache_size_tokens) ({sel(METRIC_CACHE_CONFIG_INFO)})",
+        finished=f"sum by (pool) (increase({sel(METRIC_REQUEST_SUCCESS)}[{window}]))",
+        finished_length=f"sum by (pool) (increase({sel(METRIC_REQUEST_SUCCESS, finished_reason='length')}[{window}]))",
     )

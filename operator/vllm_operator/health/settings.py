@@ -1,7 +1,8 @@
 """The health loop's knobs with their defaults, resolved once from `spec.remediation`.
 
-Every window and threshold is configurable (seconds in tests, minutes in production). The defaults live here, as
-data, so the diagnosis, the policy, the rendered alerts and the README quote one table.
+Every window and threshold is configurable (seconds in tests, minutes in production). The defaults live in the
+contract module (`constants.DEFAULT_*`), so the diagnosis, the policy, the rendered alerts and the README quote one
+table.
 """
 
 from __future__ import annotations
@@ -9,20 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_operator.api.spec import RemediationSpec
-
-DEFAULT_INTERVAL_S = 30
-DEFAULT_WINDOW_S = 600
-DEFAULT_STALL_S = 120
-DEFAULT_LENGTH_SHARE_WATCH = 0.05
-DEFAULT_LENGTH_SHARE_ALERT = 0.20
-DEFAULT_KV_PRESSURE = 0.95
-DEFAULT_OOM_COUNT = 2
-DEFAULT_OOM_WINDOW_S = 900
-DEFAULT_RESTART_BUDGET = 3
-DEFAULT_BUDGET_WINDOW_S = 3600
-MIN_FINISHED_FOR_SHARE = 10
-"""Fewer finished requests than this in the window: the length share is not judged (one truncated request of two
-is not a runaway)."""
+from vllm_operator.constants import (
+    DEFAULT_BUDGET_WINDOW_S,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_KV_PRESSURE,
+    DEFAULT_LENGTH_SHARE_ALERT,
+    DEFAULT_LENGTH_SHARE_WATCH,
+    DEFAULT_OOM_COUNT,
+    DEFAULT_OOM_WINDOW_S,
+    DEFAULT_RESTART_BUDGET,
+    DEFAULT_STALL_S,
+    DEFAULT_WINDOW_S,
+    MIN_FINISHED_FOR_SHARE,
+)
 
 
 @dataclass(frozen=True)

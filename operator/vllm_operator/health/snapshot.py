@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_operator import constants
-from vllm_operator.engine import exit_codes
 
 ENGINE_CONTAINER = "engine"
 
@@ -167,7 +166,7 @@ def _termination(raw: Mapping[str, Any] | None, restart_count: int) -> Terminati
             wrapper_reason = parsed["reason"]
             detail = str(parsed.get("detail") or "")
     if wrapper_reason is None and exit_code is not None:
-        wrapper_reason = exit_codes.REASONS.get(exit_code)
+        wrapper_reason = constants.EXIT_REASONS.get(exit_code)
     return Termination(exit_code=exit_code, reason=str(raw.get("reason") or ""), message=message,
                        finished_at=parse_time(raw.get("finishedAt")), restart_count=restart_count,
                        wrapper_reason=wrapper_reason, detail=detail)

@@ -17,7 +17,6 @@ arithmetic never hides a constant. Three kinds of facts:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts
-from vllm_operator.api.spec import KVCacheDtype, ModelFacts, WeightsDtype
+from vllm_operator.api.spec import ModelFacts, WeightsDtype
+from vllm_operator.constants import KVVerdict, kv_dtype_verdict
 from vllm_operator.planning import hf_config
 
 GIB = 1 << 30
@@ -162,100 +162,6 @@ def accelerator_from_node_labels(labels: Mapping[str, str], count: int) -> Accel
         except ValueError:
             return None
     return gpu_facts(gpu, count, product=product)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# KV cache dtypes per attention backend and compute capability
-# ---------------------------------------------------------------------------------------------------------------------
-
-class AttentionBackend(enum.StrEnum):
-    """vLLM attention backends that decide which KV dtypes a GPU can store (`--attention-backend`)."""
-
-    FLASH_ATTN = "FLASH_ATTN"
-    FLASHINFER = "FLASHINFER"
-    TRITON_ATTN = "TRITON_ATTN"
-    CPU_ATTN = "CPU_ATTN"
-
-
-class KVVerdict(enum.StrEnum):
-    """What the planner does with a KV dtype on a GPU."""
-
-    DEFAULT = "default"        # the GPU's default backend stores it natively; profiles may pick it on their own
-    ON_REQUEST = "on-request"  # works (vLLM picks another backend or emulates), only when the spec asks for it
-    REFUSED = "refused"        # no backend can run it on this GPU
-
-
-_BF16_FP16 = frozenset({"auto", "bfloat16", "float16"})
-_FP8_E4M3 = frozenset({"fp8", "fp8_e4m3"})
-_FP8_ALL = _FP8_E4M3 | {"fp8_e5m2"}
-
-
-@dataclass(frozen=True)
-class BackendKVRule:
-    """Dtypes one backend stores in a range of compute capabilities [min_cc, max_cc]."""
-
-    backend: AttentionBackend
-    min_cc: tuple[int, int]
-    max_cc: tuple[int, int]
-    dtypes: frozenset[str]
-    source: str
-
-
-# Read off vLLM 0.33.0's attention backends (their supported KV-cache dtypes and compute capabilities): FlashAttention
-# stores fp8/fp8_e4m3 only with FA3 on SM90/SM100 and never e5m2; FlashInfer (SM 8.0-12.1) adds e5m2; Triton attention
-# stores every fp8 flavour on any GPU. bfloat16 needs SM80 or newer in hardware (vLLM casts bf16 models to fp16 on a
-# T4).
-KV_DTYPE_TABLE: tuple[BackendKVRule, ...] = (
-    BackendKVRule(AttentionBackend.FLASH_ATTN, (8, 0), (8, 9), _BF16_FP16, "FA2: no fp8 KV"),
-    BackendKVRule(AttentionBackend.FLASH_ATTN, (9, 0), (10, 3), _BF16_FP16 | _FP8_E4M3, "FA3: fp8/e4m3, never e5m2"),
-    BackendKVRule(AttentionBackend.FLASH_ATTN, (11, 0), (12, 1), _BF16_FP16, "FA2 on newer consumer parts"),
-    BackendKVRule(AttentionBackend.FLASHINFER, (8, 0), (12, 1), _BF16_FP16 | _FP8_ALL, "FlashInfer: all fp8"),
-    BackendKVRule(AttentionBackend.TRITON_ATTN, (7, 0), (7, 9), frozenset({"auto", "float16"}) | _FP8_ALL,
-                  "Triton before SM80: no bf16 hardware"),
-    BackendKVRule(AttentionBackend.TRITON_ATTN, (8, 0), (12, 1), _BF16_FP16 | _FP8_ALL, "Triton: fp8 on any GPU"),
-    BackendKVRule(AttentionBackend.CPU_ATTN, (0, 0), (0, 0), _BF16_FP16 | {"fp8"},
-                  "CPU: fp8 only with AVX512/AMX"),
-)
-
-# Hardware FP8 (Ada SM89, Hopper SM90 and newer): where a class profile may choose FP8 KV on its own.
-NATIVE_FP8_MIN_CC = (8, 9)
-
-
-def default_backend(cc: tuple[int, int] | None) -> AttentionBackend:
-    """The backend vLLM picks for a model-dtype KV cache: FlashAttention from SM80, Triton below, CPU without GPU."""
-    if cc is None:
-        return AttentionBackend.CPU_ATTN
-    return AttentionBackend.FLASH_ATTN if cc >= (8, 0) else AttentionBackend.TRITON_ATTN
-
-
-def backend_supports(backend: AttentionBackend, cc: tuple[int, int] | None, dtype: str) -> bool:
-    key = cc if cc is not None else (0, 0)
-    if cc is not None and backend is AttentionBackend.CPU_ATTN:
-        return False
-    if cc is None and backend is not AttentionBackend.CPU_ATTN:
-        return False
-    return any(rule.backend is backend and rule.min_cc <= key <= rule.max_cc and dtype in rule.dtypes
-               for rule in KV_DTYPE_TABLE)
-
-
-def kv_dtype_verdict(cc: tuple[int, int] | None, dtype: KVCacheDtype | str,
-                     backend: AttentionBackend | None = None) -> KVVerdict:
-    """Classify a KV dtype for a device (cc None = CPU), optionally for an explicitly chosen backend."""
-    value = str(dtype)
-    if cc is None and backend is None and value in _FP8_ALL:
-        # CPU attention stores fp8 only on AVX512/AMX hosts, which the planner cannot see: opt-in only.
-        return KVVerdict.ON_REQUEST if backend_supports(AttentionBackend.CPU_ATTN, None, value) else KVVerdict.REFUSED
-    if backend is not None:
-        return KVVerdict.DEFAULT if backend_supports(backend, cc, value) else KVVerdict.REFUSED
-    if backend_supports(default_backend(cc), cc, value):
-        if value in _FP8_ALL and cc is not None and cc < NATIVE_FP8_MIN_CC:
-            return KVVerdict.ON_REQUEST
-        return KVVerdict.DEFAULT
-    if any(backend_supports(b, cc, value) for b in AttentionBackend):
-        native = cc is not None and cc >= NATIVE_FP8_MIN_CC and any(
-            backend_supports(b, cc, value) for b in AttentionBackend if b is not AttentionBackend.TRITON_ATTN)
-        return KVVerdict.DEFAULT if native else KVVerdict.ON_REQUEST
-    return KVVerdict.REFUSED
 
 
 def native_fp8(cc: tuple[int, int] | None) -> bool:

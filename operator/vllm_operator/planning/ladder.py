@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vllm_operator.api.plan import Plan, PoolPlan
-from vllm_operator.planning.catalog import AttentionBackend, KVVerdict, kv_dtype_verdict
+from vllm_operator.constants import AttentionBackend, KVVerdict, kv_dtype_verdict
 
 UTILIZATION_STEP = 0.05
 UTILIZATION_FLOOR = 0.50

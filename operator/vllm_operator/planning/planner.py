@@ -49,7 +49,7 @@ from vllm_operator.api.spec import (
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.planning import catalog, engine_args, kvcache, ladder, profiles
-from vllm_operator.planning.catalog import GIB, MIB, KVVerdict, ModelInfo
+from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
 
 ENGINE_IMAGE_GPU = "ghcr.io/vllm-operator/engine-gpu"
 ENGINE_IMAGE_CPU = "ghcr.io/vllm-operator/engine-cpu"
@@ -202,22 +202,22 @@ def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo) -> _PoolDraft:
 
 
 def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts,
-              backend: catalog.AttentionBackend | None) -> tuple[str, list[str]]:
+              backend: constants.AttentionBackend | None) -> tuple[str, list[str]]:
     cc = acc.compute_capability if acc.is_gpu else None
     requested = draft.spec.kv_cache_dtype
     where = acc.type if acc.is_gpu else "cpu"
     if requested is None:
         if draft.profile.prefer_fp8_kv and acc.is_gpu and catalog.native_fp8(cc) and (
-                catalog.kv_dtype_verdict(cc, KVCacheDtype.FP8, backend) is KVVerdict.DEFAULT):
+                constants.kv_dtype_verdict(cc, KVCacheDtype.FP8, backend) is constants.KVVerdict.DEFAULT):
             return KVCacheDtype.FP8.value, []
         return KVCacheDtype.AUTO.value, []
-    verdict = catalog.kv_dtype_verdict(cc, requested, backend)
+    verdict = constants.kv_dtype_verdict(cc, requested, backend)
     field_path = f"spec.pools.{draft.name}.kvCacheDtype"
     cc_text = f"compute capability {cc[0]}.{cc[1]}" if cc else "the CPU backend"
-    if verdict is KVVerdict.REFUSED:
+    if verdict is constants.KVVerdict.REFUSED:
         via = f" with --attention-backend={backend.value}" if backend else ""
         raise SpecError(field_path, f"{requested.value} KV cache is not supported on {where} ({cc_text}){via}")
-    if verdict is KVVerdict.ON_REQUEST and requested.value.startswith("fp8"):
+    if verdict is constants.KVVerdict.ON_REQUEST and requested.value.startswith("fp8"):
         note = ("needs AVX512/AMX on the host" if cc is None else
                 "is not native there: vLLM stores it through the FlashInfer or Triton backend, slower than FP8 on "
                 "Ada/Hopper")
@@ -288,12 +288,12 @@ def _resources(ps: PoolSpec, acc: AcceleratorFacts, spec: VLLMDeploymentSpec) ->
     return Resources(requests=dict(sorted(requests.items())), limits=dict(sorted(limits.items())))
 
 
-def _attention_backend(extra: list[str], field_path: str) -> catalog.AttentionBackend | None:
+def _attention_backend(extra: list[str], field_path: str) -> constants.AttentionBackend | None:
     value = engine_args.extra_flag_value(extra, "attention-backend")
     if value is None:
         return None
     try:
-        return catalog.AttentionBackend(value.upper())
+        return constants.AttentionBackend(value.upper())
     except ValueError:
         return None  # a backend the KV table does not know: vLLM judges it
 
@@ -315,7 +315,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     if not acc.is_gpu and ps.gpu_memory_utilization is not None:
         warnings.append(f"pools.{name}: gpuMemoryUtilization is ignored on cpu (sized by accelerator.memoryGiB)")
     util = (ps.gpu_memory_utilization or prof.gpu_memory_utilization) if acc.is_gpu else None
-    fp8_ok = acc.is_gpu and catalog.kv_dtype_verdict(acc.compute_capability, "fp8", backend) is not KVVerdict.REFUSED
+    fp8_ok = acc.is_gpu and constants.kv_dtype_verdict(acc.compute_capability, "fp8", backend) \
+        is not constants.KVVerdict.REFUSED
     base = ladder.Settings(
         gpu_memory_utilization=util, cpu_kv_fraction=1.0,
         max_num_batched_tokens=ps.max_num_batched_tokens or prof.max_num_batched_tokens,

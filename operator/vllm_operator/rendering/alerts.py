@@ -29,13 +29,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_operator import names
+from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.spec import RemediationThresholds
-from vllm_operator.health.queries import GENERATION_TOKENS, REQUEST_SUCCESS, RUNNING, metric_name
-from vllm_operator.health.queries import KV_USAGE as KV_USAGE_METRIC
+from vllm_operator.constants import (
+    METRIC_GENERATION_TOKENS,
+    METRIC_KV_USAGE,
+    METRIC_REQUEST_SUCCESS,
+    METRIC_RUNNING,
+    metric_name,
+)
 
-RESTARTS_METRIC = "vllm_operator_engine_restarts_total"
+RESTARTS_METRIC = f"{constants.METRIC_ENGINE_RESTARTS}_total"
 OOM_REASONS = ("OOMKilled", "EngineOOM")
 OOM_RESTARTS = 2  # more than this many ...
 OOM_WINDOW = "5m"  # ... within this window
@@ -44,7 +49,6 @@ LENGTH_SHARE = 0.20
 LENGTH_WINDOW = "5m"
 LENGTH_FOR = "10m"
 STALL_SECONDS = 120
-ENGINE_OOM_EXIT_CODE = 87  # vllm_operator.engine.exit_codes.ENGINE_OOM (kept literal: rendering stays self-contained)
 KV_USAGE = 0.95
 KV_FOR = "10m"
 ENGINE_CONTAINER = "engine"
@@ -81,7 +85,7 @@ def oom_restarts_expr(plan: Plan) -> str:
             f'((kube_pod_container_status_last_terminated_reason{{namespace="{plan.namespace}",'
             f'container="{ENGINE_CONTAINER}",reason="OOMKilled"}} == 1) or on (namespace, pod, container) '
             f'(kube_pod_container_status_last_terminated_exitcode{{namespace="{plan.namespace}",'
-            f'container="{ENGINE_CONTAINER}"}} == {ENGINE_OOM_EXIT_CODE})), "pool", "{pool}", "", "")')
+            f'container="{ENGINE_CONTAINER}"}} == {constants.EXIT_ENGINE_OOM})), "pool", "{pool}", "", "")')
     if not per_pool:
         return operator
     kube_state = (f'sum by ({RESTART_LABELS}) (label_replace(label_replace({" or ".join(per_pool)}, '
@@ -95,7 +99,7 @@ def scrape_down_expr(plan: Plan) -> str:
 
 
 def length_share_expr(plan: Plan, share: float) -> str:
-    finished = metric_name(REQUEST_SUCCESS)
+    finished = metric_name(METRIC_REQUEST_SUCCESS)
     length_matchers = _engines(plan, 'finished_reason="length"')
     length = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{length_matchers}}}[{LENGTH_WINDOW}]))"
     total = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{_engines(plan)}}}[{LENGTH_WINDOW}]))"
@@ -104,15 +108,15 @@ def length_share_expr(plan: Plan, share: float) -> str:
 
 def no_progress_expr(plan: Plan, stall_seconds: int) -> str:
     window = duration(stall_seconds)
-    running = (f"min by ({POD_LABELS}) (min_over_time({{{metric_name(RUNNING)},{_engines(plan)}}}"
+    running = (f"min by ({POD_LABELS}) (min_over_time({{{metric_name(METRIC_RUNNING)},{_engines(plan)}}}"
                f"[{window}])) > 0")
-    tokens = (f"sum by ({POD_LABELS}) (increase({{{metric_name(GENERATION_TOKENS)},{_engines(plan)}}}[{window}])) "
-              "== 0")
+    tokens = (f"sum by ({POD_LABELS}) (increase({{{metric_name(METRIC_GENERATION_TOKENS)},{_engines(plan)}}}"
+              f"[{window}])) == 0")
     return f"({running}) and on ({POD_LABELS}) ({tokens})"
 
 
 def kv_usage_expr(plan: Plan, usage: float) -> str:
-    return f"max by ({POD_LABELS}) ({{{metric_name(KV_USAGE_METRIC)},{_engines(plan)}}}) > {usage:g}"
+    return f"max by ({POD_LABELS}) ({{{metric_name(METRIC_KV_USAGE)},{_engines(plan)}}}) > {usage:g}"
 
 
 def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, description: str) -> dict[str, Any]:

@@ -14,7 +14,9 @@ from typing import Any, Final
 
 import prometheus_client as prom
 
-PREFIX: Final = "vllm_operator_router"
+from vllm_operator import constants
+
+PREFIX: Final = constants.METRIC_ROUTER_PREFIX
 # Router overhead is sub-millisecond; TTFT spans milliseconds to minutes.
 OVERHEAD_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

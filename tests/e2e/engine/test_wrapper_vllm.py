@@ -21,7 +21,7 @@ import pytest
 from tests.support import vllm_cpu
 from tests.support.health_harness import record_timing
 from tests.support.net import free_port
-from vllm_operator.engine import exit_codes
+from vllm_operator import constants
 
 pytestmark = pytest.mark.e2e
 
@@ -57,9 +57,9 @@ def test_engine_core_killed_becomes_engine_dead(model_dir: Path, tmp_path: Path)
         code = server.proc.wait(timeout=120)
         took = time.monotonic() - killed
         log = server.log_text()
-        assert code == exit_codes.ENGINE_DEAD, log[-3000:]
+        assert code == constants.EXIT_ENGINE_DEAD, log[-3000:]
         msg = json.loads(message.read_text())
-        assert msg["reason"] == "EngineDead" and msg["exitCode"] == exit_codes.ENGINE_DEAD
+        assert msg["reason"] == "EngineDead" and msg["exitCode"] == constants.EXIT_ENGINE_DEAD
         assert msg["childExitCode"] == 0, "vLLM itself exits 0 when its engine core dies"
         assert msg["detail"] and msg["detail"] in log
         record_timing("EngineCore SIGKILL -> wrapper exit 88", took, tier="real vLLM CPU", matched=msg["detail"])
@@ -74,7 +74,7 @@ def test_kv_cache_too_small_at_start_up(model_dir: Path, tmp_path: Path) -> None
         code = server.proc.wait(timeout=vllm_cpu.DEFAULT_STARTUP_TIMEOUT_S)
         took = time.monotonic() - started
         log = server.log_text()
-        assert code == exit_codes.KV_CACHE_TOO_SMALL, log[-3000:]
+        assert code == constants.EXIT_KV_CACHE_TOO_SMALL, log[-3000:]
         msg = json.loads(message.read_text())
         assert msg["reason"] == "KVCacheTooSmall" and msg["childExitCode"] != 0
         assert msg["max_seq_len"] == 65536 and msg["needed_gib"] > msg["available_gib"]

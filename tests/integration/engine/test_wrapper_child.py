@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import ROOT
-from vllm_operator.engine import exit_codes
+from vllm_operator import constants
 
 pytestmark = pytest.mark.integration
 CHILD = Path(__file__).with_name("vllm_stand_in.py")  # not under tests/support: its operator.py shadows the stdlib
@@ -30,10 +30,10 @@ def wrap(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], d
 
 
 @pytest.mark.parametrize(("mode", "code", "reason", "text"), [
-    ("oom", exit_codes.ENGINE_OOM, "EngineOOM", "CUDA out of memory"),
-    ("fatal", exit_codes.ENGINE_DEAD, "EngineDead", "EngineCore encountered a fatal error"),
-    ("kv", exit_codes.KV_CACHE_TOO_SMALL, "KVCacheTooSmall", "larger than the available KV cache memory"),
-    ("clean-exit", exit_codes.UNEXPECTED_EXIT, "UnexpectedExit", "no stop was requested"),
+    ("oom", constants.EXIT_ENGINE_OOM, "EngineOOM", "CUDA out of memory"),
+    ("fatal", constants.EXIT_ENGINE_DEAD, "EngineDead", "EngineCore encountered a fatal error"),
+    ("kv", constants.EXIT_KV_CACHE_TOO_SMALL, "KVCacheTooSmall", "larger than the available KV cache memory"),
+    ("clean-exit", constants.EXIT_UNEXPECTED, "UnexpectedExit", "no stop was requested"),
 ], ids=["oom", "fatal", "kv-too-small", "unexpected-exit-0"])
 def test_failure_text_becomes_exit_code_and_message(mode: str, code: int, reason: str, text: str,
                                                     tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_missing_command_is_a_launch_failure(tmp_path: Path) -> None:
     msg = tmp_path / "termination-log"
     done = subprocess.run([*WRAPPER, f"--termination-message-path={msg}", "--", "/nonexistent/vllm", "serve", "m"],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == exit_codes.LAUNCH_FAILED
+    assert done.returncode == constants.EXIT_LAUNCH_FAILED
     assert json.loads(msg.read_text())["reason"] == "LaunchFailed"
 
 
@@ -82,5 +82,5 @@ def test_preflight_required_without_gpu_fails_fast(tmp_path: Path) -> None:
                            f"--termination-message-path={msg}", "--", sys.executable, str(CHILD), "clean-exit"],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={"PATH": "/nonexistent", "PYTHONPATH": str(ROOT / "operator")})
-    assert done.returncode == exit_codes.PREFLIGHT_FAILED, done.stderr
+    assert done.returncode == constants.EXIT_PREFLIGHT_FAILED, done.stderr
     assert "no GPU could be read" in json.loads(msg.read_text())["detail"]

@@ -29,7 +29,6 @@ from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.waiting import eventually
 from vllm_operator import constants, names
 from vllm_operator.demo import nodes_for
-from vllm_operator.engine import exit_codes
 from vllm_operator.handlers.reconcile import reconcile
 from vllm_operator.health import loop
 from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
@@ -101,10 +100,11 @@ def engine_args(dep: dict[str, Any] | None) -> list[str]:
 
 
 def oom(restarts: int) -> ContainerState:
-    message = json.dumps({"reason": exit_codes.REASON_ENGINE_OOM, "exitCode": exit_codes.ENGINE_OOM,
+    message = json.dumps({"reason": constants.REASON_ENGINE_OOM, "exitCode": constants.EXIT_ENGINE_OOM,
                           "detail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"})
     return ContainerState(ready=False, restart_count=restarts,
-                          last_terminated={"exitCode": exit_codes.ENGINE_OOM, "reason": "Error", "message": message})
+                          last_terminated={"exitCode": constants.EXIT_ENGINE_OOM, "reason": "Error",
+                                           "message": message})
 
 
 async def reasons(kube: ClientKubeApi) -> list[str]:
@@ -215,13 +215,14 @@ async def test_kv_cache_too_small_takes_the_kv_path_into_the_deployment(cluster:
         dep_name = names.pool(NAME, "long")
         before = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
         pod = (await pool_pods(kube, "long"))[0]["metadata"]["name"]
-        message = json.dumps({"reason": exit_codes.REASON_KV_CACHE_TOO_SMALL, "exitCode": exit_codes.KV_CACHE_TOO_SMALL,
+        message = json.dumps({"reason": constants.REASON_KV_CACHE_TOO_SMALL,
+                              "exitCode": constants.EXIT_KV_CACHE_TOO_SMALL,
                               "detail": "(4.00 GiB KV cache is needed, which is larger than the available KV cache "
                                         "memory (2.10 GiB)"})
         injected = time.monotonic()
         cluster.kubelet.set_state(NS, pod, ContainerState(
             ready=False, restart_count=1, waiting_reason="CrashLoopBackOff",
-            last_terminated={"exitCode": exit_codes.KV_CACHE_TOO_SMALL, "reason": "Error", "message": message}))
+            last_terminated={"exitCode": constants.EXIT_KV_CACHE_TOO_SMALL, "reason": "Error", "message": message}))
 
         async def changed() -> list[str] | None:
             args = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
@@ -309,11 +310,11 @@ async def test_a_decision_on_a_stale_status_is_not_acted_on(cluster: SimCluster)
         pods = await eventually(lambda: started_pool_pods(kube, "long"), timeout=20)
         dep_name = names.pool(NAME, "long")
         before = engine_args(await kube.get(DEPLOYMENTS, NS, dep_name))
-        message = json.dumps({"reason": exit_codes.REASON_KV_CACHE_TOO_SMALL,
-                              "exitCode": exit_codes.KV_CACHE_TOO_SMALL})
+        message = json.dumps({"reason": constants.REASON_KV_CACHE_TOO_SMALL,
+                              "exitCode": constants.EXIT_KV_CACHE_TOO_SMALL})
         cluster.kubelet.set_state(NS, pods[0]["metadata"]["name"], ContainerState(
             ready=False, restart_count=1, waiting_reason="CrashLoopBackOff",
-            last_terminated={"exitCode": exit_codes.KV_CACHE_TOO_SMALL, "reason": "Error", "message": message}))
+            last_terminated={"exitCode": constants.EXIT_KV_CACHE_TOO_SMALL, "reason": "Error", "message": message}))
 
         async def kv_seen() -> Any:
             obj = await kube.get(VLLM_DEPLOYMENTS, NS, NAME)

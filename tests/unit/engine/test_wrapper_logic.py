@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from vllm_operator.engine import exit_codes, preflight
+from vllm_operator import constants
+from vllm_operator.engine import preflight
 from vllm_operator.engine.main import Scanner, launch_command, outcome, termination_message
 from vllm_operator.engine.preflight import EngineRequest, GpuInfo
 
@@ -26,17 +27,17 @@ def scan(lines: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("lines", "child", "stop", "code", "reason"), [
-    (OOM_LINES, 0, False, exit_codes.ENGINE_OOM, "EngineOOM"),
-    (["RuntimeError: CUDA error: out of memory"], 1, False, exit_codes.ENGINE_OOM, "EngineOOM"),
-    (["ERROR EngineCore encountered a fatal error."], 0, False, exit_codes.ENGINE_DEAD, "EngineDead"),
+    (OOM_LINES, 0, False, constants.EXIT_ENGINE_OOM, "EngineOOM"),
+    (["RuntimeError: CUDA error: out of memory"], 1, False, constants.EXIT_ENGINE_OOM, "EngineOOM"),
+    (["ERROR EngineCore encountered a fatal error."], 0, False, constants.EXIT_ENGINE_DEAD, "EngineDead"),
     (["ERROR Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."], 0, False,
-     exit_codes.ENGINE_DEAD, "EngineDead"),
-    ([KV_LINE], 1, False, exit_codes.KV_CACHE_TOO_SMALL, "KVCacheTooSmall"),
-    (["INFO shutting down"], 0, False, exit_codes.UNEXPECTED_EXIT, "UnexpectedExit"),
+     constants.EXIT_ENGINE_DEAD, "EngineDead"),
+    ([KV_LINE], 1, False, constants.EXIT_KV_CACHE_TOO_SMALL, "KVCacheTooSmall"),
+    (["INFO shutting down"], 0, False, constants.EXIT_UNEXPECTED, "UnexpectedExit"),
     (["INFO shutting down"], 0, True, 0, None),
     (["INFO x"], 3, False, 3, None),
     (["INFO x"], -9, False, 137, None),
-    (["EngineCore encountered a fatal error"], 0, True, exit_codes.ENGINE_DEAD, "EngineDead"),
+    (["EngineCore encountered a fatal error"], 0, True, constants.EXIT_ENGINE_DEAD, "EngineDead"),
 ], ids=["oom-wins-over-fatal", "cuda-error-oom", "fatal", "core-died", "kv-too-small", "exit0-unasked",
         "exit0-after-sigterm", "plain-error", "killed", "fatal-during-drain"])
 def test_outcome(lines: list[str], child: int, stop: bool, code: int, reason: str | None) -> None:
@@ -72,9 +73,9 @@ def test_termination_message_is_one_line_within_4096_bytes() -> None:
 
 
 def test_exit_codes_are_distinct_and_named() -> None:
-    codes = [exit_codes.ENGINE_OOM, exit_codes.ENGINE_DEAD, exit_codes.KV_CACHE_TOO_SMALL,
-             exit_codes.PREFLIGHT_FAILED, exit_codes.UNEXPECTED_EXIT, exit_codes.LAUNCH_FAILED]
-    assert len(set(codes)) == len(codes) and set(exit_codes.REASONS) == set(codes)
+    codes = [constants.EXIT_ENGINE_OOM, constants.EXIT_ENGINE_DEAD, constants.EXIT_KV_CACHE_TOO_SMALL,
+             constants.EXIT_PREFLIGHT_FAILED, constants.EXIT_UNEXPECTED, constants.EXIT_LAUNCH_FAILED]
+    assert len(set(codes)) == len(codes) and set(constants.EXIT_REASONS) == set(codes)
     assert all(80 <= c < 90 for c in codes)
 
 

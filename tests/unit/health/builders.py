@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 from vllm_operator import constants
-from vllm_operator.engine import exit_codes
 from vllm_operator.health.snapshot import (
     MetricsSnapshot,
     PodMetrics,
@@ -30,11 +29,11 @@ def term(code: int, reason: str = "Error", *, ago: float = 30, wrapper: str | No
     return {"exitCode": code, "reason": reason, "message": msg, "startedAt": ts(ago + 60), "finishedAt": ts(ago)}
 
 
-OOM = term(exit_codes.ENGINE_OOM, wrapper=exit_codes.REASON_ENGINE_OOM,
+OOM = term(constants.EXIT_ENGINE_OOM, wrapper=constants.REASON_ENGINE_OOM,
            detail="torch.OutOfMemoryError: CUDA out of memory")
-KV = term(exit_codes.KV_CACHE_TOO_SMALL, wrapper=exit_codes.REASON_KV_CACHE_TOO_SMALL,
+KV = term(constants.EXIT_KV_CACHE_TOO_SMALL, wrapper=constants.REASON_KV_CACHE_TOO_SMALL,
           detail="2.0 GiB needed, 1.1 GiB left")
-DEAD = term(exit_codes.ENGINE_DEAD, wrapper=exit_codes.REASON_ENGINE_DEAD,
+DEAD = term(constants.EXIT_ENGINE_DEAD, wrapper=constants.REASON_ENGINE_DEAD,
             detail="EngineCore encountered a fatal error")
 HOST_OOM = term(137, "OOMKilled")
 ERROR = term(1)

@@ -1,7 +1,7 @@
 """docs/health.md must keep up with the code: every state with its description, every wrapper exit code."""
 
 from tests.support.paths import ROOT
-from vllm_operator.engine import exit_codes
+from vllm_operator import constants
 from vllm_operator.health.diagnose import DESCRIPTIONS, State
 
 DOC = (ROOT / "docs" / "health.md").read_text()
@@ -13,5 +13,6 @@ def test_every_state_and_its_description_is_documented() -> None:
 
 
 def test_every_exit_code_is_documented() -> None:
-    missing = [f"{code} {reason}" for code, reason in exit_codes.REASONS.items() if f"| {code} | {reason} |" not in DOC]
+    missing = [f"{code} {reason}" for code, reason in constants.EXIT_REASONS.items()
+               if f"| {code} | {reason} |" not in DOC]
     assert not missing, f"docs/health.md lacks exit codes {missing}"

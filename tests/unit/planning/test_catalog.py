@@ -6,8 +6,8 @@ import pytest
 
 from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
+from vllm_operator.constants import AttentionBackend, KVVerdict, kv_dtype_verdict
 from vllm_operator.planning import catalog
-from vllm_operator.planning.catalog import AttentionBackend, KVVerdict
 
 
 @pytest.mark.parametrize(("product", "gpu"), [
@@ -71,7 +71,7 @@ def test_accelerator_from_node_labels(labels: dict[str, str], expected: str | No
     ("nvidia-t4-16gb", "bfloat16", KVVerdict.REFUSED),
 ], ids=str)
 def test_kv_dtype_table_per_gpu(gpu: str, dtype: str, verdict: KVVerdict) -> None:
-    assert catalog.kv_dtype_verdict(catalog.GPUS_BY_NAME[gpu].compute_capability, dtype) is verdict
+    assert kv_dtype_verdict(catalog.GPUS_BY_NAME[gpu].compute_capability, dtype) is verdict
 
 
 @pytest.mark.parametrize(("cc", "dtype", "backend", "verdict"), [
@@ -86,13 +86,13 @@ def test_kv_dtype_table_per_gpu(gpu: str, dtype: str, verdict: KVVerdict) -> Non
         "flashinfer-e5m2"])
 def test_kv_dtype_table_per_backend(cc: tuple[int, int], dtype: str, backend: AttentionBackend,
                                     verdict: KVVerdict) -> None:
-    assert catalog.kv_dtype_verdict(cc, dtype, backend) is verdict
+    assert kv_dtype_verdict(cc, dtype, backend) is verdict
 
 
 @pytest.mark.parametrize(("dtype", "verdict"), [("auto", KVVerdict.DEFAULT), ("fp8", KVVerdict.ON_REQUEST),
                                                 ("fp8_e5m2", KVVerdict.REFUSED)], ids=["auto", "fp8", "e5m2"])
 def test_kv_dtype_table_cpu(dtype: str, verdict: KVVerdict) -> None:
-    assert catalog.kv_dtype_verdict(None, dtype) is verdict
+    assert kv_dtype_verdict(None, dtype) is verdict
 
 
 @pytest.mark.parametrize(("name", "canonical"), [

@@ -16,7 +16,6 @@ from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.router_config import Timeouts, TokenizerConfig
 from vllm_operator.api.spec import VLLMDeploymentSpec
-from vllm_operator.health import queries
 from vllm_operator.rendering import RenderOptions, alerts, common, engine, render
 
 Case = Callable[[], tuple[Plan, VLLMDeploymentSpec]]
@@ -406,7 +405,7 @@ def test_prometheus_rule_has_the_five_alerts() -> None:
                          ("VLLMNoTokenProgress", "generation_tokens_total"),
                          ("VLLMNoTokenProgress", "num_requests_running"),
                          ("VLLMKVCacheUsageHigh", "kv_cache_usage_perc")]:
-        matcher = queries.metric_name(metric)
+        matcher = constants.metric_name(metric)
         assert matcher in got[name]["expr"]
         pattern = re.fullmatch(r'__name__=~"(.*)"', matcher)
         assert pattern and all(re.fullmatch(pattern[1], f"vllm{sep}{metric}") for sep in ":_"), "both spellings"
