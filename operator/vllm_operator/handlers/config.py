@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
+
 
 @dataclass(frozen=True)
 class OperatorConfig:
@@ -17,4 +19,5 @@ class OperatorConfig:
     health_interval_override: float | None = None  # seconds; tests shorten every deployment's interval
     api_server: str | None = None  # log kopf in to this URL directly (the simulated cluster); None = kubeconfig
     status_refresh_delay: float = 2.0  # seconds a Deployment change waits for others to join its status write
+    images: ImageDefaults = DEFAULT_IMAGES  # where default engine/router images come from (--image-repository)
     extra: dict[str, str] = field(default_factory=dict)

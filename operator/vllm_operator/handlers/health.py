@@ -9,6 +9,7 @@ MetricsAvailable condition says so.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -51,7 +52,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 return
             result = await loop.check(memo.kube, source, fresh, interval_override=config.health_interval_override)
             if result is not None:
-                await loop.execute(memo.kube, fresh, result, reconcile=reconcile, counters=memo.metrics)
+                await loop.execute(memo.kube, fresh, result, counters=memo.metrics,
+                                   reconcile=functools.partial(reconcile, images=config.images))
         except KubeError as err:
             logger.warning("Health check of VLLMDeployment %s/%s failed on an API call (retried next interval): %s",
                            meta.get("namespace"), meta.get("name"), err)

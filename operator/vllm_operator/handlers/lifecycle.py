@@ -22,6 +22,7 @@ from vllm_operator.handlers import refresh
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.reconcile import is_owned_by, reconcile, refresh_status
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
@@ -47,9 +48,10 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.execution.max_workers = 8
 
 
-async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any) -> None:
+async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
+                        images: ImageDefaults = DEFAULT_IMAGES) -> None:
     try:
-        outcome = await reconcile(kube, body)
+        outcome = await reconcile(kube, body, images=images)
     except KubeError as err:
         metrics.reconcile_errors.inc()
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
@@ -65,7 +67,6 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any) -> N
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Attach the lifecycle handlers to `registry` (the memo must carry `kube`, `metrics` and a `refresher`)."""
-    del config  # lifecycle needs no settings beyond the memo's clients
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -75,7 +76,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await run_reconcile(memo.kube, memo.metrics, body)
+        await run_reconcile(memo.kube, memo.metrics, body, config.images)
 
     deployment_labels: dict[str, Any] = {constants.LABEL_NAME: constants.APP_NAME,
                                          constants.LABEL_DEPLOYMENT: kopf.PRESENT}
@@ -111,9 +112,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 if is_owned_by(body, parent["metadata"]["uid"]) and not parent["metadata"].get("deletionTimestamp"):
                     logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
                                 body["metadata"]["name"])
-                    await run_reconcile(memo.kube, memo.metrics, parent)
+                    await run_reconcile(memo.kube, memo.metrics, parent, config.images)
             return
-        memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments))
+        memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments,
+                                                      config.images))
 
 
 def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -126,10 +128,10 @@ def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _refresh_from_indexes(kube: KubeApi, key: refresh.Key, parents: Mapping[refresh.Key, Any],
-                                deployments: Mapping[refresh.Key, Any]) -> None:
+                                deployments: Mapping[refresh.Key, Any], images: ImageDefaults) -> None:
     for parent in list(parents.get(key, ())):
         meta = parent["metadata"]
         if meta.get("deletionTimestamp"):
             continue
         owned = [d for d in deployments.get(key, ()) if is_owned_by(d, meta["uid"])]
-        await refresh_status(kube, parent, deployments=owned)
+        await refresh_status(kube, parent, deployments=owned, images=images)

@@ -29,6 +29,7 @@ from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.handlers import conditions
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
@@ -44,7 +45,7 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
-from vllm_operator.rendering import applied, render
+from vllm_operator.rendering import RenderOptions, applied, render
 
 log = logging.getLogger(__name__)
 
@@ -262,9 +263,10 @@ async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manif
             outcome.deleted.append(f"{res.kind} {namespace}/{key[2]}")
 
 
-async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None
-                    ) -> ReconcileOutcome:
-    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring)."""
+async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
+                    images: ImageDefaults = DEFAULT_IMAGES) -> ReconcileOutcome:
+    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring); `images`: the
+    operator's --image-repository."""
     meta = obj["metadata"]
     generation = meta.get("generation")
     now = now_rfc3339()
@@ -275,7 +277,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         resource: VLLMDeployment = parse_resource(dict(obj))
         accelerator, note = await resolve_accelerator(kube, resource.spec)
         the_plan = plan(resource.spec, accelerator, RemediationState.from_status(base_status),
-                        name=meta["name"], namespace=meta["namespace"])
+                        name=meta["name"], namespace=meta["namespace"], images=images)
         if note:
             the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, note]})
     except SpecError as err:
@@ -291,7 +293,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         return outcome
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    manifests = [m for m in render(the_plan, resource.spec)
+    manifests = [m for m in render(the_plan, resource.spec, options=RenderOptions(images=images))
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
     await _converge(kube, obj, the_plan, manifests, monitoring, outcome)
     for verb, items in (("Created", outcome.created), ("Updated", outcome.updated), ("Deleted", outcome.deleted)):
@@ -352,7 +354,8 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
 
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
-                         deployments: Sequence[Mapping[str, Any]] | None = None, attempts: int = 3) -> bool:
+                         deployments: Sequence[Mapping[str, Any]] | None = None, attempts: int = 3,
+                         images: ImageDefaults = DEFAULT_IMAGES) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
     `obj` and `deployments` may come from the operator's watch caches (handlers/refresh.py), so that the only
@@ -361,7 +364,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
     """
     for _ in range(attempts - 1):
         try:
-            return await _refresh_status_once(kube, obj, deployments)
+            return await _refresh_status_once(kube, obj, deployments, images)
         except KubeError as err:
             if not err.conflict:
                 raise
@@ -369,18 +372,18 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
             if fresh is None:
                 return False
             obj = fresh
-    return await _refresh_status_once(kube, obj, deployments)
+    return await _refresh_status_once(kube, obj, deployments, images)
 
 
 async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any],
-                               deployments: Sequence[Mapping[str, Any]] | None) -> bool:
+                               deployments: Sequence[Mapping[str, Any]] | None, images: ImageDefaults) -> bool:
     meta = obj["metadata"]
     prev = _current_status(obj)
     try:
         resource = parse_resource(dict(obj))
         accelerator, _ = await resolve_accelerator(kube, resource.spec)
         the_plan = plan(resource.spec, accelerator, RemediationState.from_status(prev), name=meta["name"],
-                        namespace=meta["namespace"])
+                        namespace=meta["namespace"], images=images)
     except SpecError:
         return False  # the spec is refused; the lifecycle handler owns that status
     if deployments is None:

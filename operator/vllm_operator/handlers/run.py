@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,7 @@ from vllm_operator.handlers import health, lifecycle
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
+from vllm_operator.images import DEFAULT_IMAGES, ENV_REPOSITORY, ImageDefaults, add_image_repository_argument
 from vllm_operator.k8s import ClientKubeApi, CredentialsError, KubeApi
 from vllm_operator.listen import listen_failure
 
@@ -172,6 +174,18 @@ class OperatorThread:
             raise RuntimeError(f"the operator failed: {self.error!r}") from self.error
 
 
+def _images_from_environment(parser: argparse.ArgumentParser) -> ImageDefaults:
+    """--image-repository's default: $VLLM_OPERATOR_IMAGE_REPOSITORY when set (the chart's operator.env can set
+    it), else the project's registry."""
+    value = os.environ.get(ENV_REPOSITORY)
+    if not value:
+        return DEFAULT_IMAGES
+    try:
+        return ImageDefaults(value)
+    except ValueError as err:
+        parser.error(f"${ENV_REPOSITORY}: {err}")
+
+
 def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser = argparse.ArgumentParser(prog=PROG, description="Run the vllm-operator controller.")
     parser.add_argument("--namespace", "-n", action="append", default=[],
@@ -186,6 +200,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser.add_argument("--status-refresh-delay", type=float, default=OperatorConfig.status_refresh_delay,
                         metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
                         "one status write (default %(default)s)")
+    add_image_repository_argument(parser, default=_images_from_environment(parser))
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(list(argv))
     if args.all_namespaces and args.namespace:
@@ -194,7 +209,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
                           health_enabled=not args.no_health, http_port=args.port,
-                          status_refresh_delay=args.status_refresh_delay)
+                          status_refresh_delay=args.status_refresh_delay, images=args.images)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,7 +1,8 @@
 """What `vllm-operator plan` and `vllm-operator render` share: their input flags, reading the input, planning it.
 
 Both commands take the same VLLMDeployment input the same way — `-f FILE` or a positional path, `-` for stdin as
-kubectl does, `--gpu`, `--engine-version`, `--model-config` with `--weights-gib` — so the flags are defined once here
+kubectl does, `--gpu`, `--engine-version`, `--model-config` with `--weights-gib`, and the operator's
+`--image-repository` — so the flags are defined once here
 and each command adds only its own (`-o` formats, the scraper labels). Any input problem is a SpecError or a
 UsageError with one line of text; the commands print it and exit 2.
 """
@@ -21,6 +22,7 @@ from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.spec import ModelFacts, VLLMDeploymentSpec
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults, add_image_repository_argument
 from vllm_operator.planning import catalog
 from vllm_operator.planning.planner import RemediationState, plan
 
@@ -51,6 +53,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                              "needs the same numbers as spec.model.facts; `plan` prints that block)")
     parser.add_argument("--weights-gib", type=float, metavar="GIB",
                         help="weight size for --model-config (default: estimated from the shape)")
+    add_image_repository_argument(parser)
 
 
 def input_file(args: argparse.Namespace) -> str:
@@ -148,7 +151,7 @@ class Planned:
 
 
 def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
-                   facts: ModelFacts | None = None) -> list[Planned]:
+                   facts: ModelFacts | None = None, images: ImageDefaults = DEFAULT_IMAGES) -> list[Planned]:
     """Plan every document (`facts`: --model-config's, in place of the spec's); SpecError for the first refused."""
     out: list[Planned] = []
     for doc in docs:
@@ -158,7 +161,7 @@ def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_versio
             spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
         the_plan = plan(spec, accelerator_for_gpu(resource, gpu), RemediationState.from_status(resource.status),
                         name=resource.metadata.name, namespace=resource.metadata.namespace,
-                        engine_version=engine_version)
+                        engine_version=engine_version, images=images)
         out.append(Planned(resource, spec, the_plan))
     return out
 
@@ -166,7 +169,8 @@ def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_versio
 def plan_input(path: str, args: argparse.Namespace) -> list[Planned]:
     """Read `path` and plan each document with the shared flags of `add_input_arguments`."""
     facts = model_facts(args.model_config, args.weights_gib) if args.model_config else None
-    return plan_documents(load_documents(path), gpu=args.gpu, engine_version=args.engine_version, facts=facts)
+    return plan_documents(load_documents(path), gpu=args.gpu, engine_version=args.engine_version, facts=facts,
+                          images=args.images)
 
 
 def facts_block(facts: ModelFacts) -> str:

@@ -48,11 +48,10 @@ from vllm_operator.api.spec import (
     VLLMDeploymentSpec,
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.planning import catalog, engine_args, kvcache, ladder, profiles
 from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
 
-ENGINE_IMAGE_GPU = "ghcr.io/vllm-operator/engine-gpu"
-ENGINE_IMAGE_CPU = "ghcr.io/vllm-operator/engine-cpu"
 HF_HOME = f"{constants.MODELS_MOUNT}/.hf-cache"
 API_KEYS_DIR = "/etc/vllm-operator/api-keys"
 TOKENIZER_DIR = "/etc/vllm-operator/tokenizer"
@@ -300,7 +299,7 @@ def _attention_backend(extra: list[str], field_path: str) -> constants.Attention
 
 def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, acc: AcceleratorFacts,
                version: engine_args.EngineVersion, version_text: str, remedy: PoolRemediation,
-               short_len: int | None) -> PoolPlan:
+               short_len: int | None, images: ImageDefaults) -> PoolPlan:
     ps, prof, name = draft.spec, draft.profile, draft.name
     path = f"spec.pools.{name}"
     warnings = list(draft.warnings)
@@ -383,8 +382,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     products = catalog.gpu_products(acc.type, acc.product) if acc.is_gpu and acc.type in catalog.GPUS_BY_NAME \
         else []
     runtime = (spec.engine.gpu if acc.is_gpu else spec.engine.cpu) if spec.engine else None
-    image = (runtime.image if runtime and runtime.image else
-             f"{ENGINE_IMAGE_GPU if acc.is_gpu else ENGINE_IMAGE_CPU}:{version_text}")
+    image = runtime.image if runtime and runtime.image else images.engine(gpu=acc.is_gpu, version=version_text)
     return PoolPlan(
         name=name, enabled=draft.enabled, replicas=ps.replicas if ps.replicas is not None else 1,
         external_autoscaler=bool(ps.external_autoscaler), max_model_len=s.max_model_len, max_tokens=s.max_tokens,
@@ -498,8 +496,10 @@ def check_name(name: str) -> None:
 
 
 def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
-         name: str, namespace: str, engine_version: str | None = None) -> Plan:
-    """Plan a VLLMDeployment (see the module docstring); raises SpecError."""
+         name: str, namespace: str, engine_version: str | None = None,
+         images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+    """Plan a VLLMDeployment (see the module docstring); raises SpecError. `images`: where default engine images
+    come from (the operator's --image-repository)."""
     check_name(name)
     model = resolve_model(spec)
     acc = resolve_accelerator(spec, accelerator)
@@ -518,9 +518,9 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
         raise SpecError("spec.pools.short.maxModelLen", f"{short_d.max_model_len} exceeds pools.long.maxModelLen "
                         f"({long_d.max_model_len}); the short pool must not be the longer one")
     short = _plan_pool(spec, short_d, model, acc, version, version_text, remediation.pool(constants.POOL_SHORT),
-                       None)
+                       None, images)
     long = _plan_pool(spec, long_d, model, acc, version, version_text, remediation.pool(constants.POOL_LONG),
-                      short.max_model_len if short.enabled else None)
+                      short.max_model_len if short.enabled else None, images)
     routing = spec.routing
     threshold = routing.prompt_length_threshold if routing and routing.prompt_length_threshold else (
         short.max_model_len - short.max_tokens)

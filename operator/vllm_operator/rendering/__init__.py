@@ -36,7 +36,7 @@ def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | Non
         router.service_account(plan),
         router.role(plan),
         router.role_binding(plan),
-        router.deployment(plan, spec),
+        router.deployment(plan, spec, opts.images),
         services.router_service(plan),
         policy.router_pdb(plan, router.replicas(spec)),
         policy.engines_network_policy(plan, opts),

@@ -10,6 +10,7 @@ field — never a traceback; 1 = an internal error (a bug), also as one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -108,8 +109,11 @@ def render_planned(planned: Sequence[Planned], options: RenderOptions | None = N
 def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
                      options: RenderOptions | None = None, facts: ModelFacts | None = None,
                      ) -> tuple[list[dict[str, Any]], list[str]]:
-    """(objects of every document in turn, plan warnings); SpecError for a refused document."""
-    return render_planned(plan_documents(docs, gpu=gpu, engine_version=engine_version, facts=facts), options)
+    """(objects of every document in turn, plan warnings); SpecError for a refused document. The plans use the
+    options' image repository, as the operator does."""
+    images = (options or RenderOptions()).images
+    return render_planned(plan_documents(docs, gpu=gpu, engine_version=engine_version, facts=facts, images=images),
+                          options)
 
 
 def main(argv: list[str]) -> int:
@@ -119,13 +123,11 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
-    options = RenderOptions()
+    options = RenderOptions(images=args.images)
     if args.scraper_pod_labels is not None:
-        options = RenderOptions(scraper_pod_labels=args.scraper_pod_labels,
-                                scraper_namespace_labels=options.scraper_namespace_labels)
+        options = dataclasses.replace(options, scraper_pod_labels=args.scraper_pod_labels)
     if args.scraper_namespace_labels is not None:
-        options = RenderOptions(scraper_pod_labels=options.scraper_pod_labels,
-                                scraper_namespace_labels=args.scraper_namespace_labels or None)
+        options = dataclasses.replace(options, scraper_namespace_labels=args.scraper_namespace_labels or None)
     where = display_name(path)
     try:
         objects, warnings = render_planned(plan_input(path, args), options)

@@ -3,7 +3,8 @@
 Where Prometheus runs is a property of the cluster, not of a deployment, so the NetworkPolicy's metrics-scraper peer is
 an operator setting: `render(plan, spec, options=RenderOptions(...))`, `vllm-operator render --scraper-pod-labels
 ... --scraper-namespace-labels ...`. The default admits pods labelled `app.kubernetes.io/name: prometheus` in any
-namespace, which is how the Prometheus Operator (and kube-prometheus-stack) labels its Prometheus pods.
+namespace, which is how the Prometheus Operator (and kube-prometheus-stack) labels its Prometheus pods. So is the
+registry the default images come from (`images.py`: the operator's and render's `--image-repository`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 
 DEFAULT_SCRAPER_POD_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "prometheus"}
 
@@ -23,6 +26,9 @@ class RenderOptions:
     """Labels of the metrics scraper's pods; empty = every pod of the selected namespaces."""
     scraper_namespace_labels: Mapping[str, str] | None = None
     """Labels of the namespaces the scraper runs in; None = any namespace."""
+    images: ImageDefaults = DEFAULT_IMAGES
+    """Where the default router image comes from (the operator's --image-repository; engines get theirs from the
+    plan, which the same setting made)."""
 
     def scraper_peer(self) -> dict[str, Any]:
         """The NetworkPolicyPeer that admits the metrics scraper."""

@@ -26,9 +26,9 @@ from typing import Any
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.spec import VLLMDeploymentSpec
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.rendering import common
 
-DEFAULT_IMAGE = "ghcr.io/vllm-operator/router:0.1.0"
 DEFAULT_REPLICAS = 2
 DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
 CONTAINER = "router"
@@ -137,7 +137,7 @@ def _probe(path: str, **timing: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http", "scheme": "HTTP"}, **timing}
 
 
-def deployment(plan: Plan, spec: VLLMDeploymentSpec) -> common.Manifest:
+def deployment(plan: Plan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEFAULT_IMAGES) -> common.Manifest:
     name = names.router(plan.name)
     vols, mounts = _mounts(plan, spec)
     router_spec = spec.router
@@ -149,7 +149,7 @@ def deployment(plan: Plan, spec: VLLMDeploymentSpec) -> common.Manifest:
             resources["limits"] = dict(router_spec.resources.limits)
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": (router_spec.image if router_spec is not None and router_spec.image else DEFAULT_IMAGE),
+        "image": (router_spec.image if router_spec is not None and router_spec.image else images.router()),
         "command": ["vllm-operator", "router", "--config", CONFIG_PATH],
         "env": [{"name": "HF_HOME", "value": f"{TMP_DIR}/hf-home"}],
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],

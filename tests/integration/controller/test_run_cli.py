@@ -15,15 +15,19 @@ from tests.integration.controller.conftest import example
 from tests.support.net import free_port
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
-from vllm_operator import constants
+from vllm_operator import __version__, constants
 from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS
+from vllm_operator.planning import engine_args
 from vllm_operator.sim.cluster import SimCluster
+
+MIRROR = "registry.example:5000/mirror/vllm-operator"
 
 
 async def test_run_command_reconciles_and_serves_health_and_metrics(cluster: SimCluster, tmp_path: object) -> None:
     assert cluster.client is not None
     port = free_port()
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    # The mirror comes from the environment (the chart's operator.env can set it; the chart's value is the flag).
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "VLLM_OPERATOR_IMAGE_REPOSITORY": MIRROR}
     proc = await asyncio.create_subprocess_exec(
         str(ROOT / ".venv/bin/vllm-operator"), "run", "--no-health", "--port", str(port), env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -37,6 +41,10 @@ async def test_run_command_reconciles_and_serves_health_and_metrics(cluster: Sim
             return len(items) if len(items) == 3 else 0
 
         await eventually(deployments, timeout=60)
+        items, _ = await cluster.client.list(DEPLOYMENTS, ns, f"{constants.LABEL_DEPLOYMENT}={name}")  # type: ignore[union-attr]
+        images = sorted(c["image"] for d in items for c in d["spec"]["template"]["spec"]["containers"])
+        cpu = engine_args.DEFAULT_CPU_VERSION
+        assert images == [f"{MIRROR}/engine-cpu:{cpu}", f"{MIRROR}/engine-cpu:{cpu}", f"{MIRROR}/router:{__version__}"]
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
                 assert resp.status == 200

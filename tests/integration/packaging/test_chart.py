@@ -37,7 +37,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         **MONITORING_ON,
         "watch": {"mode": "namespaced", "namespaces": ["llm"]},
         "operator": {"prometheusUrl": "https://prom.example:9090", "health": False, "verbose": True, "port": 9100,
-                     "env": [{"name": "TZ", "value": "UTC"}]},
+                     "env": [{"name": "TZ", "value": "UTC"}],
+                     "imageRepository": "registry.example:5000/mirror/vllm-operator"},
         "image": {"repository": "registry.example/vllm-operator", "tag": "1.2.3", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
         "serviceAccount": {"name": "llm-operator", "annotations": {"example.com/role": "x"}},
@@ -132,6 +133,24 @@ def test_operator_args_are_accepted_by_the_real_cli(rendered: dict[str, list[dic
     assert config.prometheus_url == (values.get("operator", {}).get("prometheusUrl") or None)
     assert config.health_enabled == values.get("operator", {}).get("health", True)
     assert config.http_port == container["ports"][0]["containerPort"] == values.get("operator", {}).get("port", 8080)
+    assert config.images.repository == (values.get("operator", {}).get("imageRepository") or "ghcr.io/vllm-operator")
+
+
+def test_image_repository_reaches_every_default_image(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The chart value becomes the operator flag, and the operator's plan and render then pull every default image
+    from the mirror — what `vllm-operator render --image-repository` shows."""
+    from tests.support.paths import EXAMPLES
+    from vllm_operator.handlers.run import parse_args
+    from vllm_operator.rendering import RenderOptions
+    from vllm_operator.rendering.cli import load_documents, render_documents
+
+    config = parse_args(operator_container(rendered["namespaced-monitoring-tuned"])["args"][1:])
+    for example in ("chat", "cpu-dev"):
+        objects, _ = render_documents(load_documents(str(EXAMPLES / f"{example}.yaml")),
+                                      options=RenderOptions(images=config.images))
+        images = {c["image"] for o in objects if o["kind"] == "Deployment"
+                  for c in o["spec"]["template"]["spec"]["containers"]}
+        assert len(images) == 2 and all(i.startswith("registry.example:5000/mirror/vllm-operator/") for i in images)
 
 
 def test_image_defaults_to_app_version(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -251,6 +270,11 @@ TYPOS = {
     "namespace not a DNS label": ({"watch": {"mode": "namespaced", "namespaces": ["Team_A"]}}, "/watch/namespaces/0"),
     "prometheusUrl without scheme": ({"operator": {"prometheusUrl": "prom:9090"}}, "/operator/prometheusUrl"),
     "port as string": ({"operator": {"port": "8080"}}, "/operator/port"),
+    "operator.imageRegistry": ({"operator": {"imageRegistry": "mirror.example"}}, "'imageRegistry'"),
+    "imageRepository with a tag": ({"operator": {"imageRepository": "mirror.example/vllm-operator:1.0"}},
+                                   "/operator/imageRepository"),
+    "imageRepository ending in /": ({"operator": {"imageRepository": "mirror.example/"}},
+                                    "/operator/imageRepository"),
 }
 
 

@@ -166,3 +166,43 @@ def test_positional_path_stdin_json_and_model_config(tmp_path: Path, capsys: pyt
                   and d["kind"] == "Deployment")
     assert engine["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "acme/small-2b"
     assert "add spec.model.facts" in err and '"weightsGiB": 4.5' in err
+
+
+MIRROR = "registry.example:5000/mirror/vllm-operator"
+
+
+def test_image_repository_moves_every_default_image(capsys: pytest.CaptureFixture[str]) -> None:
+    """--image-repository (the operator's flag) on render and plan: every default image comes from the mirror,
+    with the same names and tags; an image the spec names itself stays as written."""
+    rc, default, _ = run([str(CHAT)], capsys)
+    rc2, mirrored, _ = run([str(CHAT), "--image-repository", MIRROR], capsys)
+    assert rc == rc2 == 0
+
+    def images(text: str) -> list[str]:
+        return [c["image"] for d in yaml.safe_load_all(text) if d["kind"] == "Deployment"
+                for c in d["spec"]["template"]["spec"]["containers"]]
+
+    assert [i.replace("ghcr.io/vllm-operator", MIRROR) for i in images(default)] == images(mirrored)
+    assert len(set(images(mirrored))) == 2
+    doc = yaml.safe_load(CHAT.read_text())
+    doc["spec"]["router"] = {"image": "quay.example/team/router:7"}
+    doc["spec"]["engine"] = {"gpu": {"image": "vllm/vllm-openai:v0.33.0"}}
+    named = yaml.safe_dump(doc)
+    from vllm_operator.images import ImageDefaults
+    from vllm_operator.rendering import RenderOptions
+    objects, _ = cli.render_documents([yaml.safe_load(named)], options=RenderOptions(images=ImageDefaults(MIRROR)))
+    assert sorted({c["image"] for o in objects if o["kind"] == "Deployment"
+                   for c in o["spec"]["template"]["spec"]["containers"]}) == ["quay.example/team/router:7",
+                                                                              "vllm/vllm-openai:v0.33.0"]
+    assert plan_cli.main([str(CHAT), "--image-repository", MIRROR]) == 0
+    assert f"image  {MIRROR}/engine-gpu:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("value", "problem"), [("mirror.example/x:1.0", "must not carry a tag"),
+                                                ("mirror.example/", "must not end with '/'"),
+                                                ("Mirror/x", "is not a registry/repository prefix")])
+def test_bad_image_repository_is_one_line(value: str, problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for main in (cli.main, plan_cli.main):
+        assert main([str(CHAT), "--image-repository", value]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and problem in err and "--image-repository" in err, err
