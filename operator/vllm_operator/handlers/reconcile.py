@@ -49,6 +49,8 @@ from vllm_operator.rendering import RenderOptions, applied, render
 
 log = logging.getLogger(__name__)
 
+MONITORING_MISSING = ("monitoring.coreos.com CRDs are not installed: PodMonitor and PrometheusRule were not "
+                      "created")
 MONITORING_KINDS = {(POD_MONITORS.api_version, POD_MONITORS.kind), (PROMETHEUS_RULES.api_version,
                                                                     PROMETHEUS_RULES.kind)}
 
@@ -343,14 +345,11 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
             router = child
         elif labels.get(constants.LABEL_POOL) in deployments:
             deployments[labels[constants.LABEL_POOL]] = child
-    status = conditions.with_plan(prev, the_plan, deployments, router, generation=generation, now=now)
-    metrics = conditions.get_condition(status, constants.COND_METRICS_AVAILABLE)
-    if not monitoring and (metrics is None or metrics.reason == "PrometheusOperatorMissing"):
-        status.conditions = conditions.set_condition(
-            status.conditions, constants.COND_METRICS_AVAILABLE, False, "PrometheusOperatorMissing",
-            "monitoring.coreos.com CRDs are not installed: PodMonitor and PrometheusRule were not created",
-            generation=generation, now=now)
-    return status
+    if not monitoring:
+        # A warning of the plan summary, not a condition: MetricsAvailable has one writer, the health loop, which
+        # knows whether samples arrive (a Prometheus may scrape the engines without the Prometheus operator).
+        the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, MONITORING_MISSING]})
+    return conditions.with_plan(prev, the_plan, deployments, router, generation=generation, now=now)
 
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,

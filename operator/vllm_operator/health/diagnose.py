@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllm_operator import constants
-from vllm_operator.health.settings import HealthSettings
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.health.snapshot import PodFacts, PodMetrics, Snapshot, Termination
 
 

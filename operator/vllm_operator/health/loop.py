@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vllm_operator import constants
+from vllm_operator.api import remediation
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import parse_resource
@@ -25,7 +26,6 @@ from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.health import diagnose as diagnose_mod
 from vllm_operator.health import policy
-from vllm_operator.health import settings as settings_mod
 from vllm_operator.health.snapshot import Snapshot
 from vllm_operator.health.source import MetricsSource, take_snapshot
 from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError
@@ -40,7 +40,7 @@ class CheckResult:
     snapshot: Snapshot
     diagnosis: diagnose_mod.Diagnosis
     decision: policy.Decision
-    settings: settings_mod.HealthSettings
+    settings: remediation.HealthSettings
     plan: Plan
 
 
@@ -101,7 +101,7 @@ async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, A
     except SpecError as err:
         log.info("Skipped the health check of VLLMDeployment %s/%s: %s", namespace, name, err)
         return None
-    settings = settings_mod.resolve(resource.spec.remediation, interval_override=interval_override)
+    settings = remediation.resolve(resource.spec.remediation, interval_override=interval_override)
     enabled = {p: pool.replicas for p, pool in the_plan.pools.items() if pool.enabled}
     snap = await take_snapshot(kube, source, namespace, name, settings, enabled)
     diag = diagnose_mod.diagnose(snap, settings)

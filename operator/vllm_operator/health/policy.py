@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from vllm_operator import constants
 from vllm_operator.api.conditions import set_condition
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.api.status import (
     RESTART_HISTORY_MAX,
     STEP_DOWN_HISTORY_MAX,
@@ -42,7 +43,6 @@ from vllm_operator.api.status import (
     VLLMDeploymentStatus,
 )
 from vllm_operator.health.diagnose import FAILURE_STATES, Diagnosis, PoolDiagnosis, State
-from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import format_time, parse_time
 
 LADDER_MEMORY = "memory"

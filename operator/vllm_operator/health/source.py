@@ -19,8 +19,8 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from vllm_operator import constants, names
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.health import queries
-from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import (
     MetricsSnapshot,
     PodFacts,

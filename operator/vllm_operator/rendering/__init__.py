@@ -11,6 +11,7 @@ when their CRDs are absent.
 
 from __future__ import annotations
 
+from vllm_operator.api import remediation
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.spec import VLLMDeploymentSpec
 from vllm_operator.rendering import common, engine, monitoring, policy, router, services
@@ -46,6 +47,5 @@ def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | Non
     if mon is None or mon.pod_monitor is not False:
         objects.append(monitoring.pod_monitor(plan, extra_labels))
     if mon is None or mon.prometheus_rule is not False:
-        thresholds = spec.remediation.thresholds if spec.remediation is not None else None
-        objects.append(monitoring.prometheus_rule(plan, extra_labels, thresholds))
+        objects.append(monitoring.prometheus_rule(plan, extra_labels, remediation.resolve(spec.remediation)))
     return sorted((common.finalize(obj) for obj in objects), key=common.sort_key)

@@ -31,7 +31,7 @@ from typing import Any
 
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
-from vllm_operator.api.spec import RemediationThresholds
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.constants import (
     METRIC_GENERATION_TOKENS,
     METRIC_KV_USAGE,
@@ -42,14 +42,8 @@ from vllm_operator.constants import (
 
 RESTARTS_METRIC = f"{constants.METRIC_ENGINE_RESTARTS}_total"
 OOM_REASONS = ("OOMKilled", "EngineOOM")
-OOM_RESTARTS = 2  # more than this many ...
-OOM_WINDOW = "5m"  # ... within this window
 SCRAPE_DOWN_FOR = "30s"
-LENGTH_SHARE = 0.20
-LENGTH_WINDOW = "5m"
 LENGTH_FOR = "10m"
-STALL_SECONDS = 120
-KV_USAGE = 0.95
 KV_FOR = "10m"
 ENGINE_CONTAINER = "engine"
 ENGINE_LABELS = "namespace, vllmdeployment, pool"
@@ -57,8 +51,10 @@ POD_LABELS = "namespace, vllmdeployment, pool, pod"
 RESTART_LABELS = "target_namespace, vllmdeployment, pool"
 
 
-def duration(seconds: int) -> str:
-    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+def duration(seconds: float) -> str:
+    """A PromQL duration in whole minutes where it is one, else whole seconds."""
+    whole = max(1, round(seconds))
+    return f"{whole // 60}m" if whole % 60 == 0 else f"{whole}s"
 
 
 def _regex_literal(text: str) -> str:
@@ -72,16 +68,18 @@ def _engines(plan: Plan, extra: str = "") -> str:
     return f"{base},{extra}" if extra else base
 
 
-def oom_restarts_expr(plan: Plan) -> str:
+def oom_restarts_expr(plan: Plan, count: int, window_s: float) -> str:
+    """`count` or more OOM restarts of a pool within the window: the rule the health loop steps a pool down by."""
     reasons = "|".join(OOM_REASONS)
+    window = duration(window_s)
     operator = (f"sum by ({RESTART_LABELS}) (increase({RESTARTS_METRIC}{{target_namespace=\"{plan.namespace}\","
-                f"vllmdeployment=\"{plan.name}\",reason=~\"{reasons}\"}}[{OOM_WINDOW}])) > {OOM_RESTARTS}")
+                f"vllmdeployment=\"{plan.name}\",reason=~\"{reasons}\"}}[{window}])) >= {count}")
     per_pool = []
     for pool in sorted(p.name for p in plan.pools.values() if p.enabled):
         pods = _regex_literal(names.pool(plan.name, pool)) + "-[a-z0-9]+-[a-z0-9]+"
         per_pool.append(
             f'label_replace(increase(kube_pod_container_status_restarts_total{{namespace="{plan.namespace}",'
-            f'container="{ENGINE_CONTAINER}",pod=~"{pods}"}}[{OOM_WINDOW}]) and on (namespace, pod, container) '
+            f'container="{ENGINE_CONTAINER}",pod=~"{pods}"}}[{window}]) and on (namespace, pod, container) '
             f'((kube_pod_container_status_last_terminated_reason{{namespace="{plan.namespace}",'
             f'container="{ENGINE_CONTAINER}",reason="OOMKilled"}} == 1) or on (namespace, pod, container) '
             f'(kube_pod_container_status_last_terminated_exitcode{{namespace="{plan.namespace}",'
@@ -90,7 +88,7 @@ def oom_restarts_expr(plan: Plan) -> str:
         return operator
     kube_state = (f'sum by ({RESTART_LABELS}) (label_replace(label_replace({" or ".join(per_pool)}, '
                   f'"vllmdeployment", "{plan.name}", "", ""), "target_namespace", "$1", "namespace", "(.*)")) '
-                  f"> {OOM_RESTARTS}")
+                  f">= {count}")
     return f"({operator}) or ({kube_state})"
 
 
@@ -98,15 +96,16 @@ def scrape_down_expr(plan: Plan) -> str:
     return f"up{{{_engines(plan)}}} == 0"
 
 
-def length_share_expr(plan: Plan, share: float) -> str:
+def length_share_expr(plan: Plan, share: float, window_s: float) -> str:
+    window = duration(window_s)
     finished = metric_name(METRIC_REQUEST_SUCCESS)
     length_matchers = _engines(plan, 'finished_reason="length"')
-    length = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{length_matchers}}}[{LENGTH_WINDOW}]))"
-    total = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{_engines(plan)}}}[{LENGTH_WINDOW}]))"
+    length = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{length_matchers}}}[{window}]))"
+    total = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{_engines(plan)}}}[{window}]))"
     return f"({length} / {total}) > {share:g}"
 
 
-def no_progress_expr(plan: Plan, stall_seconds: int) -> str:
+def no_progress_expr(plan: Plan, stall_seconds: float) -> str:
     window = duration(stall_seconds)
     running = (f"min by ({POD_LABELS}) (min_over_time({{{metric_name(METRIC_RUNNING)},{_engines(plan)}}}"
                f"[{window}])) > 0")
@@ -131,29 +130,28 @@ def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, 
     return rule
 
 
-def alert_groups(plan: Plan, thresholds: RemediationThresholds | None = None) -> list[dict[str, Any]]:
-    """The rule groups of one VLLMDeployment; thresholds default to the remediation defaults of the spec."""
-    share = thresholds.length_share_alert if thresholds and thresholds.length_share_alert is not None \
-        else LENGTH_SHARE
-    usage = thresholds.kv_usage_pressure if thresholds and thresholds.kv_usage_pressure is not None else KV_USAGE
-    stall = thresholds.stall_seconds if thresholds and thresholds.stall_seconds is not None else STALL_SECONDS
+def alert_groups(plan: Plan, settings: HealthSettings | None = None) -> list[dict[str, Any]]:
+    """The rule groups of one VLLMDeployment, with the thresholds the health loop uses (`remediation.resolve` of the
+    spec's remediation; the defaults without one)."""
+    s = settings or HealthSettings()
+    share, usage, stall = s.length_share_alert, s.kv_pressure, s.stall_s
+    oom_count, oom_window, window = s.oom_count, duration(s.oom_window_s), duration(s.window_s)
     who = f"{plan.namespace}/{plan.name}"
     pool = "{{ $labels.pool }}"
     pod = "{{ $labels.pod }}"
     rules = [
-        _rule("VLLMEngineOOMRestarts", oom_restarts_expr(plan), None, "warning",
-              f"Engines of {who} pool {pool} restarted for out-of-memory more than {OOM_RESTARTS} times in "
-              f"{OOM_WINDOW}",
-              f"{{{{ $value | humanize }}}} OOM restarts (OOMKilled or EngineOOM) in {OOM_WINDOW}. The operator steps "
+        _rule("VLLMEngineOOMRestarts", oom_restarts_expr(plan, oom_count, s.oom_window_s), None, "warning",
+              f"Engines of {who} pool {pool} restarted for out-of-memory {oom_count} or more times in {oom_window}",
+              f"{{{{ $value | humanize }}}} OOM restarts (OOMKilled or EngineOOM) in {oom_window}. The operator steps "
               "the pool down its ladder after repeated OOMs; check status.pools.<pool>.stepDown."),
         _rule("VLLMEngineScrapeDown", scrape_down_expr(plan), SCRAPE_DOWN_FOR, "critical",
               f"Engine {pod} of {who} pool {pool} cannot be scraped",
               f"Prometheus has failed to scrape /metrics of {pod} for {SCRAPE_DOWN_FOR}: the engine is down, hung or "
               "unreachable, and the health loop is blind to it."),
-        _rule("VLLMLengthShareHigh", length_share_expr(plan, share), LENGTH_FOR, "warning",
+        _rule("VLLMLengthShareHigh", length_share_expr(plan, share, s.window_s), LENGTH_FOR, "warning",
               f"Over {share:.0%} of requests to {who} pool {pool} stop at max_tokens",
               f"{{{{ $value | humanizePercentage }}}} of finished requests ended with finished_reason=length over "
-              f"{LENGTH_WINDOW}, for {LENGTH_FOR}: generations run into the cap (runaway output or caps too low)."),
+              f"{window}, for {LENGTH_FOR}: generations run into the cap (runaway output or caps too low)."),
         _rule("VLLMNoTokenProgress", no_progress_expr(plan, stall), None, "critical",
               f"Engine {pod} of {who} pool {pool} has requests running but generates no tokens",
               f"Requests were running on {pod} for the whole last {duration(stall)} and "

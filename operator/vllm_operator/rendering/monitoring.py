@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
-from vllm_operator.api.spec import RemediationThresholds
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.rendering import alerts, common
 
 METRICS_PATH = "/metrics"
@@ -62,10 +62,10 @@ def pod_monitor(plan: Plan, extra_labels: Mapping[str, str] | None = None) -> co
 
 
 def prometheus_rule(plan: Plan, extra_labels: Mapping[str, str] | None = None,
-                    thresholds: RemediationThresholds | None = None) -> common.Manifest:
+                    settings: HealthSettings | None = None) -> common.Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan, extra_labels)),
-        "spec": {"groups": alerts.alert_groups(plan, thresholds)},
+        "spec": {"groups": alerts.alert_groups(plan, settings)},
     }

@@ -25,8 +25,8 @@ import pytest
 from tests.support import vllm_cpu
 from tests.support.health_harness import record_timing
 from tests.support.prometheus import Prometheus, Target, running_prometheus
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.health.diagnose import Diagnosis, State, diagnose
-from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import PoolFacts, Snapshot, format_time, pod_facts
 from vllm_operator.health.source import PrometheusSource, read_metrics
 

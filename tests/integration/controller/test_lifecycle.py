@@ -64,7 +64,8 @@ async def test_example_lifecycle(cluster: SimCluster, name: str) -> None:
         status = current["status"]
         assert status["observedGeneration"] == current["metadata"]["generation"]
         assert cond(current, constants.COND_SPEC_VALID)["status"] == "True"
-        assert cond(current, constants.COND_METRICS_AVAILABLE)["reason"] == "PrometheusOperatorMissing"
+        # MetricsAvailable is the health loop's alone; the missing Prometheus operator is a plan-summary warning.
+        assert any("PodMonitor and PrometheusRule were not created" in w for w in status["plan"]["warnings"])
         for pool in ("short", "long"):
             assert status["pools"][pool]["plannedKVTokens"] > 0, "status written by the operator survived pruning"
             assert status["plan"][pool]["kvTokens"] == status["pools"][pool]["plannedKVTokens"]

@@ -19,9 +19,9 @@ from tests.support.health_harness import DEPLOYMENT, NAMESPACE, Engine, engines,
 from tests.support.net import free_port
 from tests.support.prometheus import Prometheus, Target, running_prometheus
 from vllm_operator import constants
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.health.diagnose import Diagnosis, State, diagnose
 from vllm_operator.health.policy import LadderView, decide
-from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import PoolFacts, Snapshot, pod_facts
 from vllm_operator.health.source import PrometheusSource, read_metrics
 

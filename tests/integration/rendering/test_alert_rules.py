@@ -14,6 +14,7 @@ import yaml
 
 from tests.support.paths import EXAMPLE_FILES
 from tests.unit.rendering.plans import make_plan
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.rendering import alerts, cli
 
 SEL = 'namespace="ml",vllmdeployment="chat"'
@@ -87,7 +88,7 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
             series("vllm:kv_cache_usage_perc", short_p1, "0.5x30"),
         ],
         "alert_rule_test": [
-            expect("VLLMEngineOOMRestarts", "1m"),  # not yet more than 2 in 5 minutes
+            expect("VLLMEngineOOMRestarts", "1m"),  # one OOM restart: below oomCount (2)
             expect("VLLMEngineOOMRestarts", "6m",
                    {"severity": "warning", "target_namespace": "ml", "vllmdeployment": "chat", "pool": "long"},
                    {"severity": "warning", "target_namespace": "ml", "vllmdeployment": "chat", "pool": "short"}),
@@ -139,10 +140,33 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
                    'namespace="ml",container="engine",pod="chat-short-7d9f8b6c4-ddddd"', "1x30"),
         ],
         "alert_rule_test": [
-            expect("VLLMEngineOOMRestarts", "2m"),
-            expect("VLLMEngineOOMRestarts", "6m",
+            expect("VLLMEngineOOMRestarts", "1m"),
+            expect("VLLMEngineOOMRestarts", "2m",
                    {"severity": "warning", "target_namespace": "ml", "vllmdeployment": "chat", "pool": "long"}),
         ],
+    }]}
+    test_file = tmp_path / "alerts_test.yaml"
+    test_file.write_text(yaml.safe_dump(tests))
+    proc = promtool("test", "rules", str(test_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_oom_alert_uses_the_remediation_count_and_window(tmp_path: Path) -> None:
+    """oomCount 3 within oomWindowSeconds 300: two OOMs in the window are quiet, the third fires, and OOMs that left
+    the window stop counting — the health loop's step-down rule, not a constant of the renderer."""
+    groups = alerts.alert_groups(make_plan(), HealthSettings(oom_count=3, oom_window_s=300))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{**groups[0], "rules": [
+        {k: v for k, v in r.items() if k != "annotations"} for r in groups[0]["rules"]
+        if r["alert"] == "VLLMEngineOOMRestarts"]}]}))
+    labels = 'namespace="ops",target_namespace="ml",vllmdeployment="chat",pool="long",reason="EngineOOM"'
+    fired = {"severity": "warning", "target_namespace": "ml", "vllmdeployment": "chat", "pool": "long"}
+    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        # One OOM a minute for three minutes (minutes 1-3), then none.
+        "input_series": [series("vllm_operator_engine_restarts_total", labels, "0 1 2 3x30")],
+        "alert_rule_test": [expect("VLLMEngineOOMRestarts", "2m"), expect("VLLMEngineOOMRestarts", "3m", fired),
+                            expect("VLLMEngineOOMRestarts", "5m", fired), expect("VLLMEngineOOMRestarts", "9m")],
     }]}
     test_file = tmp_path / "alerts_test.yaml"
     test_file.write_text(yaml.safe_dump(tests))

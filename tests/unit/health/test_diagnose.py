@@ -20,8 +20,8 @@ from tests.unit.health.builders import (
     stalled,
     term,
 )
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.health.diagnose import DESCRIPTIONS, State, classify, diagnose
-from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import PodMetrics, PoolMetrics, pod_facts
 
 S = HealthSettings(stall_s=60, window_s=120, oom_window_s=900, interval_s=2)

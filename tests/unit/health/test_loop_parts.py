@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from tests.support.paths import EXAMPLES
+from vllm_operator.api import remediation
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import RemediationSpec
 from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
-from vllm_operator.health import settings
 from vllm_operator.health.loop import accelerator_in_effect, ladder_views, merge_patch
 from vllm_operator.planning import RemediationState, plan
 
@@ -65,12 +65,12 @@ def test_auto_accelerator_needs_the_resolved_one() -> None:
 
 
 def test_settings_defaults_and_overrides() -> None:
-    d = settings.resolve(None)
+    d = remediation.resolve(None)
     assert (d.interval_s, d.stall_s, d.window_s, d.restart_budget, d.oom_count) == (30, 120, 600, 3, 2)
     assert (d.length_share_watch, d.length_share_alert, d.kv_pressure) == (0.05, 0.20, 0.95)
     assert d.stale_after_s == 60
     spec = RemediationSpec.model_validate({"intervalSeconds": 10, "restartBudget": 0, "stepDown": False,
                                            "thresholds": {"stallSeconds": 30, "oomCount": 3}})
-    s = settings.resolve(spec, interval_override=1)
+    s = remediation.resolve(spec, interval_override=1)
     assert (s.interval_s, s.restart_budget, s.step_down, s.stall_s, s.oom_count) == (1, 0, False, 30, 3)
     assert s.stale_after_s == 15

@@ -8,6 +8,7 @@ import pytest
 
 from tests.unit.health.builders import KV, NOW, OOM, busy, pod, snapshot, stalled, term
 from vllm_operator import constants
+from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.api.status import (
     ConditionStatus,
     PoolsStatus,
@@ -18,7 +19,6 @@ from vllm_operator.api.status import (
 )
 from vllm_operator.health.diagnose import diagnose
 from vllm_operator.health.policy import LADDER_KV, LADDER_MEMORY, Decision, LadderView, decide
-from vllm_operator.health.settings import HealthSettings
 from vllm_operator.health.snapshot import PodMetrics, format_time
 
 S = HealthSettings(stall_s=60, window_s=120, oom_window_s=900, interval_s=2, restart_budget=3,

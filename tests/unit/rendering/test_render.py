@@ -13,6 +13,7 @@ import pytest
 
 from tests.unit.rendering.plans import cpu_case, gpu_case, make_plan, spec_from
 from vllm_operator import constants, names
+from vllm_operator.api import remediation
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.router_config import Timeouts, TokenizerConfig
 from vllm_operator.api.spec import VLLMDeploymentSpec
@@ -421,9 +422,24 @@ def test_alert_thresholds_follow_the_spec() -> None:
     plan, _ = gpu_case()
     spec = spec_from({"model": {"name": "m"}, "workloadClass": "chat", "accelerator": {"type": "nvidia-l4-24gb"},
                       "remediation": {"thresholds": {"lengthShareAlert": 0.3, "kvUsagePressure": 0.9,
-                                                     "stallSeconds": 300}}})
+                                                     "stallSeconds": 300, "windowSeconds": 1200, "oomCount": 4,
+                                                     "oomWindowSeconds": 1800}}})
     rules = {r["alert"]: r for r in by_kind(render(plan, spec), "PrometheusRule")["chat-vllm-operator"]
              ["spec"]["groups"][0]["rules"]}
     assert rules["VLLMLengthShareHigh"]["expr"].endswith("> 0.3")
+    assert "[20m]" in rules["VLLMLengthShareHigh"]["expr"]
     assert rules["VLLMKVCacheUsageHigh"]["expr"].endswith("> 0.9")
     assert "[5m]" in rules["VLLMNoTokenProgress"]["expr"]
+    oom = rules["VLLMEngineOOMRestarts"]
+    assert oom["expr"].count("[30m]") == 3 and oom["expr"].count(">= 4") == 2, oom["expr"]
+    assert "4 or more times in 30m" in oom["annotations"]["summary"]
+
+
+def test_the_oom_alert_counts_what_the_step_down_counts() -> None:
+    """Default remediation: oomCount (2) OOMs within oomWindowSeconds (900 s), the health loop's own rule; before
+    issue 20 the alert fired on more than 2 in 5 minutes and ignored both fields."""
+    plan, spec = gpu_case()
+    settings = remediation.resolve(spec.remediation)
+    oom = {r["alert"]: r for r in alerts.alert_groups(plan, settings)[0]["rules"]}["VLLMEngineOOMRestarts"]
+    assert (settings.oom_count, settings.oom_window_s) == (2, 900)
+    assert oom["expr"].count("[15m]") == 3 and oom["expr"].count(">= 2") == 2, oom["expr"]

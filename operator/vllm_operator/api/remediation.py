@@ -1,8 +1,10 @@
-"""The health loop's knobs with their defaults, resolved once from `spec.remediation`.
+"""What `spec.remediation` means once its defaults are filled in: the health loop's knobs and the alert thresholds.
 
-Every window and threshold is configurable (seconds in tests, minutes in production). The defaults live in the
-contract module (`constants.DEFAULT_*`), so the diagnosis, the policy, the rendered alerts and the README quote one
-table.
+One resolution for both readers, so an alert and the loop never disagree on a threshold (the OOM alert counts
+`oomCount` OOMs within `oomWindowSeconds`, exactly as the step-down does). It sits in `api`, the lowest layer,
+because the renderer (alert rules) and the health loop (diagnose, policy) both read it and neither may import the
+other. Every window and threshold is configurable (seconds in tests, minutes in production); the defaults live in the
+contract module (`constants.DEFAULT_*`).
 """
 
 from __future__ import annotations
