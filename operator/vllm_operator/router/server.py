@@ -6,21 +6,28 @@ its handler machinery) plus the event-loop work it causes took ~60 % of the rout
 (benchmarks/router). The router needs a small part of HTTP/1.1 — a few fixed routes, JSON bodies, whole or SSE
 answers — and this module does only that, in the style of `http1.py` (the upstream client).
 
-What it does, and how it answers what it does not take:
-* Requests: `METHOD SP origin-form SP HTTP/1.1|HTTP/1.0`, header fields `token ":" OWS value OWS`. Anything else is
-  a 400 and the connection closes: whitespace before the colon, folded lines, bare CR or LF, NUL, a non-token method
-  or field name, a control character in the target, a missing Host (HTTP/1.1), Content-Length that is not digits or
-  that differs between two fields, Content-Length together with Transfer-Encoding (the request-smuggling cases).
-  Another HTTP version → 505. A head (request line + fields) over `MAX_HEAD_BYTES` → 431 (414 when the request
-  line alone is that long); more than `MAX_HEADERS` fields → 431.
-* Bodies: Content-Length or `Transfer-Encoding: chunked` (strict hex sizes, CRLF after each chunk; trailers are read
-  and dropped); another transfer coding → 501. The body is collected up to the app's `max_body_bytes`; past it
-  `Request.read()` raises `BodyError(413)` at once (the handler answers) and the rest is read and thrown away.
-  `Expect: 100-continue` is answered when the handler reads the body.
+Requests are framed by llhttp (`httptools`, the parser uvicorn and Node.js use) rather than by code of our own: a
+parser's disagreements with the proxies in front of it are how requests get smuggled, and llhttp is the one the
+most traffic has tested. tests/unit/router/test_framing_fuzz.py compares its decisions with h11's on generated
+requests. What the server takes, and how it answers what it does not:
+* llhttp refuses (400, connection closed): malformed request lines, methods it does not know, non-token field
+  names, control characters in the target or in values, whitespace before the colon, folded lines (obs-fold),
+  bare CR or LF, Content-Length that is not digits or appears twice, Content-Length together with
+  Transfer-Encoding, a repeated Transfer-Encoding, chunked not the final coding, malformed chunk sizes (hex digits
+  only, no overflow) and chunk data not followed by CRLF. It accepts runs of SP between the parts of the request
+  line (RFC 9112 3 allows it; the framing is the same).
+* On top of it, here: HTTP versions other than 1.0/1.1 → 505; CONNECT or an Upgrade → 400; a missing Host (HTTP/1.1)
+  or two Host fields → 400; Transfer-Encoding in HTTP/1.0 → 400; a coding other than plain `chunked` → 501; a
+  target that is neither a path nor absolute-form → 400. A head (request line + fields) over `MAX_HEAD_BYTES` →
+  431 (414 when the target alone is that long); more than `MAX_HEADERS` fields → 431.
+* Bodies: Content-Length or chunked (trailers are read, bounded and dropped). The body is collected up to the
+  app's `max_body_bytes`; past it `Request.read()` raises `BodyError(413)` at once (the handler answers) and the
+  rest is read and thrown away. A chunked body that breaks off is `BodyError(400)`. `Expect: 100-continue` is
+  answered when the handler reads the body.
 * Routing: path → method → handler; unknown path 404, known path with another method (HEAD included) 405 + Allow.
-* Keep-alive (HTTP/1.1 by default, HTTP/1.0 with `Connection: keep-alive`) and pipelining: the next request is
-  parsed only when the current response is complete; while a handler runs, at most `PIPELINE_BUFFER` bytes of what
-  follows are buffered before reading pauses. Idle connections close after `KEEPALIVE_SECONDS`.
+* Keep-alive (HTTP/1.1 by default, HTTP/1.0 with `Connection: keep-alive`) and pipelining: pipelined requests are
+  framed as they arrive and handled one after another; while a handler runs, at most `PIPELINE_BUFFER` bytes of
+  what follows are buffered before reading pauses. Idle connections close after `KEEPALIVE_SECONDS`.
 * A client that disconnects (or half-closes) while its handler runs cancels the handler task, so the handler's
   upstream connection is closed and the engine aborts the request.
 * Streamed responses (`StreamResponse`) are chunked; `write()` waits while the transport is over its high-water mark
@@ -35,10 +42,10 @@ What it does, and how it answers what it does not take:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
-import re
 import socket
 import time
 import typing
@@ -47,11 +54,12 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Final
 
+import httptools
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES: Final = 32 * 1024
 MAX_HEADERS: Final = 100
-MAX_CHUNK_LINE: Final = 4096
 MAX_TRAILER_BYTES: Final = 16 * 1024
 PIPELINE_BUFFER: Final = 256 * 1024
 KEEPALIVE_SECONDS: Final = 75.0
@@ -61,10 +69,6 @@ LINGER_SECONDS: Final = 2.0
 SHUTDOWN_SECONDS: Final = 25.0
 """Below Kubernetes' default 30 s termination grace period."""
 
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-_TARGET: Final = re.compile(rb"[\x21-\x7e]+\Z")
-_VERSION: Final = re.compile(rb"HTTP/[0-9]\.[0-9]\Z")
-_CHUNK_SIZE: Final = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\Z")
 _REASONS: Final = {s.value: s.phrase for s in HTTPStatus}
 
 
@@ -100,9 +104,9 @@ class Response:
 class Request:
     """One parsed request. `headers` has lower-case names (repeated fields joined with ", ")."""
 
-    __slots__ = ("_body", "_chunk", "_conn", "_continue", "_done", "_error", "_left", "_limit", "_parts",
-                 "_received", "_streamed", "_waiter", "chunked", "content_length", "headers", "keep_alive", "method",
-                 "path", "query", "version")
+    __slots__ = ("_body", "_conn", "_continue", "_done", "_error", "_limit", "_parts", "_received", "_streamed",
+                 "_waiter", "chunked", "content_length", "headers", "keep_alive", "method", "path", "query",
+                 "version")
 
     def __init__(self, conn: _Connection, method: str, path: str, query: str, version: str,
                  headers: dict[str, str], content_length: int | None, chunked: bool, keep_alive: bool,
@@ -117,7 +121,6 @@ class Request:
         self.chunked = chunked
         self.keep_alive = keep_alive
         self._limit = limit
-        self._left = content_length or 0
         self._parts: list[bytes] = []
         self._received = 0
         self._body: bytes | None = None
@@ -126,7 +129,6 @@ class Request:
         self._waiter: asyncio.Future[None] | None = None
         self._continue = (version == "HTTP/1.1" and not self._done
                           and headers.get("expect", "").lower() == "100-continue")
-        self._chunk = _ChunkState() if chunked else None
         self._streamed = False
 
     @property
@@ -144,7 +146,8 @@ class Request:
                 raise self._error
             if self._done:
                 if self._body is None:
-                    self._body = b"".join(self._parts)
+                    parts = self._parts
+                    self._body = parts[0] if len(parts) == 1 else b"".join(parts)
                     self._parts = []
                 return self._body
             if self._continue:
@@ -157,23 +160,7 @@ class Request:
                 self._waiter = None
 
     # ------------------------------------------------------------------------------- fed by the connection
-    def _feed(self, data: bytes) -> bytes:
-        """Take body bytes; return what follows the body (the next request)."""
-        if self._chunk is not None:
-            return self._dechunk(data)
-        if len(data) <= self._left:
-            rest = b""
-        else:
-            data, rest = data[: self._left], data[self._left :]
-        self._left -= len(data)
-        self._store(data)
-        if self._left == 0:
-            self._finish()
-        return rest
-
     def _store(self, data: bytes) -> None:
-        if not data:
-            return
         self._received += len(data)
         if self._received > self._limit:
             if self._error is None:
@@ -183,60 +170,10 @@ class Request:
         if self._error is None:
             self._parts.append(data)
 
-    def _dechunk(self, data: bytes) -> bytes:
-        state = self._chunk
-        assert state is not None
-        buf = state.buf + data if state.buf else data
-        pos, end = 0, len(buf)
-        while pos < end:
-            if state.step in (_SIZE, _TRAILER):
-                nl = buf.find(b"\r\n", pos)
-                if nl < 0:
-                    if end - pos > (MAX_CHUNK_LINE if state.step == _SIZE else MAX_TRAILER_BYTES):
-                        return self._broken("chunk size line too long")
-                    break
-                line = buf[pos:nl]
-                pos = nl + 2
-                if state.step == _TRAILER:
-                    state.trailer_bytes += len(line) + 2
-                    if state.trailer_bytes > MAX_TRAILER_BYTES:
-                        return self._broken("chunked trailers too large")
-                    if not line:
-                        state.buf = b""
-                        self._finish()
-                        return buf[pos:]
-                    continue
-                match = _CHUNK_SIZE.match(line)
-                if match is None:
-                    return self._broken("malformed chunk size")
-                size = int(match.group(1), 16)
-                if size == 0:
-                    state.step = _TRAILER
-                else:
-                    state.left = size
-                    state.step = _DATA
-            elif state.step == _DATA:
-                take = min(end - pos, state.left)
-                self._store(buf[pos : pos + take])
-                pos += take
-                state.left -= take
-                if state.left == 0:
-                    state.step = _DATA_END
-            else:  # _DATA_END: exactly CRLF
-                if end - pos < 2:
-                    break
-                if buf[pos : pos + 2] != b"\r\n":
-                    return self._broken("chunk data not followed by CRLF")
-                pos += 2
-                state.step = _SIZE
-        state.buf = buf[pos:]
-        return b""
-
-    def _broken(self, why: str) -> bytes:
+    def _broken(self, why: str) -> None:
         self.keep_alive = False
         self._done = True
         self._fail(BodyError(400, f"malformed chunked request body: {why}"))
-        return b""
 
     def _finish(self) -> None:
         self._done = True
@@ -251,19 +188,6 @@ class Request:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-
-_SIZE, _DATA, _DATA_END, _TRAILER = range(4)
-
-
-class _ChunkState:
-    __slots__ = ("buf", "left", "step", "trailer_bytes")
-
-    def __init__(self) -> None:
-        self.buf = b""
-        self.step = _SIZE
-        self.left = 0
-        self.trailer_bytes = 0
 
 
 class StreamResponse:
@@ -357,6 +281,12 @@ def _internal_error() -> Response:
                     content_type="application/json")
 
 
+def _head_too_large(fields: int) -> _Reject:
+    if fields == 0:
+        return _Reject(414, "request line too long", "uri_too_long")
+    return _Reject(431, f"request head larger than {MAX_HEAD_BYTES} bytes", "headers_too_large")
+
+
 class _Reject(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
         super().__init__(message)
@@ -366,7 +296,12 @@ class _Reject(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: parse, dispatch, write; one request at a time."""
+    """One client connection: parse (llhttp), dispatch, write; one request handled at a time.
+
+    llhttp parses everything it is given, so pipelined requests are framed as they arrive and queued (heads, and
+    bodies up to the app's limit) until the responses before them are written; reading pauses once more than
+    `PIPELINE_BUFFER` bytes arrived while a handler ran. A request that cannot be framed is queued as a refusal in
+    its turn, and nothing after it is parsed (its framing is unknown)."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -377,10 +312,20 @@ class _Connection(asyncio.Protocol):
         self.closing = False  # finish the current request, then close (shutdown)
         self.write_paused = False
         self.last_active = 0.0
-        self.request: Request | None = None
+        self.request: Request | None = None  # the request being handled
         self.task: asyncio.Task[None] | None = None
-        self._buf: bytes | bytearray = b""
-        self._scanned = 0  # how much of _buf is known to hold no end of head
+        self._queue: collections.deque[Request | _Reject] = collections.deque()
+        self._parser = httptools.HttpRequestParser(self)
+        self._parsing: Request | None = None  # the request whose body is being parsed
+        self._broken = False  # framing failed: nothing more is parsed
+        self._in_head = False
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._head_size = 0  # request line + fields so far, as parsed
+        self._head_raw = 0  # bytes received while in the head (bounds what llhttp buffers for one field)
+        self._fields = 0
+        self._trailer_size = 0
+        self._pipelined = 0  # bytes received while a handler ran (for pausing)
         self._reading_paused = False
         self._discarding = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -401,25 +346,29 @@ class _Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        if self._discarding:
+        if self._discarding or self._broken:
             return
-        request = self.request
-        if request is not None and not request._done:
-            data = request._feed(data)
-            if not data:
-                return
-        if not self._buf:
-            self._buf = data
-        else:  # a head arriving in pieces, or pipelined requests: append in place (no quadratic copying)
-            if isinstance(self._buf, bytes):
-                self._buf = bytearray(self._buf)
-            self._buf += data
-        if request is not None:  # pipelined: parsed when the current response is complete
-            if len(self._buf) > PIPELINE_BUFFER and not self._reading_paused and self.transport is not None:
-                self._reading_paused = True
-                self.transport.pause_reading()
-            return
-        self._next()
+        if self.request is not None:
+            self._pipelined += len(data)
+        in_head = self._in_head
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._framing_failed(_Reject(400, "protocol upgrade and CONNECT are not supported"))
+        except httptools.HttpParserError as err:
+            cause = err.__context__
+            self._framing_failed(cause if isinstance(cause, _Reject) else _Reject(400, str(err) or "malformed request"))
+        else:
+            if self._in_head:
+                self._head_raw += len(data) if in_head else 0
+                if self._head_raw > MAX_HEAD_BYTES:
+                    self._framing_failed(_head_too_large(self._fields))
+        if self.request is None:
+            self._next()
+        elif (self._pipelined > PIPELINE_BUFFER and not self._reading_paused and self.transport is not None
+              and not self._discarding):
+            self._reading_paused = True
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; a running handler is cancelled in connection_lost
@@ -432,9 +381,9 @@ class _Connection(asyncio.Protocol):
         task = self.task
         if task is not None and not task.done():
             task.cancel()
-        request = self.request
-        if request is not None and not request._done:
-            request._fail(ConnectionResetError("the client has gone away"))
+        for request in (self.request, self._parsing):
+            if request is not None and not request._done:
+                request._fail(ConnectionResetError("the client has gone away"))
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client has gone away"))
@@ -449,40 +398,129 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    # ------------------------------------------------------------------------------- parsing and dispatch
+    # ------------------------------------------------------------------------------- llhttp callbacks
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._url = b""
+        self._headers = {}
+        self._head_size = 0
+        self._head_raw = 0
+        self._fields = 0
+        self._trailer_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_HEAD_BYTES:
+            raise _Reject(414, "request line too long", "uri_too_long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a trailer field of a chunked body: counted, then dropped
+            self._trailer_size += len(name) + len(value) + 4
+            if self._trailer_size > MAX_TRAILER_BYTES:
+                raise _Reject(400, "chunked trailers too large")
+            return
+        self._fields += 1
+        self._head_size += len(name) + len(value) + 4
+        if self._fields > MAX_HEADERS:
+            raise _Reject(431, f"more than {MAX_HEADERS} header fields", "headers_too_large")
+        if self._head_size + len(self._url) > MAX_HEAD_BYTES:
+            raise _head_too_large(self._fields)
+        key = name.decode("ascii").lower()  # llhttp allows only token characters in names
+        text = value.decode("latin-1").strip(" \t")
+        headers = self._headers
+        old = headers.get(key)
+        if old is None:
+            headers[key] = text
+        elif key == "host":
+            raise _Reject(400, "more than one Host field")
+        else:  # Content-Length and Transfer-Encoding twice are refused by llhttp itself
+            headers[key] = f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        request = self._head()
+        self._queue.append(request)
+        if not request._done:
+            self._parsing = request
+
+    def on_body(self, body: bytes) -> None:
+        request = self._parsing
+        if request is not None:
+            request._store(body)
+
+    def on_message_complete(self) -> None:
+        request = self._parsing
+        if request is not None:
+            self._parsing = None
+            request._finish()
+
+    def _head(self) -> Request:
+        """The checks llhttp leaves to its user, on a complete head; the Request."""
+        parser = self._parser
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _Reject(505, f"HTTP version {version} is not supported", "version_not_supported")
+        if parser.should_upgrade():  # CONNECT, or Upgrade with Connection: upgrade (checked before llhttp skips on)
+            raise _Reject(400, "protocol upgrade and CONNECT are not supported")
+        headers = self._headers
+        if version == "1.1" and "host" not in headers:
+            raise _Reject(400, "HTTP/1.1 request without Host")
+        target = self._url
+        if target[:1] != b"/":
+            # absolute-form (sent to proxies; servers must accept it): keep the path
+            scheme_end = target.find(b"://")
+            if scheme_end < 0:
+                raise _Reject(400, "request target must be a path")
+            slash = target.find(b"/", scheme_end + 3)
+            target = target[slash:] if slash >= 0 else b"/"
+        length: int | None = None
+        chunked = False
+        coding = headers.get("transfer-encoding")
+        if coding is not None:
+            # llhttp has refused Content-Length with it, a repeated field, and a final coding other than chunked
+            if version != "1.1":
+                raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
+            if coding.lower() != "chunked":
+                raise _Reject(501, f"transfer coding {coding!r} is not supported (only chunked)", "not_implemented")
+            chunked = True
+        else:
+            declared = headers.get("content-length")
+            if declared is not None:  # digits only, one field: llhttp checked
+                if len(declared) > 18:
+                    raise _Reject(400, "malformed Content-Length")
+                length = int(declared)
+        connection = headers.get("connection")
+        if version == "1.1":
+            keep_alive = connection is None or "close" not in _tokens(connection)
+        else:
+            keep_alive = connection is not None and "keep-alive" in _tokens(connection)
+        raw_path, _, raw_query = target.partition(b"?")
+        return Request(self, parser.get_method().decode("ascii"), raw_path.decode("ascii"),
+                       raw_query.decode("ascii"), "HTTP/1.1" if version == "1.1" else "HTTP/1.0", headers, length,
+                       chunked, keep_alive, self.app.max_body_bytes)
+
+    def _framing_failed(self, reject: _Reject) -> None:
+        """Nothing after this point can be framed: a request whose body broke gets a BodyError (its handler
+        answers), a broken head is refused in its turn; either way the connection ends after that answer."""
+        self._broken = True
+        self._in_head = False
+        request = self._parsing
+        if request is not None and not request._done:
+            self._parsing = None
+            request._broken(reject.message)
+        else:
+            self._queue.append(reject)
+
+    # ------------------------------------------------------------------------------- dispatch
     def _next(self) -> None:
-        """Parse and dispatch the requests in the buffer, until one needs a handler task or the buffer runs dry."""
-        while self.request is None and self._buf and not self.closed and not self._discarding:
-            buf = self._buf
-            if buf[:1] in (b"\r", b"\n"):  # empty lines before a request line are ignored (RFC 9112 2.2)
-                buf = self._buf = bytes(buf).lstrip(b"\r\n")
-                self._scanned = 0
-                if not buf:
-                    return
-            end = buf.find(b"\r\n\r\n", max(0, self._scanned - 3))
-            if end < 0:
-                self._scanned = len(buf)
-                if len(buf) > MAX_HEAD_BYTES:
-                    line_end = buf.find(b"\r\n")
-                    if line_end < 0 or line_end > MAX_HEAD_BYTES:
-                        self._refuse(414, "request line too long", "uri_too_long")
-                    else:
-                        self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes", "headers_too_large")
+        """Dispatch the queued requests, until one needs a handler task or the queue runs dry."""
+        queue = self._queue
+        while self.request is None and queue and not self.closed and not self._discarding:
+            request = queue.popleft()
+            if isinstance(request, _Reject):
+                self._refuse(request.status, request.message, request.code)
                 return
-            if end > MAX_HEAD_BYTES:
-                self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes", "headers_too_large")
-                return
-            self._scanned = 0
-            try:
-                request = self._parse(bytes(buf[:end]))
-            except _Reject as reject:
-                self._refuse(reject.status, reject.message, reject.code)
-                return
-            rest = bytes(buf[end + 4 :])
             self.request = request
-            if rest and not request._done:
-                rest = request._feed(rest)
-            self._buf = rest
             methods = self.app.routes.get(request.path)
             if methods is None:
                 self._answer(request, Response(404, error_body(404, f"no route for {request.path}", "not_found"),
@@ -496,88 +534,17 @@ class _Connection(asyncio.Protocol):
                 continue
             self.task = self.loop.create_task(self._run(request, handler))
             return
-
-    def _parse(self, head: bytes) -> Request:
-        if b"\0" in head or head.count(b"\n") != head.count(b"\r\n") or head.count(b"\r") != head.count(b"\r\n"):
-            raise _Reject(400, "bare CR, LF or NUL in the request head")
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
-        if len(parts) != 3:
-            raise _Reject(400, "malformed request line")
-        raw_method, target, raw_version = parts
-        if raw_version not in (b"HTTP/1.1", b"HTTP/1.0"):
-            if _VERSION.match(raw_version):
-                raise _Reject(505, f"HTTP version {raw_version.decode()} is not supported", "version_not_supported")
-            raise _Reject(400, "malformed request line")
-        if not _TOKEN.match(raw_method):
-            raise _Reject(400, "malformed method")
-        if not _TARGET.match(target):
-            raise _Reject(400, "malformed request target")
-        if target[:1] != b"/":
-            # absolute-form (sent to proxies; servers must accept it): keep the path
-            scheme_end = target.find(b"://")
-            if scheme_end < 0:
-                raise _Reject(400, "request target must be a path")
-            slash = target.find(b"/", scheme_end + 3)
-            target = target[slash:] if slash >= 0 else b"/"
-        if len(lines) - 1 > MAX_HEADERS:
-            raise _Reject(431, f"more than {MAX_HEADERS} header fields", "headers_too_large")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.match(name):  # also: whitespace before the colon, folded lines
-                raise _Reject(400, "malformed header field")
-            key = name.decode("ascii").lower()
-            text = value.strip(b" \t").decode("latin-1")
-            old = headers.get(key)
-            if old is None:
-                headers[key] = text
-            elif key == "content-length":
-                if old != text:
-                    raise _Reject(400, "conflicting Content-Length fields")
-            elif key == "host":
-                raise _Reject(400, "more than one Host field")
-            else:
-                headers[key] = f"{old}, {text}"
-        version = raw_version.decode("ascii")
-        if version == "HTTP/1.1" and "host" not in headers:
-            raise _Reject(400, "HTTP/1.1 request without Host")
-        length: int | None = None
-        chunked = False
-        coding = headers.get("transfer-encoding")
-        if coding is not None:
-            if "content-length" in headers:
-                raise _Reject(400, "both Transfer-Encoding and Content-Length")
-            if version != "HTTP/1.1":
-                raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
-            if coding.lower() != "chunked":
-                if coding.lower().rsplit(",", 1)[-1].strip() != "chunked":
-                    raise _Reject(400, "chunked must be the final transfer coding")
-                raise _Reject(501, f"transfer coding {coding!r} is not supported (only chunked)", "not_implemented")
-            chunked = True
-        else:
-            declared = headers.get("content-length")
-            if declared is not None:
-                if not declared.isdigit() or not declared.isascii() or len(declared) > 18:
-                    raise _Reject(400, "malformed Content-Length")
-                length = int(declared)
-        connection = headers.get("connection")
-        if version == "HTTP/1.1":
-            keep_alive = connection is None or "close" not in _tokens(connection)
-        else:
-            keep_alive = connection is not None and "keep-alive" in _tokens(connection)
-        raw_path, _, raw_query = target.partition(b"?")
-        return Request(self, raw_method.decode("ascii"), raw_path.decode("ascii"), raw_query.decode("ascii"),
-                       version, headers, length, chunked, keep_alive, self.app.max_body_bytes)
+        if not queue:
+            self._pipelined = 0
 
     def _refuse(self, status: int, message: str, code: str) -> None:
-        """A request that cannot be parsed: answer and close (the framing of what follows is unknown)."""
+        """A request that cannot be framed: answer and close (the framing of what follows is unknown)."""
         if self.transport is None or self.closed:
             return
         body = error_body(status, message, code)
         self._write(_head(status, {"Content-Type": "application/json"}, f"Content-Length: {len(body)}\r\n", False,
                           "HTTP/1.1") + body)
-        self._buf, self._scanned = b"", 0
+        self._queue.clear()
         self._end_connection(body_complete=False)
 
     async def _run(self, request: Request, handler: Handler) -> None:
@@ -608,7 +575,7 @@ class _Connection(asyncio.Protocol):
             except ValueError:  # a header value with a line break: nothing was written
                 log.exception("Response to %s %s cannot be sent", request.method, request.path)
                 self._answer(request, _internal_error())
-        if self.request is None and self._buf:
+        if self.request is None and self._queue:
             self._next()
 
     # ------------------------------------------------------------------------------- writing
@@ -671,7 +638,7 @@ class _Connection(asyncio.Protocol):
             return
         # The client may still be sending: half-close, read and drop the rest for a while, then close.
         self._discarding = True
-        self._buf, self._scanned = b"", 0
+        self._queue.clear()
         transport.write_eof()
         if self._reading_paused:
             self._reading_paused = False
