@@ -15,12 +15,18 @@ Semantics the proxy relies on:
   was read to the end, in which case the connection goes back to the pool.
 * Connections idle for more than `keepalive_s` are dropped (below uvicorn's 5 s, vLLM's server).
 * Backpressure: a response that buffers more than `HIGH_WATER` unread bytes pauses reading from the socket.
+* Deadlines: `post(deadline=…)` and `Response.deadline` (event-loop time) bound the waits for the head and for body
+  bytes; past it the wait raises TimeoutError. They are enforced by one sweep of the busy connections every
+  `SWEEP_SECONDS` instead of an `asyncio.timeout` per wait: a timer per request and per streamed chunk (arm, cancel,
+  re-arm) cost ~10 µs each here, more than the request's whole parsing (benchmarks/router). A deadline fires up to
+  `SWEEP_SECONDS` late.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 import typing
 from collections.abc import Mapping
@@ -28,6 +34,7 @@ from typing import Final
 
 HIGH_WATER: Final = 256 * 1024
 MAX_HEADER_BYTES: Final = 64 * 1024
+SWEEP_SECONDS: Final = 0.05
 
 
 class ConnectError(OSError):
@@ -92,8 +99,10 @@ class _Conn(asyncio.Protocol):
 class Response:
     """Status, headers and the body as it arrives."""
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(self, conn: _Conn, deadline: float) -> None:
         self._conn = conn
+        self.deadline = deadline
+        """Event-loop time after which waiting for more of the response raises TimeoutError (may be moved)."""
         self.status = 0
         self.headers: dict[str, str] = {}
         self._head = bytearray()
@@ -269,6 +278,15 @@ class Response:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _expire(self, now: float) -> None:
+        """Called by the pool's sweep: fail the wait in progress when the deadline has passed."""
+        if now < self.deadline:
+            return
+        waiter = self._waiter if self._have_head else self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TimeoutError())
+            waiter.exception()  # mark retrieved: the caller may be gone
+
     # --------------------------------------------------------------------------------------- reading (caller)
     async def _wait_head(self) -> None:
         await self._head_waiter
@@ -325,11 +343,28 @@ class Response:
 
 
 class Pool:
-    """Keep-alive connections per (host, port)."""
+    """Keep-alive connections per (host, port), and the sweep that enforces response deadlines."""
 
     def __init__(self, *, keepalive_s: float = 4.0) -> None:
         self.keepalive_s = keepalive_s
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._busy: set[_Conn] = set()
+        self._sweep_handle: asyncio.TimerHandle | None = None
+
+    def _sweep(self) -> None:
+        busy = self._busy
+        if not busy:
+            self._sweep_handle = None
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for conn in list(busy):
+            response = conn.response
+            if response is None or conn.closed:
+                busy.discard(conn)
+            else:
+                response._expire(now)
+        self._sweep_handle = loop.call_at(now + SWEEP_SECONDS, self._sweep)
 
     def _put(self, conn: _Conn) -> None:
         conn.idle_since = time.monotonic()
@@ -346,20 +381,25 @@ class Pool:
             conn.abort()
         return None
 
-    async def _open(self, key: tuple[str, int], connect_timeout: float) -> _Conn:
+    async def _open(self, key: tuple[str, int], connect_timeout: float, deadline: float) -> _Conn:
         loop = asyncio.get_running_loop()
+        connect_by = loop.time() + connect_timeout
         try:
-            async with asyncio.timeout(connect_timeout):
+            async with asyncio.timeout_at(min(connect_by, deadline)):
                 _, conn = await loop.create_connection(lambda: _Conn(self, key), key[0], key[1])
         except TimeoutError as err:
+            if deadline < connect_by:
+                raise  # the request's own deadline came first
             raise ConnectTimeout(f"no connection to {key[0]}:{key[1]} within {connect_timeout:g} s") from err
         except OSError as err:
             raise ConnectError(f"could not connect to {key[0]}:{key[1]}: {err}") from err
         return conn
 
     async def post(self, host: str, port: int, path: str, body: bytes, headers: Mapping[str, str], *,
-                   connect_timeout: float) -> Response:
-        """Send a POST and wait for the response head. TimeoutError (from asyncio.timeout) on a connect timeout."""
+                   connect_timeout: float, deadline: float = math.inf) -> Response:
+        """Send a POST and wait for the response head. ConnectTimeout when no connection came within
+        `connect_timeout`; TimeoutError when the head has not come by `deadline` (event-loop time), which also
+        stays the response's deadline for its body until the caller moves it."""
         key = (host, port)
         head = [f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"]
         head += [f"{name}: {value}\r\n" for name, value in headers.items()]
@@ -368,9 +408,13 @@ class Pool:
         for attempt in (0, 1):
             conn = self._take(key) if attempt == 0 else None
             if conn is None:
-                conn = await self._open(key, connect_timeout)
-            response = Response(conn)
+                conn = await self._open(key, connect_timeout, deadline)
+            response = Response(conn, deadline)
             conn.response = response
+            if deadline != math.inf:
+                self._busy.add(conn)
+                if self._sweep_handle is None:
+                    self._sweep_handle = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
             transport = conn.transport
             if transport is None or conn.closed:
                 conn.response = None
@@ -391,6 +435,10 @@ class Pool:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        self._busy.clear()
         for conns in self._idle.values():
             for conn in conns:
                 conn.abort()

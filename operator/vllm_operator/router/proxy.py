@@ -35,6 +35,8 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
+import msgspec
+
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.router import http1
@@ -60,6 +62,11 @@ _USAGE = re.compile(rb'"usage":\s*\{')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _FORWARD_HEADERS: Final = ("x-request-id", "traceparent", "tracestate")
+_decode: Final = msgspec.json.Decoder().decode
+"""The body is decoded and re-encoded (the engine gets the canonical body the router decided on, never duplicate
+keys or other parser differentials) with msgspec: ~4 µs for a 2 KB chat body against ~23 µs with the json module
+(benchmarks/router), integers of any size kept exact (orjson would turn those beyond 64 bits into floats)."""
+_encode: Final = msgspec.json.Encoder().encode
 
 
 _UPSTREAM_CUT: Final = Refusal(502, "The engine closed the connection before its answer was complete.",
@@ -174,8 +181,8 @@ class Router:
                 return _bad(f"request body exceeds the limit of {limit} bytes", status=413, code="request_too_large")
             return _bad(err.message)
         try:
-            body = json.loads(raw)
-        except ValueError as err:
+            body = _decode(raw)
+        except msgspec.DecodeError as err:
             return _bad(f"request body is not valid JSON: {err}")
         if not isinstance(body, dict):
             return _bad(f"request body must be a JSON object, got {type(body).__name__}")
@@ -215,7 +222,7 @@ class Router:
             client_usage = isinstance(options, dict) and options.get("include_usage") is True
             if not client_usage:
                 body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        out = json.dumps(body, separators=(",", ":")).encode()
+        out = _encode(body)
         return _Prepared(chat, bool(stream), client_usage, decision, count, out)
 
     def _choose_pool(self, route: Route) -> str:
@@ -320,9 +327,9 @@ class Router:
         loop = asyncio.get_running_loop()
         first_byte_deadline = min(deadline, loop.time() + self.first_byte_s) if prepared.stream else deadline
         try:
-            async with asyncio.timeout_at(first_byte_deadline):
-                upstream = await self.upstream.post(endpoint.host, endpoint.port, request.path, prepared.body,
-                                                    upstream_headers, connect_timeout=self.connect_s)
+            upstream = await self.upstream.post(endpoint.host, endpoint.port, request.path, prepared.body,
+                                                upstream_headers, connect_timeout=self.connect_s,
+                                                deadline=first_byte_deadline)
         except http1.ConnectTimeout as err:
             raise _Timeout("connect", self.connect_s) from err
         except TimeoutError as err:
@@ -332,10 +339,10 @@ class Router:
             log.info("Could not deliver a request to %s (%s)", endpoint.url, err)
             raise _Retry("connect" if isinstance(err, http1.ConnectError) else "disconnected") from err
         try:
+            upstream.deadline = deadline
             if upstream.status >= 500:
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        body = await upstream.read()
+                    body = await upstream.read()
                 except (TimeoutError, http1.Disconnected):
                     body = b""
                 raise _Retry("status_5xx", upstream.status, body, upstream.content_type or _JSON)
@@ -349,8 +356,7 @@ class Router:
     async def _relay_whole(self, prepared: _Prepared, pool: Pool, upstream: http1.Response,
                            headers: dict[str, str], start: float, deadline: float) -> Response | StreamResponse:
         try:
-            async with asyncio.timeout_at(deadline):
-                body = await upstream.read()
+            body = await upstream.read()  # bounded by upstream.deadline = the total deadline
         except TimeoutError as err:
             raise _Timeout("total", self.total_s) from err
         except http1.Disconnected:
@@ -370,9 +376,9 @@ class Router:
         """Relay SSE events as they complete. The client's response starts with the engine's first body chunk, so
         a first-byte timeout (or an engine that drops before answering) is still a proper 504/502 status."""
         loop = asyncio.get_running_loop()
+        upstream.deadline = first_byte_deadline
         try:
-            async with asyncio.timeout_at(first_byte_deadline):
-                data = await upstream.readany()
+            data = await upstream.readany()
         except TimeoutError as err:
             which = "total" if first_byte_deadline >= deadline else "first-byte"
             raise _Timeout(which, self.total_s if which == "total" else self.first_byte_s) from err
@@ -386,20 +392,26 @@ class Router:
         outcome = _Outcome()
         pending = b""
         ended_by: str | None = None
+        idle_s = self.idle_s
         try:
-            async with asyncio.timeout_at(min(deadline, loop.time() + self.idle_s)) as timer:
-                while data:
-                    pending += data
-                    cut = pending.rfind(b"\n\n")
-                    if cut >= 0:
-                        events, pending = pending[: cut + 2], pending[cut + 2 :]
-                        outcome.scan(events)
-                        if not prepared.client_usage and b'"usage"' in events:
-                            events = _drop_usage_events(events)
-                        if events:
+            # The idle and total deadlines bound each wait for the engine (upstream.deadline, moved after every
+            # chunk: no timer per chunk) and, only when the client makes us wait, each write.
+            while data:
+                pending += data
+                cut = pending.rfind(b"\n\n")
+                if cut >= 0:
+                    events, pending = pending[: cut + 2], pending[cut + 2 :]
+                    outcome.scan(events)
+                    if not prepared.client_usage and b'"usage"' in events:
+                        events = _drop_usage_events(events)
+                    if events:
+                        if response.must_wait:
+                            async with asyncio.timeout_at(min(deadline, loop.time() + idle_s)):
+                                await response.write(events)
+                        else:
                             await response.write(events)
-                    timer.reschedule(min(deadline, loop.time() + self.idle_s))
-                    data = await upstream.readany()
+                upstream.deadline = min(deadline, loop.time() + idle_s)
+                data = await upstream.readany()
         except TimeoutError:
             which = "total" if loop.time() >= deadline - 0.001 else "idle"
             seconds = self.total_s if which == "total" else self.idle_s

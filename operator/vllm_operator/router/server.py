@@ -213,6 +213,11 @@ class StreamResponse:
             request.keep_alive = False
         conn._start_stream(request, self)
 
+    @property
+    def must_wait(self) -> bool:
+        """The next `write()` will wait for the client to read (the transport is over its high-water mark)."""
+        return self._conn is not None and self._conn.write_paused
+
     async def write(self, data: bytes) -> None:
         conn = self._conn
         if conn is None or self._ended:
