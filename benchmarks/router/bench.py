@@ -224,8 +224,10 @@ http {{
 class Stack:
     """Every process of the run; targets are base URLs, each with the Proc whose CPU is the proxy's cost."""
 
-    def __init__(self, work: Path, variants: list[str], baseline: Path | None = None) -> None:
+    def __init__(self, work: Path, variants: list[str], baseline: Path | None = None,
+                 router_python: Path = VENV_PY) -> None:
         self.work = work
+        self.router_python = router_python
         self.procs: list[Proc] = []
         self.targets: dict[str, tuple[str, Proc | None]] = {}
         self.variants = variants
@@ -269,7 +271,7 @@ class Stack:
                 code = (f"import sys; {block}from vllm_operator.cli import main; "
                         f"sys.exit(main(['router', '--config', {str(cfg)!r}, '--host', '127.0.0.1', "
                         f"'--port', '{port}', '--log-level', 'WARNING']))")
-                proc = self._spawn(variant, [str(VENV_PY), "-c", code], PROXY_CORE)
+                proc = self._spawn(variant, [str(self.router_python), "-c", code], PROXY_CORE)
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
             else:
@@ -709,6 +711,9 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout's root for the router-baseline target, e.g. "
                         "`mkdir /tmp/base && git archive HEAD~1 operator | tar -x -C /tmp/base`")
+    p.add_argument("--router-python", type=Path, default=VENV_PY,
+                   help="the interpreter of the router targets (a venv with the project installed), e.g. "
+                        ".venv-py312/bin/python for the router image's Python 3.12; default .venv's")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=5.0)
     p.add_argument("--latency-seconds", type=float, default=8.0)
@@ -741,7 +746,7 @@ def main() -> int:
     (HERE / "profiles").mkdir(exist_ok=True)
     tokens_dir = make_tokenizer(work)
     variants = [t for t in args.targets.split(",") if t]
-    if "router-uvloop" in variants and subprocess.run([str(VENV_PY), "-c", "import uvloop"], check=False,
+    if "router-uvloop" in variants and subprocess.run([str(args.router_python), "-c", "import uvloop"], check=False,
                                                       capture_output=True).returncode:
         raise SystemExit("router-uvloop needs uvloop: .venv/bin/pip install uvloop (or leave it out of --targets)")
     if "vllm-router" in variants and not VLLM_ROUTER.exists():
@@ -752,7 +757,9 @@ def main() -> int:
                                      capture_output=True,
                                      text=True).stdout.strip(), "loadavg_start": loadavg(), "args": {
                 k: str(v) for k, v in vars(args).items()}, "vllm_router_args": vllm_router_args("UPSTREAM", 0)}
-    stack = Stack(work, variants, args.baseline)
+    meta["router_python"] = subprocess.run([str(args.router_python), "-c", "import sys; print(sys.version)"],
+                                           check=True, capture_output=True, text=True).stdout.strip()
+    stack = Stack(work, variants, args.baseline, args.router_python)
     results: dict[str, Any] = {"meta": meta}
     try:
         stack.start(tokens_dir)

@@ -430,6 +430,8 @@ class RouterSpec(ApiModel):
     replicas: int | None = Field(default=None, ge=0, le=100, description="Router pods (default 2).")
     image: ShortText | None = Field(default=None, description="Router image (default: the project's router image).")
     resources: ResourceRequirements | None = Field(default=None, description="Router container resources.")
+    access_log: bool | None = Field(
+        default=None, description="One INFO log line per model request (default true); false turns it off.")
 
 
 class RemediationThresholds(ApiModel):

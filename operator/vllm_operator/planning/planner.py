@@ -546,7 +546,8 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
         tokenizer=_tokenizer(spec), timeouts=_timeouts(spec),
         api_keys_dir=API_KEYS_DIR if routing and routing.api_key_secret_ref else None,
         max_body_bytes=(routing.max_body_bytes if routing and routing.max_body_bytes else DEFAULT_MAX_BODY_BYTES),
-        health=HealthCheckConfig(), port=constants.ROUTER_PORT)
+        health=HealthCheckConfig(), port=constants.ROUTER_PORT,
+        access_log=spec.router.access_log is not False if spec.router else True)
     result = Plan(name=name, namespace=namespace, workload_class=spec.workload_class.value,
                   engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},
                   router=router, warnings=warnings, hash="")

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig for EndpointSlice discovery (default: in-cluster, else $KUBECONFIG)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--no-access-log", action="store_true",
+                   help="no INFO line per request, whatever the config's accessLog says")
     return p
 
 
@@ -102,6 +104,8 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"vllm-operator router: {err}", file=sys.stderr)
         return 2
+    if args.no_access_log:
+        config = config.model_copy(update={"access_log": False})
     runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop  # type: ignore[import-not-found,unused-ignore]

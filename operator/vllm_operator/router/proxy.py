@@ -48,6 +48,9 @@ from vllm_operator.router.tokens import Count, TokenCounter, extract_prompt
 from vllm_operator.router.upstreams import CAUSE_5XX, CAUSE_CONNECT, Endpoint, Pool
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("vllm_operator.router.access")
+"""One INFO line per model request (RouterConfig.accessLog, `--no-access-log`); its own logger name, so a log
+pipeline can route or drop it apart from the router's other lines."""
 
 HEADER_PROMPT_TOKENS: Final = "x-vllm-operator-prompt-tokens"
 HEADER_COUNT_METHOD: Final = "x-vllm-operator-prompt-tokens-method"
@@ -116,6 +119,18 @@ class _Prepared:
         self.body = body
 
 
+class _Note:
+    """What the access log line says about a request, filled in as the request goes."""
+
+    __slots__ = ("count", "requested", "tier", "upstream")
+
+    def __init__(self) -> None:
+        self.tier = "-"
+        self.requested: int | None = None
+        self.count: Count | None = None
+        self.upstream = "-"
+
+
 class _Outcome:
     """What was learnt from one answer, for the metrics."""
 
@@ -153,6 +168,7 @@ class Router:
         self.connect_s, self.first_byte_s, self.idle_s, self.total_s = (
             t.connect_seconds, t.first_byte_seconds, t.idle_seconds, t.total_seconds)
         self.retry_after = str(max(1, math.ceil(config.health.interval_seconds)))
+        self.access_log = config.access_log
 
     async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._serve(request, chat=True)
@@ -162,10 +178,12 @@ class Router:
 
     # ------------------------------------------------------------------------------------------------ prepare
 
-    async def _prepare(self, request: Request, chat: bool) -> _Prepared | Refusal | tuple[Refusal, Count]:
+    async def _prepare(self, request: Request, chat: bool,
+                       note: _Note) -> _Prepared | Refusal | tuple[Refusal, Count]:
         tier = self.auth.tier_for(request.headers.get("authorization"))
         if isinstance(tier, Refusal):
             return tier
+        note.tier = tier.name
         if request.content_type != _JSON:
             return _bad(f"Content-Type must be {_JSON}, got {request.headers.get('content-type', 'none')!r}",
                         status=415, code="unsupported_media_type")
@@ -201,6 +219,7 @@ class Router:
         requested, refusal = requested_max_tokens(body)
         if refusal is not None:
             return refusal
+        note.requested = requested
         limits, param = self.limits, "messages" if chat else "prompt"
 
         def decide_at(n: int) -> Decision:
@@ -211,6 +230,7 @@ class Router:
         else:
             decision, count = self.counter.settle(prompt, decide_at)
         self.metrics.child(self.metrics.token_counts, count.method).inc()
+        note.count = count
         if isinstance(decision, Refusal):
             return decision, count
         keys = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None] or ["max_tokens"]
@@ -240,11 +260,14 @@ class Router:
     async def _serve(self, request: Request, chat: bool) -> Response | StreamResponse:
         start = time.perf_counter()
         endpoint = "chat" if chat else "completions"
-        prepared = await self._prepare(request, chat)
+        note = _Note()
+        prepared = await self._prepare(request, chat, note)
         if not isinstance(prepared, _Prepared):
             refusal, counted = prepared if isinstance(prepared, tuple) else (prepared, None)
             self.metrics.child(self.metrics.refusals, refusal.reason).inc()
             self.metrics.child(self.metrics.requests, "none", endpoint, str(refusal.status)).inc()
+            if self.access_log and access_log.isEnabledFor(logging.INFO):
+                self._log_access(request, refusal.status, "none", None, note, start)
             if counted is None:
                 return error_response(refusal)
             return error_response(refusal, {HEADER_PROMPT_TOKENS: str(counted.tokens),
@@ -270,7 +293,7 @@ class Router:
         status = 0
         try:
             response = await self._forward(request, prepared, self.pools[pool_name], headers, upstream_headers,
-                                           start)
+                                           start, note)
             status = response.status
             return response
         except asyncio.CancelledError:
@@ -281,9 +304,23 @@ class Router:
             in_flight.dec()
             self.metrics.child(self.metrics.requests, pool_name, endpoint, str(status)).inc()
             self.metrics.child(self.metrics.duration, pool_name).observe(time.perf_counter() - start)
+            if self.access_log and access_log.isEnabledFor(logging.INFO):
+                self._log_access(request, status, pool_name, route.max_tokens, note, start)
+
+    @staticmethod
+    def _log_access(request: Request, status: int, pool: str, sent: int | None, note: _Note, start: float) -> None:
+        """`POST /v1/chat/completions 200 pool=short tier=free prompt_tokens=412 count=bound requested_max_tokens=-
+        max_tokens=256 upstream=http://10.0.0.7:8000 latency_ms=31.4`: max_tokens as the client sent it and as the
+        engine got it; 499 = the client left; `-` = none (not sent, not counted, no pool, no upstream tried)."""
+        count = note.count
+        access_log.info("%s %s %d pool=%s tier=%s prompt_tokens=%s count=%s requested_max_tokens=%s max_tokens=%s "
+                        "upstream=%s latency_ms=%.1f", request.method, request.path, status, pool, note.tier,
+                        "-" if count is None else count.tokens, "-" if count is None else count.method,
+                        "-" if note.requested is None else note.requested, "-" if sent is None else sent,
+                        note.upstream, (time.perf_counter() - start) * 1000)
 
     async def _forward(self, request: Request, prepared: _Prepared, pool: Pool, headers: dict[str, str],
-                       upstream_headers: dict[str, str], start: float) -> Response | StreamResponse:
+                       upstream_headers: dict[str, str], start: float, note: _Note) -> Response | StreamResponse:
         tried: list[Endpoint] = []
         last: _Retry | None = None
         deadline = asyncio.get_running_loop().time() + self.total_s - (time.perf_counter() - start)
@@ -294,6 +331,7 @@ class Router:
             if tried:
                 self.metrics.child(self.metrics.failovers, pool.name).inc()
             tried.append(endpoint)
+            note.upstream = endpoint.url
             endpoint.outstanding += 1
             try:
                 return await self._attempt(request, prepared, pool, endpoint, headers, upstream_headers, start,

@@ -200,6 +200,13 @@ def test_router_config_from_spec() -> None:
     assert arg(p, "short", "--revision") == "abc" and arg(p, "short", "--tokenizer-revision") == "abc"
 
 
+def test_router_access_log_is_on_unless_the_spec_turns_it_off() -> None:
+    assert make_plan().router.access_log is True
+    assert make_plan(router={"accessLog": True}).router.access_log is True
+    assert make_plan(router={"accessLog": False}).router.access_log is False
+    assert make_plan(router={"accessLog": False}).router.to_wire()["accessLog"] is False
+
+
 def test_tokenizer_from_config_map() -> None:
     p = make_plan(model={"tokenizer": {"configMap": {"name": "tok"}}})
     assert p.router.tokenizer.path == "/etc/vllm-operator/tokenizer" and p.router.tokenizer.hf_repo is None
