@@ -256,21 +256,32 @@ class Stack:
                 proc = self._spawn("vllm-router", [str(VLLM_ROUTER), *vllm_router_args(upstream, port)], PROXY_CORE)
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
-            elif variant in ("router", "router-uvloop", "router-baseline"):
-                # `router` runs as the image ships it (plain asyncio: the image installs no uvloop, and the
-                # router only uses uvloop when it is importable); `router-uvloop` needs uvloop in .venv;
-                # `router-baseline` is `router` from another checkout (--baseline: e.g. the previous commit).
+            elif variant == "router" or variant.startswith("router-"):
+                # `router[-MOD…]`: the router as `vllm-operator router --config router.json` runs it, at the log
+                # level INFO it ships with (access log on, written to the target's log file). Modifiers:
+                # `-uvloop` lets it import uvloop (hidden otherwise), `-noaccesslog` passes --no-access-log,
+                # `-quiet` runs it at --log-level WARNING (how runs before the access log were made), `-baseline`
+                # runs the router of another checkout (--baseline DIR, e.g. the commit before a change).
+                mods = set(variant.split("-")[1:])
+                unknown = mods - {"uvloop", "noaccesslog", "quiet", "baseline"}
+                if unknown:
+                    raise SystemExit(f"unknown router target modifier(s) {sorted(unknown)} in {variant!r}")
                 port = free_port()
                 cfg = self.work / f"{variant}.json"
-                cfg.write_text(json.dumps(router_config(upstream, tokens_dir, port), indent=2))
-                block = "sys.modules['uvloop'] = None; " if variant != "router-uvloop" else ""
-                if variant == "router-baseline":
+                wire = router_config(upstream, tokens_dir, port)
+                if "baseline" in mods:
+                    wire.pop("accessLog", None)  # newer than the baselines measured so far (their configs refuse it)
+                cfg.write_text(json.dumps(wire, indent=2))
+                block = "" if "uvloop" in mods else "sys.modules['uvloop'] = None; "
+                if "baseline" in mods:
                     if self.baseline is None:
-                        raise SystemExit("router-baseline needs --baseline DIR (a checkout with operator/ in it)")
+                        raise SystemExit(f"{variant} needs --baseline DIR (a checkout with operator/ in it)")
                     block += f"sys.path.insert(0, {str(self.baseline / 'operator')!r}); "
-                code = (f"import sys; {block}from vllm_operator.cli import main; "
-                        f"sys.exit(main(['router', '--config', {str(cfg)!r}, '--host', '127.0.0.1', "
-                        f"'--port', '{port}', '--log-level', 'WARNING']))")
+                argv = ["router", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
+                        "--log-level", "WARNING" if "quiet" in mods else "INFO"]
+                if "noaccesslog" in mods:
+                    argv.append("--no-access-log")
+                code = f"import sys; {block}from vllm_operator.cli import main; sys.exit(main({argv!r}))"
                 proc = self._spawn(variant, [str(self.router_python), "-c", code], PROXY_CORE)
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
@@ -705,9 +716,10 @@ def tokenize_cost(args: argparse.Namespace, stack: Stack | None, tokens_dir: Pat
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--targets", default="nginx,router,router-uvloop,vllm-router",
-                   help="comma list of nginx, router (asyncio, as the image ships), router-uvloop, vllm-router, "
-                        "router-baseline (the router of --baseline)")
+    p.add_argument("--targets", default="nginx,router,router-noaccesslog,vllm-router",
+                   help="comma list of nginx, vllm-router and router[-uvloop][-noaccesslog][-quiet][-baseline] "
+                        "(see Stack.start: router as shipped; uvloop allowed; access log off; log level WARNING; the "
+                        "router of --baseline)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout's root for the router-baseline target, e.g. "
                         "`mkdir /tmp/base && git archive HEAD~1 operator | tar -x -C /tmp/base`")
@@ -746,8 +758,8 @@ def main() -> int:
     (HERE / "profiles").mkdir(exist_ok=True)
     tokens_dir = make_tokenizer(work)
     variants = [t for t in args.targets.split(",") if t]
-    if "router-uvloop" in variants and subprocess.run([str(args.router_python), "-c", "import uvloop"], check=False,
-                                                      capture_output=True).returncode:
+    if any("uvloop" in v for v in variants) and subprocess.run([str(args.router_python), "-c", "import uvloop"],
+                                                               check=False, capture_output=True).returncode:
         raise SystemExit("router-uvloop needs uvloop: .venv/bin/pip install uvloop (or leave it out of --targets)")
     if "vllm-router" in variants and not VLLM_ROUTER.exists():
         raise SystemExit(f"{VLLM_ROUTER} missing: python3.11 -m venv .venv-vllm-router && "

@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import tokenizers
 import tokenizers.models
@@ -80,11 +80,11 @@ def router_config(short: Sequence[str] = (), long: Sequence[str] = (), **overrid
 
 
 @contextlib.asynccontextmanager
-async def running_router(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | None = None
-                         ) -> AsyncIterator[tuple[str, RouterMetrics]]:
+async def running_router(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | None = None,
+                         access_stream: TextIO | None = None) -> AsyncIterator[tuple[str, RouterMetrics]]:
     """Serve a router on a free port of 127.0.0.1; yields (base URL, its metrics)."""
     metrics = RouterMetrics()
-    app = build_app(config, counter, kubeconfig=kubeconfig, metrics=metrics)
+    app = build_app(config, counter, kubeconfig=kubeconfig, metrics=metrics, access_stream=access_stream)
     async with serve(app) as url:
         yield url, metrics
 

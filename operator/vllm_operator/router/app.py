@@ -15,13 +15,14 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 import aiohttp
 
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.router import http1
+from vllm_operator.router.access import AccessLog
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.proxy import Router
@@ -40,16 +41,17 @@ _JSON: Final = "application/json"
 
 
 def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | None = None,
-              metrics: RouterMetrics | None = None) -> App:
+              metrics: RouterMetrics | None = None, access_stream: TextIO | None = None) -> App:
     """The router application; its lifespan starts discovery and health polling before serving and stops them
-    after."""
+    after. Access lines go to `access_stream` (default stderr, where the other log lines go)."""
     metrics = metrics or RouterMetrics()
     metrics.tokenizer_missing.set(0 if counter.has_tokenizer else 1)
     auth = Auth(config.tiers, config.api_keys_dir)
     pools = {name: Pool(name, metrics) for name in constants.POOLS}
     routes = {constants.POOL_SHORT: config.pools.short, constants.POOL_LONG: config.pools.long}
     upstream = http1.Pool(keepalive_s=UPSTREAM_KEEPALIVE_SECONDS)
-    router = Router(config, counter, auth, pools, metrics, upstream)
+    access_log = AccessLog(config.access_log, access_stream)
+    router = Router(config, counter, auth, pools, metrics, upstream, access_log)
     app = App(max_body_bytes=config.max_body_bytes)
 
     @contextlib.asynccontextmanager
@@ -77,6 +79,7 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
             yield
         finally:
             await cancel_all(tasks)
+            access_log.flush()
             upstream.close()
             await session.close()
 

@@ -40,6 +40,7 @@ import msgspec
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.router import http1
+from vllm_operator.router.access import AccessLog
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
 from vllm_operator.router.metrics import RouterMetrics
@@ -48,9 +49,6 @@ from vllm_operator.router.tokens import Count, TokenCounter, extract_prompt
 from vllm_operator.router.upstreams import CAUSE_5XX, CAUSE_CONNECT, Endpoint, Pool
 
 log = logging.getLogger(__name__)
-access_log = logging.getLogger("vllm_operator.router.access")
-"""One INFO line per model request (RouterConfig.accessLog, `--no-access-log`); its own logger name, so a log
-pipeline can route or drop it apart from the router's other lines."""
 
 HEADER_PROMPT_TOKENS: Final = "x-vllm-operator-prompt-tokens"
 HEADER_COUNT_METHOD: Final = "x-vllm-operator-prompt-tokens-method"
@@ -156,7 +154,7 @@ class Router:
     """Handlers for the two model endpoints; owns nothing but references."""
 
     def __init__(self, config: RouterConfig, counter: TokenCounter, auth: Auth, pools: Mapping[str, Pool],
-                 metrics: RouterMetrics, upstream: http1.Pool) -> None:
+                 metrics: RouterMetrics, upstream: http1.Pool, access: AccessLog | None = None) -> None:
         self.config = config
         self.limits = Limits.from_config(config)
         self.counter = counter
@@ -168,7 +166,7 @@ class Router:
         self.connect_s, self.first_byte_s, self.idle_s, self.total_s = (
             t.connect_seconds, t.first_byte_seconds, t.idle_seconds, t.total_seconds)
         self.retry_after = str(max(1, math.ceil(config.health.interval_seconds)))
-        self.access_log = config.access_log
+        self.access = access if access is not None else AccessLog(config.access_log)
 
     async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._serve(request, chat=True)
@@ -266,7 +264,7 @@ class Router:
             refusal, counted = prepared if isinstance(prepared, tuple) else (prepared, None)
             self.metrics.child(self.metrics.refusals, refusal.reason).inc()
             self.metrics.child(self.metrics.requests, "none", endpoint, str(refusal.status)).inc()
-            if self.access_log and access_log.isEnabledFor(logging.INFO):
+            if self.access.enabled:
                 self._log_access(request, refusal.status, "none", None, note, start)
             if counted is None:
                 return error_response(refusal)
@@ -304,20 +302,21 @@ class Router:
             in_flight.dec()
             self.metrics.child(self.metrics.requests, pool_name, endpoint, str(status)).inc()
             self.metrics.child(self.metrics.duration, pool_name).observe(time.perf_counter() - start)
-            if self.access_log and access_log.isEnabledFor(logging.INFO):
+            if self.access.enabled:
                 self._log_access(request, status, pool_name, route.max_tokens, note, start)
 
-    @staticmethod
-    def _log_access(request: Request, status: int, pool: str, sent: int | None, note: _Note, start: float) -> None:
+    def _log_access(self, request: Request, status: int, pool: str, sent: int | None, note: _Note,
+                    start: float) -> None:
         """`POST /v1/chat/completions 200 pool=short tier=free prompt_tokens=412 count=bound requested_max_tokens=-
         max_tokens=256 upstream=http://10.0.0.7:8000 latency_ms=31.4`: max_tokens as the client sent it and as the
         engine got it; 499 = the client left; `-` = none (not sent, not counted, no pool, no upstream tried)."""
         count = note.count
-        access_log.info("%s %s %d pool=%s tier=%s prompt_tokens=%s count=%s requested_max_tokens=%s max_tokens=%s "
-                        "upstream=%s latency_ms=%.1f", request.method, request.path, status, pool, note.tier,
-                        "-" if count is None else count.tokens, "-" if count is None else count.method,
-                        "-" if note.requested is None else note.requested, "-" if sent is None else sent,
-                        note.upstream, (time.perf_counter() - start) * 1000)
+        requested = note.requested
+        self.access.write(
+            f"{request.method} {request.path} {status} pool={pool} tier={note.tier} "
+            f"prompt_tokens={'-' if count is None else count.tokens} count={'-' if count is None else count.method} "
+            f"requested_max_tokens={'-' if requested is None else requested} max_tokens={'-' if sent is None else sent}"
+            f" upstream={note.upstream} latency_ms={(time.perf_counter() - start) * 1000:.1f}")
 
     async def _forward(self, request: Request, prepared: _Prepared, pool: Pool, headers: dict[str, str],
                        upstream_headers: dict[str, str], start: float, note: _Note) -> Response | StreamResponse:

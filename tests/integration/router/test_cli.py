@@ -25,11 +25,11 @@ from vllm_operator.sim.fake_vllm import FakeVllm
 
 
 @contextlib.asynccontextmanager
-async def router_process(config_file: Path, port: int, env: dict[str, str] | None = None
-                         ) -> AsyncIterator[asyncio.subprocess.Process]:
+async def router_process(config_file: Path, port: int, env: dict[str, str] | None = None,
+                         extra: tuple[str, ...] = ()) -> AsyncIterator[asyncio.subprocess.Process]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "vllm_operator.cli", "router", "--config", str(config_file), "--port", str(port),
-        "--host", "127.0.0.1", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "--host", "127.0.0.1", *extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **(env or {})})
     try:
         yield proc
@@ -71,6 +71,27 @@ async def test_serves_from_a_config_file_and_stops_on_sigterm(short_engine: Fake
         assert await metric_value(http, url, "vllm_operator_router_tokenizer_missing ") == "0.0"
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 15) == 0
+        assert proc.stderr is not None
+        log = (await proc.stderr.read()).decode()
+    (line,) = [x for x in log.splitlines() if " INFO vllm_operator.router.access: " in x]
+    assert line.split(": ", 1)[1].startswith("POST /v1/completions 200 pool=long tier=free prompt_tokens=60 ")
+
+
+async def test_no_access_log_flag(short_engine: FakeVllm, long_engine: FakeVllm, tmp_path: Path,
+                                  http: aiohttp.ClientSession) -> None:
+    config_file = tmp_path / "router.json"
+    config_file.write_text(json.dumps(router_config([short_engine.url], [long_engine.url]).to_wire()))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    async with router_process(config_file, port, extra=("--no-access-log",)) as proc:
+        await eventually(lambda: ready(http, url), timeout=30)
+        async with http.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi"}) as response:
+            assert response.status == 200
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        assert proc.stderr is not None
+        log = (await proc.stderr.read()).decode()
+    assert "Started router" in log and "vllm_operator.router.access" not in log
 
 
 async def test_without_tokenizer_estimates_and_says_so(short_engine: FakeVllm, long_engine: FakeVllm,
