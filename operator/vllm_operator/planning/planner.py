@@ -49,7 +49,7 @@ from vllm_operator.api.spec import (
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.planning import catalog, engine_args, kvcache, ladder, profiles
+from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, profiles
 from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
 
 HF_HOME = f"{constants.MODELS_MOUNT}/.hf-cache"
@@ -268,7 +268,9 @@ def _env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, pool: st
     return dict(sorted(env.items()))
 
 
-def _resources(ps: PoolSpec, acc: AcceleratorFacts, spec: VLLMDeploymentSpec) -> Resources:
+def _resources(ps: PoolSpec, acc: AcceleratorFacts, spec: VLLMDeploymentSpec, weights_bytes: int) -> Resources:
+    """Container resources: CPU pools get exactly the planned memory (the KV math sized it) and their cores; GPU
+    pools the GPUs plus CPU and host-memory requests (host_resources.py says why and how much)."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if ps.resources is not None:
@@ -277,6 +279,7 @@ def _resources(ps: PoolSpec, acc: AcceleratorFacts, spec: VLLMDeploymentSpec) ->
     if acc.is_gpu:
         limits[constants.GPU_RESOURCE] = str(acc.count)
         requests.pop(constants.GPU_RESOURCE, None)
+        requests = host_resources.gpu_pod_requests(acc.count, weights_bytes, requests, limits)
     else:
         cores = str(spec.accelerator.cpu_cores or DEFAULT_CPU_CORES)
         memory = f"{acc.memory_bytes // MIB}Mi"
@@ -389,7 +392,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
         prompt_range=(0, s.max_model_len), model=_model_path(spec), served_model_name=served, engine_args=args,
-        env=_env(spec, ps, acc, name), resources=_resources(ps, acc, spec),
+        env=_env(spec, ps, acc, name), resources=_resources(ps, acc, spec, weights),
         node_selector=dict(sorted(node_selector.items())), gpu_products=products, image=image,
         kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,

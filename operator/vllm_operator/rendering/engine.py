@@ -29,6 +29,19 @@ pod would sit Pending until the rollout deadline. CPU pools surge one pod first 
 memory is usually there, and capacity never dips. `progressDeadlineSeconds` covers the longest startup probe window,
 so a slow but healthy model load is not reported as a failed rollout.
 
+Security context: every engine container drops all capabilities and may not gain privileges, and every engine pod
+runs under the runtime's default seccomp profile; vLLM needs none of what those take away (NCCL between the GPUs of one
+pod uses shared memory and CUDA IPC, not capabilities). The project's images (the default, from whichever repository
+`--image-repository` names) run as uid/gid 2000 with `runAsNonRoot`, the user their Dockerfiles create with a
+writable HOME for vLLM's compile caches. An image the spec names itself keeps its own user: the official
+`vllm/vllm-openai` image runs as root with HOME=/root, so forcing a uid there breaks its caches and `runAsNonRoot`
+would refuse to start it. No fsGroup: the emptyDirs are world-writable already, and a recursive ownership change of a
+large model PVC on every mount would delay each start (a PVC must be readable by uid 2000, as 0644 files are). The root
+filesystem stays writable: vLLM, torch and Triton write caches under HOME and /tmp.
+
+Resources: CPU pools get the planned memory as request and limit (the KV math sized it); GPU pools the GPUs plus CPU
+and host-memory requests from the plan, reasoned in `planning/host_resources.py`.
+
 Volumes: `/dev/shm` is a memory-backed emptyDir (PyTorch and NCCL use shared memory between vLLM's processes; the
 container runtime's 64 MiB default is too small), sized 2 GiB per GPU (1 GiB on CPU, where it counts against the pod's
 memory limit). The model lives under `/models`: a PersistentVolumeClaim mounted read-only when `model.source.pvc` is
@@ -70,6 +83,9 @@ READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, "su
 LIVENESS = {"periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4, "successThreshold": 1}
 PROGRESS_DEADLINE_MARGIN_S = 600
 
+IMAGE_USER = 2000  # the `vllm` user images/engine-*.Dockerfile create (HOME=/home/vllm)
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
 GPU_TOLERATION = {"key": constants.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -77,6 +93,20 @@ def pool_spec(spec: VLLMDeploymentSpec, pool: str) -> PoolSpec:
     """The spec's overrides for one pool (empty when the spec leaves the pool to the class profile)."""
     found = getattr(spec.pools, pool, None) if spec.pools is not None else None
     return found if isinstance(found, PoolSpec) else PoolSpec()
+
+
+def project_image(plan: Plan, spec: VLLMDeploymentSpec) -> bool:
+    """True when the pool runs the project's engine image (the spec names none), whose user is known."""
+    runtime = (spec.engine.gpu if plan.accelerator.is_gpu else spec.engine.cpu) if spec.engine else None
+    return runtime is None or not runtime.image
+
+
+def pod_security(plan: Plan, spec: VLLMDeploymentSpec) -> dict[str, Any]:
+    """Pod securityContext (module docstring: why the user depends on the image)."""
+    out: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if project_image(plan, spec):
+        out.update(runAsNonRoot=True, runAsUser=IMAGE_USER, runAsGroup=IMAGE_USER)
+    return out
 
 
 def from_hub(spec: VLLMDeploymentSpec) -> bool:
@@ -212,12 +242,14 @@ def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> common.M
         "livenessProbe": http_probe(**LIVENESS),
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": dict(CONTAINER_SECURITY),
     }
     if spec.engine is not None and spec.engine.image_pull_policy is not None:
         container["imagePullPolicy"] = spec.engine.image_pull_policy
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "enableServiceLinks": False,
+        "securityContext": pod_security(plan, spec),
         "volumes": vols,
     }
     selector = {**(pool_spec(spec, pool.name).node_selector or {}), **pool.node_selector}
