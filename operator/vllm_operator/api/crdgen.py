@@ -116,7 +116,15 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Long", "type": "string", "jsonPath": ".status.longReplicas", "description": "Long pool ready/desired."},
     {"name": "StepDown", "type": "integer", "jsonPath": ".status.stepDownLevel",
      "description": "Highest step-down rung across pools."},
+    # The SpecValid condition's reason: Planned, or SpecInvalid while the last edit stands refused (the running
+    # children are the previous spec's; `kubectl describe` shows the condition's message).
+    {"name": "Spec", "type": "string", "jsonPath": '.status.conditions[?(@.type=="SpecValid")].reason',
+     "description": "Planned, or SpecInvalid when the last edit was refused."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Age."},
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1,
+     "description": "The model served (kubectl get -o wide)."},
+    {"name": "Accelerator", "type": "string", "jsonPath": ".status.accelerator.type", "priority": 1,
+     "description": "The GPU type planned for (auto resolved)."},
 ]
 
 

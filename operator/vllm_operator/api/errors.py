@@ -1,7 +1,7 @@
 """SpecError: the one error type for "this VLLMDeployment cannot be served", raised by parsing and planning.
 
-It carries the field path and a message that names the numbers, so the CLI (exit 2), the operator (SpecValid=False,
-a Warning event, kopf.PermanentError) and tests all show the same text.
+It carries the field path and a message that names the numbers, so the CLI (exit 2), the operator (SpecValid=False
+and a Warning event) and tests all show the same text.
 """
 
 from __future__ import annotations
@@ -43,4 +43,6 @@ def from_validation_error(err: ValidationError, prefix: str = "spec") -> SpecErr
         elif e["type"] in {"enum", "literal_error"}:
             msg = f"{msg} (got {e.get('input')!r})"
         problems.append(f"{field}: {msg}")
-    return SpecError(first_field if len(problems) == 1 else "", "; ".join(problems))
+    if len(problems) == 1:  # the field goes in `field` only: str() is "field: message", never the path twice
+        return SpecError(first_field, problems[0].removeprefix(f"{first_field}: "))
+    return SpecError("", "; ".join(problems))

@@ -177,7 +177,7 @@ class ModelSource(ApiModel):
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         if self.hugging_face is not None and self.pvc is not None:
-            raise ValueError("model.source: set only one of huggingFace and pvc")
+            raise ValueError("set only one of huggingFace and pvc")
         return self
 
 
@@ -196,7 +196,7 @@ class TokenizerSource(ApiModel):
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         if self.hugging_face is not None and self.config_map is not None:
-            raise ValueError("model.tokenizer: set only one of huggingFace and configMap")
+            raise ValueError("set only one of huggingFace and configMap")
         return self
 
 
@@ -230,9 +230,9 @@ class AcceleratorSpec(ApiModel):
     @model_validator(mode="after")
     def _cpu_rules(self) -> Self:
         if self.type is AcceleratorType.CPU and self.memory_gib is None:
-            raise ValueError("accelerator.memoryGiB is required when accelerator.type is cpu")
+            raise ValueError("memoryGiB is required when type is cpu")
         if self.type is AcceleratorType.CPU and self.count != 1:
-            raise ValueError(f"accelerator.count must be 1 for cpu (got {self.count})")
+            raise ValueError(f"count must be 1 for cpu (got {self.count})")
         return self
 
 
@@ -291,7 +291,7 @@ class EnvVar(ApiModel):
     @model_validator(mode="after")
     def _one_value(self) -> Self:
         if (self.value is None) == (self.secret_key_ref is None):
-            raise ValueError(f"env {self.name}: set exactly one of value and secretKeyRef")
+            raise ValueError(f"set exactly one of value and secretKeyRef (for {self.name})")
         return self
 
 
@@ -354,7 +354,7 @@ class PoolsSpec(ApiModel):
         s = self.short.max_model_len if self.short else None
         lg = self.long.max_model_len if self.long else None
         if s is not None and lg is not None and s > lg:
-            raise ValueError(f"pools.short.maxModelLen ({s}) must not exceed pools.long.maxModelLen ({lg})")
+            raise ValueError(f"short.maxModelLen ({s}) must not exceed long.maxModelLen ({lg})")
         return self
 
 
@@ -376,8 +376,8 @@ class Tier(ApiModel):
     def _default_within_cap(self) -> Self:
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
             raise ValueError(
-                f"routing.tiers[{self.name}]: defaultMaxTokens ({self.default_max_tokens}) exceeds "
-                f"maxTokens ({self.max_tokens})")
+                f"defaultMaxTokens ({self.default_max_tokens}) exceeds maxTokens ({self.max_tokens}) of tier "
+                f"{self.name}")
         return self
 
 
@@ -420,7 +420,7 @@ class RoutingSpec(ApiModel):
         names = [t.name for t in self.tiers or []]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"routing.tiers: tier names must be unique (repeated: {', '.join(dup)})")
+            raise ValueError(f"tier names must be unique (repeated: {', '.join(dup)})")
         return self
 
 

@@ -2,8 +2,8 @@
 
 Thin on purpose — the work is in `reconcile.py`; owned-Deployment changes are coalesced into one status refresh
 per VLLMDeployment (`refresh.py`) that reads kopf's in-memory indexes rather than the API. kopf's retry semantics:
-a refused spec is a PermanentError (no retry until the spec changes; the status and a Warning event say why); API
-trouble is a TemporaryError with a delay.
+a refused spec is handled, not an error (no retry until the spec changes; SpecValid=False and a Warning event say
+why, and the operator's log has one WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay.
 There is no on.delete handler, so kopf adds no finalizer: children go by ownerReference garbage collection.
 """
 
@@ -57,8 +57,11 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
         raise kopf.TemporaryError(f"API request failed: {err}", delay=1 if err.conflict else 5) from err
     if outcome.spec_error is not None:
+        # Handled, not failed: the reconcile wrote SpecValid=False and posted a Warning event naming the problem.
+        # A kopf.PermanentError here made kopf log "ERROR ... failed permanently" (and post an Error event) for
+        # what is the user's mistake, not the operator's; returning also stops retries until the spec changes.
         metrics.reconciles.labels("refused").inc()
-        raise kopf.PermanentError(str(outcome.spec_error))
+        return
     metrics.reconciles.labels("changed" if outcome.changed else "unchanged").inc()
     for verb, items in (("create", outcome.created), ("update", outcome.updated), ("delete", outcome.deleted)):
         for item in items:

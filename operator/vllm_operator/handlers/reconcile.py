@@ -140,6 +140,20 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
     return chosen, note
 
 
+async def plan_resource(kube: KubeApi, resource: VLLMDeployment, status: VLLMDeploymentStatus | None,
+                        images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+    """The plan for a VLLMDeployment as its status reports it: `auto` resolved from the nodes, and its explanation
+    ("auto matched …; planned for …, the smallest") among the warnings. Reconcile and the status refresh both plan
+    through here; the refresh planning without the note dropped it from status ~2 s after every reconcile."""
+    accelerator, note = await resolve_accelerator(kube, resource.spec)
+    meta = resource.metadata
+    the_plan = plan(resource.spec, accelerator, RemediationState.from_status(status), name=meta.name,
+                    namespace=meta.namespace, images=images)
+    if note:
+        the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, note]})
+    return the_plan
+
+
 EVENT_MESSAGE_LIMIT = 1024
 """Event messages longer than this are cut by the API server's clients (kubectl describe) and by events.k8s.io."""
 
@@ -277,11 +291,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     base_status = status if status is not None else prev_status
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
-        accelerator, note = await resolve_accelerator(kube, resource.spec)
-        the_plan = plan(resource.spec, accelerator, RemediationState.from_status(base_status),
-                        name=meta["name"], namespace=meta["namespace"], images=images)
-        if note:
-            the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, note]})
+        the_plan = await plan_resource(kube, resource, base_status, images)
     except SpecError as err:
         outcome.spec_error = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
@@ -379,10 +389,7 @@ async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any],
     meta = obj["metadata"]
     prev = _current_status(obj)
     try:
-        resource = parse_resource(dict(obj))
-        accelerator, _ = await resolve_accelerator(kube, resource.spec)
-        the_plan = plan(resource.spec, accelerator, RemediationState.from_status(prev), name=meta["name"],
-                        namespace=meta["namespace"], images=images)
+        the_plan = await plan_resource(kube, parse_resource(dict(obj)), prev, images)
     except SpecError:
         return False  # the spec is refused; the lifecycle handler owns that status
     if deployments is None:

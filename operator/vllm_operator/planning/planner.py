@@ -224,8 +224,77 @@ def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts
     return requested.value, []
 
 
+MAX_GPU_COUNT = 16  # the API's bound on accelerator.count
+
+
+@dataclass(frozen=True)
+class _FitInputs:
+    """What sizing one pool needs, so a refusal can try other lengths, KV dtypes and GPU counts."""
+
+    model: ModelInfo
+    acc: AcceleratorFacts
+    settings: ladder.Settings
+    weights: int
+    overhead: kvcache.OverheadModel
+    block: int
+    fp8_allowed: bool
+
+    def budget(self, count: int) -> int:
+        s = self.settings
+        assert s.gpu_memory_utilization is not None
+        b = kvcache.gpu_breakdown(device_bytes=self.acc.memory_bytes, utilization=s.gpu_memory_utilization,
+                                  model=self.model, tp=count, max_num_batched_tokens=s.max_num_batched_tokens,
+                                  max_num_seqs=s.max_num_seqs, overhead=self.overhead, weights_bytes=self.weights)
+        return kvcache.budget_bytes(b)
+
+    def longest(self, budget: int, dtype: str, count: int) -> int:
+        """The longest sequence whose whole blocks fit the budget (vLLM needs ceil(L / block) blocks for one)."""
+        per_token = kvcache.bytes_per_token(self.model, dtype, count)
+        return kvcache.num_blocks(budget, per_token, self.block) * self.block
+
+    def cpu_memory_gib(self) -> int:
+        """Whole GiB of pod memory that hold weights, runtime, activations and one full-length sequence."""
+        s = self.settings
+        b = kvcache.cpu_breakdown(memory_bytes=0, model=self.model, max_num_batched_tokens=s.max_num_batched_tokens,
+                                  max_num_seqs=s.max_num_seqs, overhead=self.overhead, weights_bytes=self.weights)
+        per_token = kvcache.bytes_per_token(self.model, s.kv_cache_dtype)
+        kv = -(-s.max_model_len // self.block) * self.block * per_token
+        fixed = b.weights_bytes + b.activation_bytes + b.non_torch_bytes + kv + MIB  # budgets round down to MiB
+        return -(-int(fixed / (1 - self.overhead.cpu_margin_fraction)) // GIB)
+
+
+def _what_fits(f: _FitInputs, budget: int) -> str:
+    """'; what fits: …' for a refusal: the longest maxModelLen, whether FP8 KV changes that, the fewest GPUs."""
+    s, acc = f.settings, f.acc
+    count = acc.count if acc.is_gpu else 1
+    options: list[str] = []
+    if budget > 0:
+        longest = f.longest(budget, s.kv_cache_dtype, count)
+        fp8 = ""
+        if acc.is_gpu and f.fp8_allowed and not s.kv_cache_dtype.startswith("fp8"):
+            with_fp8 = f.longest(budget, "fp8", count)
+            fp8 = (f" (kvCacheDtype fp8 fits all {s.max_model_len})" if with_fp8 >= s.max_model_len else
+                   f" ({with_fp8} with kvCacheDtype fp8)")
+        elif acc.is_gpu and not s.kv_cache_dtype.startswith("fp8"):
+            fp8 = f" (FP8 KV is not available on {acc.type})"
+        if longest > s.max_tokens or fp8:
+            options.append(f"maxModelLen {longest}{fp8}" if longest > s.max_tokens else f"no maxModelLen{fp8}")
+    return ", or ".join(options)
+
+
+class _NoFit(SpecError):
+    """A pool's KV cache does not fit; `plan()` adds what accelerator would make the whole spec fit."""
+
+    def __init__(self, field: str, message: str, lengths: str, cpu_memory_gib: int | None) -> None:
+        super().__init__(field, message)
+        self.lengths = lengths
+        self.cpu_memory_gib = cpu_memory_gib
+
+
 def _fit_error(pool: str, max_model_len: int, acc: AcceleratorFacts, b: KVBreakdown, need: int,
-               budget: int) -> SpecError:
+               budget: int, fits: _FitInputs) -> _NoFit:
+    lengths = _what_fits(fits, budget)
+    memory = None if acc.is_gpu else fits.cpu_memory_gib()
     used = b.weights_bytes + kvcache.overhead_bytes(b)
     where = acc.type if acc.is_gpu else f"cpu ({_gib(acc.memory_bytes)} GiB pod memory)"
     tp = f" per GPU at tensor-parallel {acc.count}" if acc.is_gpu and acc.count > 1 else ""
@@ -233,14 +302,13 @@ def _fit_error(pool: str, max_model_len: int, acc: AcceleratorFacts, b: KVBreakd
         allowed = int(b.device_bytes * b.utilization)
         knob = f"gpu-memory-utilization {b.utilization} of {_gib(b.device_bytes)} GiB" if acc.is_gpu else \
             "the pod's memory"
-        return SpecError("spec.accelerator", f"nothing is left for the KV cache on {where}: {_gib(b.weights_bytes)} "
-                         f"GiB of weights{tp} and {_gib(used - b.weights_bytes)} GiB of overhead exceed the "
-                         f"{_gib(allowed)} GiB that {knob} allows; use more GPUs (accelerator.count), a larger "
-                         "GPU or a quantized checkpoint")
-    return SpecError(f"spec.pools.{pool}.maxModelLen",
-                     f"needs {_gib(need)} GiB of KV cache for one {max_model_len}-token sequence; about "
-                     f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}"
-                     + (f" at gpu-memory-utilization {b.utilization}" if acc.is_gpu else ""))
+        return _NoFit("spec.accelerator", f"nothing is left for the KV cache on {where}: {_gib(b.weights_bytes)} "
+                      f"GiB of weights{tp} and {_gib(used - b.weights_bytes)} GiB of overhead exceed the "
+                      f"{_gib(allowed)} GiB that {knob} allows", lengths, memory)
+    return _NoFit(f"spec.pools.{pool}.maxModelLen",
+                  f"needs {_gib(need)} GiB of KV cache for one {max_model_len}-token sequence; about "
+                  f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}"
+                  + (f" at gpu-memory-utilization {b.utilization}" if acc.is_gpu else ""), lengths, memory)
 
 
 def _model_path(spec: VLLMDeploymentSpec) -> str:
@@ -354,7 +422,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
     capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
     if draft.enabled and (budget < need or capacity.max_concurrency < 1):  # vLLM: ceil(L / block) whole blocks
-        raise _fit_error(name, s.max_model_len, acc, b, need, budget)
+        fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok)
+        raise _fit_error(name, s.max_model_len, acc, b, need, budget, fits)
     tokens = capacity.tokens
     full = round(capacity.max_concurrency, 2)
     typical = min(prof.typical_sequence_tokens, s.max_model_len)
@@ -502,7 +571,53 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
          name: str, namespace: str, engine_version: str | None = None,
          images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
     """Plan a VLLMDeployment (see the module docstring); raises SpecError. `images`: where default engine images
-    come from (the operator's --image-repository)."""
+    come from (the operator's --image-repository). A spec whose KV cache does not fit is
+    refused with what would: the longest maxModelLen (and with FP8 KV) for the pool, and the fewest GPUs per pod
+    (or the pod memory, on CPU) that make the whole spec plan — found by planning it again with them."""
+    try:
+        return _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version,
+                     images=images)
+    except _NoFit as err:
+        options = [err.lengths] if err.lengths else []
+        resource = _fitting_accelerator(spec, accelerator, remediation, name, namespace, engine_version, err)
+        if resource:
+            options.append(resource)
+        what = f"; what fits: {', or '.join(options)}" if options else ""
+        raise SpecError(err.field, err.message + what) from None
+
+
+def _fitting_accelerator(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None,
+                         remediation: RemediationState, name: str, namespace: str, engine_version: str | None,
+                         err: _NoFit) -> str | None:
+    """The smallest accelerator.count (GPU) or memoryGiB (CPU) with which the whole spec plans, as text."""
+    acc = spec.accelerator
+    if acc.type is AcceleratorType.CPU:
+        start = err.cpu_memory_gib or int(acc.memory_gib or 1)
+        for memory in range(start, start + 16):
+            trial = spec.model_copy(update={"accelerator": acc.model_copy(update={"memory_gib": float(memory)})})
+            if _plans(trial, None, remediation, name, namespace, engine_version):
+                return f"accelerator.memoryGiB {memory}"
+        return None
+    for count in range(acc.count + 1, MAX_GPU_COUNT + 1):
+        trial = spec.model_copy(update={"accelerator": acc.model_copy(update={"count": count})})
+        given = accelerator.model_copy(update={"count": count}) if accelerator is not None else None
+        if _plans(trial, given, remediation, name, namespace, engine_version):
+            return f"accelerator.count {count}"
+    where = accelerator.type if accelerator is not None else acc.type.value
+    return f"no accelerator.count up to {MAX_GPU_COUNT} on {where} (a larger GPU or a quantized checkpoint)"
+
+
+def _plans(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState,
+           name: str, namespace: str, engine_version: str | None) -> bool:
+    try:
+        _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version)
+    except SpecError:
+        return False
+    return True
+
+
+def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
+          name: str, namespace: str, engine_version: str | None, images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
     check_name(name)
     model = resolve_model(spec)
     acc = resolve_accelerator(spec, accelerator)

@@ -162,15 +162,28 @@ def res_of(manifest: Mapping[str, Any]) -> Resource:
     return CHILD_RESOURCES[(manifest["apiVersion"], manifest["kind"])]
 
 
+_FILTER = re.compile(r'^\.(?P<list>[\w.]+)\[\?\(@\.(?P<key>\w+)=="(?P<value>[^"]*)"\)\]\.(?P<field>\w+)$')
+
+
+def _path(value: Any, dotted: str) -> Any:
+    for part in dotted.lstrip(".").split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
 def printer_columns(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The CRD's additionalPrinterColumns evaluated on `obj` (their jsonPaths are plain `.a.b` paths)."""
+    """The CRD's additionalPrinterColumns evaluated on `obj` (plain `.a.b` paths, and `.list[?(@.k=="v")].f` for
+    the SpecValid condition; tests/integration/controller/test_first_hour.py checks them with the real kubectl)."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     out: dict[str, Any] = {}
     for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
-        value: Any = obj
-        for part in column["jsonPath"].lstrip(".").split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        out[column["name"]] = value
+        match = _FILTER.match(column["jsonPath"])
+        if match:
+            items = _path(obj, match["list"]) or []
+            found = [i.get(match["field"]) for i in items if i.get(match["key"]) == match["value"]]
+            out[column["name"]] = found[0] if found else None
+        else:
+            out[column["name"]] = _path(obj, column["jsonPath"])
     return out
 
 

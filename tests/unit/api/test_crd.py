@@ -85,8 +85,12 @@ def test_crd_names_subresource_and_columns() -> None:
     assert (names["kind"], names["plural"], names["shortNames"]) == ("VLLMDeployment", "vllmdeployments", ["vllmd"])
     (version,) = crd["spec"]["versions"]
     assert version["name"] == constants.VERSION and version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Class", "Ready", "Short", "Long", "StepDown", "Age"]
+    columns = [(c["name"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
+    # issue 21: `kubectl get vllmd` shows whether the last edit was refused; -o wide adds the model and GPU type
+    assert columns == [("Class", 0), ("Ready", 0), ("Short", 0), ("Long", 0), ("StepDown", 0), ("Spec", 0),
+                       ("Age", 0), ("Model", 1), ("Accelerator", 1)]
+    spec = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Spec")
+    assert spec["jsonPath"] == '.status.conditions[?(@.type=="SpecValid")].reason'
 
 
 def test_status_declares_everything_later_work_writes() -> None:

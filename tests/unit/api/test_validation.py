@@ -101,7 +101,7 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("tokens-not-below-len", with_spec(pools__long={"maxModelLen": 4096, "maxTokens": 4096}), "cel",
      "maxTokens (4096) must be below maxModelLen (4096)"),
     ("short-longer-than-long", with_spec(pools={"short": {"maxModelLen": 65536}, "long": {"maxModelLen": 32768}}),
-     "cel", "pools.short.maxModelLen (65536) must not exceed pools.long.maxModelLen (32768)"),
+     "cel", "short.maxModelLen (65536) must not exceed long.maxModelLen (32768)"),
     ("tier-default-above-cap", with_spec(routing={"tiers": [{"name": "a", "defaultMaxTokens": 600, "maxTokens": 500}]}),
      "cel", "defaultMaxTokens (600) exceeds maxTokens (500)"),
     ("duplicate-tiers", with_spec(routing={"tiers": [{"name": "a", "maxTokens": 5}, {"name": "a", "maxTokens": 6}]}),
@@ -169,3 +169,29 @@ def test_several_problems_are_all_reported() -> None:
     with pytest.raises(SpecError) as err:
         parse_resource(obj)
     assert "spec.pools.short.replicas" in str(err.value) and "spec.workloadClass" in str(err.value)
+
+
+@pytest.mark.parametrize(("patch", "text"), [
+    ({"pools": {"short": {"maxTokens": 5000, "maxModelLen": 4096}}},
+     "spec.pools.short: maxTokens (5000) must be below maxModelLen (4096): the prompt needs room"),
+    ({"model": {"name": "x/y", "source": {"huggingFace": {}, "pvc": {"claimName": "m"}}}},
+     "spec.model.source: set only one of huggingFace and pvc"),
+    ({"model": {"name": "x/y", "tokenizer": {"huggingFace": {}, "configMap": {"name": "t"}}}},
+     "spec.model.tokenizer: set only one of huggingFace and configMap"),
+    ({"routing": {"tiers": [{"name": "a", "defaultMaxTokens": 9, "maxTokens": 5}]}},
+     "spec.routing.tiers[0]: defaultMaxTokens (9) exceeds maxTokens (5) of tier a"),
+    ({"routing": {"tiers": [{"name": "a", "maxTokens": 5}, {"name": "a", "maxTokens": 6}]}},
+     "spec.routing: tier names must be unique (repeated: a)"),
+    ({"pools": {"short": {"env": [{"name": "A"}]}}},
+     "spec.pools.short.env[0]: set exactly one of value and secretKeyRef (for A)"),
+    ({"accelerator": {"type": "cpu"}}, "spec.accelerator: memoryGiB is required when type is cpu"),
+    ({"pools": {"short": {"maxModelLen": 8192}, "long": {"maxModelLen": 4096}}},
+     "spec.pools: short.maxModelLen (8192) must not exceed long.maxModelLen (4096)"),
+    ({"model": {"name": "x/y", "facts": {"numLayers": 2, "numKVHeads": 2, "headDim": 64, "maxContextLength": 1}}},
+     "spec.model.facts: give weightsGiB, or paramsBillions with weightsDtype"),
+], ids=["tokens", "source", "tokenizer", "tier-default", "tier-names", "env", "cpu-memory", "pool-lengths", "facts"])
+def test_pydantic_messages_name_their_path_once(patch: dict[str, Any], text: str) -> None:
+    # issue 21: "spec.pools.short: spec.pools.short: maxTokens (5000) ..."
+    with pytest.raises(SpecError) as err:
+        parse_resource(with_spec(**patch))
+    assert str(err.value) == text

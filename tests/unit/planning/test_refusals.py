@@ -22,7 +22,8 @@ CASES: list[Any] = [
     pytest.param({"accelerator": {"type": "nvidia-a10g-24gb"}, "pools": {"long": {"maxModelLen": 131072}}},
                  "spec.pools.long.maxModelLen",
                  r"^needs 16\.0 GiB of KV cache for one 131072-token sequence; about 3\.2 GiB is left on "
-                 r"nvidia-a10g-24gb after 16\.6 GiB of weights and overhead at gpu-memory-utilization 0\.9$",
+                 r"nvidia-a10g-24gb after 16\.6 GiB of weights and overhead at gpu-memory-utilization 0\.9; what "
+                 r"fits: maxModelLen 26176 \(52352 with kvCacheDtype fp8\), or accelerator\.count 2$",
                  id="a10g-llama-8b-131072-does-not-fit"),
     pytest.param({"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}},
                  "spec.accelerator",
@@ -115,3 +116,63 @@ def test_remediation_state_defaults_to_level_zero() -> None:
     spec = make_spec()
     p = plan(spec, None, RemediationState.from_status(None), name="a", namespace="b")
     assert {pool.step_down_level for pool in p.pools.values()} == {0}
+
+
+# --- what would fit (issue 21 item 8) ---------------------------------------------------------------------------
+
+def refusal(**patch: Any) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        make_plan(**patch)
+    return info.value
+
+
+def test_a_length_that_does_not_fit_names_the_longest_that_does_and_fp8() -> None:
+    err = refusal(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 131072}})
+    assert err.message.endswith("; what fits: maxModelLen 26176 (52352 with kvCacheDtype fp8), or accelerator.count 2")
+    # each suggestion plans, and one block more does not
+    make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 26176}})
+    make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 52352, "kvCacheDtype": "fp8"}})
+    make_plan(accelerator={"type": "nvidia-l4-24gb", "count": 2}, pools={"long": {"maxModelLen": 131072}})
+    with pytest.raises(SpecError):
+        make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 26176 + 16}})
+
+
+def test_fp8_that_fits_the_whole_length_says_so() -> None:
+    err = refusal(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 40960}})
+    assert "(kvCacheDtype fp8 fits all 40960)" in err.message
+
+
+def test_a_gpu_without_fp8_kv_says_so() -> None:
+    facts = {**TINY_FACTS, "numLayers": 64, "numKVHeads": 8, "numAttentionHeads": 8, "headDim": 128,
+             "maxContextLength": 131072, "weightsGiB": 1.0}
+    long = {"maxModelLen": 131072, "extraArgs": ["--attention-backend=FLASH_ATTN"]}
+    err = refusal(accelerator={"type": "nvidia-t4-16gb"}, model={"name": "x/tiny", "facts": facts},
+                  pools={"long": long})
+    assert "(FP8 KV is not available on nvidia-t4-16gb)" in err.message
+
+
+def test_weights_that_do_not_fit_name_the_fewest_gpus_that_plan_the_whole_spec() -> None:
+    err = refusal(accelerator={"type": "nvidia-l4-24gb"}, model={"name": "meta-llama/Llama-3.1-70B-Instruct"})
+    assert err.field == "spec.accelerator"
+    assert err.message.endswith("allows; what fits: accelerator.count 8")
+    make_plan(accelerator={"type": "nvidia-l4-24gb", "count": 8}, model={"name": "meta-llama/Llama-3.1-70B-Instruct"})
+    with pytest.raises(SpecError):  # 4 GPUs hold the weights but not both pools' sequences
+        make_plan(accelerator={"type": "nvidia-l4-24gb", "count": 4},
+                  model={"name": "meta-llama/Llama-3.1-70B-Instruct"})
+
+
+def test_no_gpu_count_fits_says_what_else_would() -> None:
+    err = refusal(accelerator={"type": "nvidia-t4-16gb"}, model={"name": "x/huge", "facts": {
+        **TINY_FACTS, "numKVHeads": 8, "numAttentionHeads": 64, "weightsGiB": 900.0}})
+    assert err.message.endswith("what fits: no accelerator.count up to 16 on nvidia-t4-16gb (a larger GPU or a "
+                                "quantized checkpoint)")
+
+
+def test_cpu_refusal_names_the_pod_memory_that_fits() -> None:
+    facts = {**TINY_FACTS, "numLayers": 32, "numKVHeads": 32, "headDim": 128, "maxContextLength": 65536}
+    patch = {"model": {"name": "x/tiny", "facts": facts}, "pools": {"long": {"maxModelLen": 32768}}}
+    err = refusal(accelerator={"type": "cpu", "memoryGiB": 4}, **patch)
+    memory = int(re.search(r"what fits: accelerator\.memoryGiB (\d+)$", err.message).group(1))  # type: ignore[union-attr]
+    make_plan(accelerator={"type": "cpu", "memoryGiB": memory}, **patch)
+    with pytest.raises(SpecError):
+        make_plan(accelerator={"type": "cpu", "memoryGiB": memory - 1}, **patch)
