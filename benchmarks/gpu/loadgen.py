@@ -414,7 +414,9 @@ class RunConfig:
     """Run only this replica's share (index into the layout's replicas), against urls[0]."""
     api: str = "completions"
     tokens_per_word: float | None = None
-    """None: measure it through /tokenize on the first URL."""
+    """None: measure it through /tokenize on `calibrate_url` (default: the first URL)."""
+    calibrate_url: str | None = None
+    """Where /tokenize is asked when the URLs do not serve it (a router in front of the engines)."""
     timeout_s: float = 900.0
     warmup: int = 1
     label: str = ""
@@ -450,8 +452,9 @@ async def run(cfg: RunConfig) -> dict[str, Any]:
         tpw = cfg.tokens_per_word
         calibration = "given"
         if tpw is None:
-            tpw = await calibrate(session, cfg.urls[0], cfg.model, cfg.workload.seed)
-            calibration = f"measured via {cfg.urls[0]}/tokenize over {CALIBRATION_WORDS} words"
+            where = cfg.calibrate_url or cfg.urls[0]
+            tpw = await calibrate(session, where, cfg.model, cfg.workload.seed)
+            calibration = f"measured via {where}/tokenize over {CALIBRATION_WORDS} words"
         rng = np.random.default_rng(cfg.workload.seed + 1)
         results: list[Result] = []
         bodies: list[dict[str, Any]] = []
@@ -576,6 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"skip /tokenize calibration (documented fallback: {DEFAULT_TOKENS_PER_WORD})",
     )
+    r.add_argument(
+        "--calibrate-url",
+        default=None,
+        help="ask this server's /tokenize for the calibration (default: the first --url; a router has none)",
+    )
     r.add_argument("--warmup", type=int, default=1, help="unrecorded requests per URL before the run")
     r.add_argument("--timeout", type=float, default=900.0, help="per-request total timeout, seconds")
     r.add_argument("--label", default="")
@@ -633,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         replica=args.replica,
         api=args.api,
         tokens_per_word=args.tokens_per_word,
+        calibrate_url=args.calibrate_url.rstrip("/") if args.calibrate_url else None,
         timeout_s=args.timeout,
         warmup=args.warmup,
         label=args.label,
