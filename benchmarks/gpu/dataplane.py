@@ -45,10 +45,6 @@ import session  # noqa: E402
 
 LOADGEN = HERE / "loadgen.py"
 REPLAN = HERE / "replan.py"
-ROUTER_PORT = 8080
-LONG_PORT = 8001
-SHORT_PORT = 8002
-OOM_PORT = 8003
 START_EST_S = 150.0
 LOAD_EST_S = 110.0
 """The mixed workload (60 s of arrivals + the last burst's drain + warm-up) plus probes and latency pairs."""
@@ -186,7 +182,7 @@ class Ctx:
             route["service"] = None
             route["endpoints"] = [endpoints[pool]] if pool in endpoints and route.get("enabled") else []
         cfg["tokenizer"] = {"path": self.args.tokenizer_dir or self.args.model_dir}
-        cfg["port"] = ROUTER_PORT
+        cfg["port"] = self.args.router_port
         path = sdir / "router.json"
         path.write_text(json.dumps(cfg, indent=2) + "\n")
         cmd = [self.py, "-m", "vllm_operator.cli", "router", "--config", str(path), "--host", "127.0.0.1"]
@@ -278,6 +274,48 @@ def run_probes(base: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return results
 
 
+def check_probes(plan: dict[str, Any], results: list[dict[str, Any]], src: str) -> list[dict[str, Any]] | str:
+    """Each probe against the router's own decide() at the count the router reported: the pool, the max_tokens it
+    forwarded (or the refusal), and — for forwarded requests with ignore_eos — that the engine produced exactly that
+    many tokens."""
+    if src and src not in sys.path:
+        sys.path.insert(0, src)
+    try:
+        from vllm_operator.api.router_config import RouterConfig
+        from vllm_operator.router.decide import Limits, Refusal, Route, decide, requested_max_tokens
+    except ImportError as err:
+        return f"cannot import the router's decide(): {err}"
+    config = RouterConfig.model_validate(plan["router"])
+    limits, tier = Limits.from_config(config), config.tiers[0]
+    out = []
+    for r in results:
+        counted = r.get("headers", {}).get("x-vllm-operator-prompt-tokens")
+        body = {"max_tokens": r["requested"]} if r["requested"] is not None else {}
+        want, bad = requested_max_tokens(body)
+        verdict: dict[str, Any] = {"name": r["name"], "status": r["status"], "counted": counted}
+        if bad is not None:
+            verdict.update(expected=f"{bad.status} {bad.reason}", ok=r["status"] == bad.status)
+        elif counted is None:
+            verdict.update(expected="a count header", ok=False)
+        else:
+            d = decide(int(counted), want, tier, limits)
+            got_pool = r.get("headers", {}).get("x-vllm-operator-pool")
+            got_max = r.get("headers", {}).get("x-vllm-operator-max-tokens")
+            usage = r.get("usage") or {}
+            if isinstance(d, Refusal):
+                verdict.update(expected=f"{d.status} {d.reason}", ok=r["status"] == d.status and got_pool is None)
+            else:
+                assert isinstance(d, Route)
+                produced = usage.get("completion_tokens")
+                verdict.update(expected=f"{d.pool} max_tokens={d.max_tokens} clamps={list(d.clamps)}",
+                               got=f"{got_pool} max_tokens={got_max} completion_tokens={produced}",
+                               engine_prompt_tokens=usage.get("prompt_tokens"),
+                               ok=r["status"] == 200 and got_pool == d.pool and got_max == str(d.max_tokens)
+                               and produced == d.max_tokens)
+        out.append(verdict)
+    return out
+
+
 def latency_pairs(router: str, direct: str, model: str, tpw: float, n: int) -> list[dict[str, float]]:
     """The same small request straight to the engine and through the router, alternating which goes first."""
     out = []
@@ -294,7 +332,7 @@ def latency_pairs(router: str, direct: str, model: str, tpw: float, n: int) -> l
 
 def traffic(ctx: Ctx, sdir: Path, plan: dict[str, Any], label: str, engines: dict[str, str]) -> dict[str, Any]:
     """The mixed workload, probes and latency pairs through the router; raw data into sdir."""
-    router_url = f"http://127.0.0.1:{ROUTER_PORT}"
+    router_url = f"http://127.0.0.1:{ctx.args.router_port}"
     model = plan["router"]["model"]
     direct = engines.get("short") or engines["long"]
     tpw = tokens_per_word(ctx, direct, model)
@@ -314,6 +352,7 @@ def traffic(ctx: Ctx, sdir: Path, plan: dict[str, Any], label: str, engines: dic
         (sdir / f"metrics-after-load-{pool}.txt").write_text(scrape(url))
     log(f"probes {label}")
     rec["probes"] = run_probes(router_url, probes(plan, tpw))
+    rec["probe_verdicts"] = check_probes(plan, rec["probes"], ctx.args.src)
     log(f"latency pairs {label}")
     rec["pairs"] = latency_pairs(router_url, direct, model, tpw, PAIRS)
     (sdir / "router-metrics-end.txt").write_text(scrape(router_url))
@@ -344,7 +383,7 @@ def step_layout(ctx: Ctx, name: str, plan_name: str, pools: tuple[str, ...]) -> 
         log(f"{name} skipped: {rec['skipped']}")
         return rec
     plan = ctx.plan(plan_name)
-    ports = {"long": LONG_PORT, "short": SHORT_PORT}
+    ports = {"long": ctx.args.long_port, "short": ctx.args.short_port}
     engines = {p: f"http://127.0.0.1:{ports[p]}" for p in pools}
     procs: list[Proc] = []
     try:
@@ -357,7 +396,7 @@ def step_layout(ctx: Ctx, name: str, plan_name: str, pools: tuple[str, ...]) -> 
             log(f"{name}: {pool} healthy after {rec[f'startup_s:{pool}']} s")
             rec[f"kv:{pool}"] = kv_compare(Path(ctx.args.plans) / f"{plan_name}.json", pool, scrape(engines[pool]),
                                            sdir)
-        rec["router_ready_s"] = round(wait_router(f"http://127.0.0.1:{ROUTER_PORT}", router, 60), 1)
+        rec["router_ready_s"] = round(wait_router(f"http://127.0.0.1:{ctx.args.router_port}", router, 60), 1)
         rec.update(traffic(ctx, sdir, plan, name, engines))
     except RuntimeError as err:
         rec["error"] = str(err)
@@ -380,13 +419,13 @@ def step_oom(ctx: Ctx) -> dict[str, Any]:
     sdir = ctx.out / "oom"
     sdir.mkdir(parents=True, exist_ok=True)
     rec: dict[str, Any] = {"step": "oom"}
-    if not ctx.fits(2 * START_EST_S + 60):
-        rec["skipped"] = f"{ctx.left():.0f} s left, needs ~{2 * START_EST_S + 60:.0f}"
+    if not ctx.fits(START_EST_S + 60):  # each rung checks again before its start
+        rec["skipped"] = f"{ctx.left():.0f} s left, needs ~{START_EST_S + 60:.0f}"
         return rec
     plan_path = Path(ctx.args.plans) / "oom.json"
     plan = json.loads(plan_path.read_text())
     pool = "long"
-    url = f"http://127.0.0.1:{OOM_PORT}"
+    url = f"http://127.0.0.1:{ctx.args.oom_port}"
     model = plan["router"]["model"]
     chunk = int(plan["pools"][pool]["maxNumBatchedTokens"])
     for rung in ("planned", "replanned"):
@@ -398,17 +437,19 @@ def step_oom(ctx: Ctx) -> dict[str, Any]:
                                    str(sdir / "termination-engine-planned.log"), "--engine-version",
                                    ctx.args.engine_version, "--out-plan", str(sdir / "plan-replanned.json"),
                                    "--out-decision", str(sdir / "decision.json")],
-                                  capture_output=True, text=True, check=False, env=ctx.env(ctx.args.src))
+                                  capture_output=True, text=True, check=False,
+                                  env=ctx.env(ctx.args.router_site, ctx.args.src, ctx.args.site))
             rec["replan_rc"] = done.returncode
             (sdir / "replan.log").write_text(done.stdout + done.stderr)
             if done.returncode != 0:
+                rec["error"] = f"replan.py exited {done.returncode}: {(done.stdout + done.stderr)[-300:]}"
                 break
             plan_path = sdir / "plan-replanned.json"
             plan = json.loads(plan_path.read_text())
         if not ctx.fits(START_EST_S + 40):
             rec[f"skipped:{rung}"] = f"{ctx.left():.0f} s left"
             break
-        proc, term = ctx.engine(sdir, f"engine-{rung}", plan, pool, OOM_PORT)
+        proc, term = ctx.engine(sdir, f"engine-{rung}", plan, pool, ctx.args.oom_port)
         died = False
         try:
             rec[f"startup_s:{rung}"] = round(proc.wait_healthy(url, ctx.args.start_timeout), 1)
@@ -448,8 +489,8 @@ def step_moe(ctx: Ctx) -> dict[str, Any]:
     plan_path = Path(ctx.args.plans) / "moe.json"
     plan = json.loads(plan_path.read_text())
     pool = next(p for p, v in plan["pools"].items() if v.get("enabled", True))
-    url = f"http://127.0.0.1:{LONG_PORT}"
-    proc, term = ctx.engine(sdir, "engine-moe", plan, pool, LONG_PORT, model_dir=ctx.args.moe_model_dir)
+    url = f"http://127.0.0.1:{ctx.args.long_port}"
+    proc, term = ctx.engine(sdir, "engine-moe", plan, pool, ctx.args.long_port, model_dir=ctx.args.moe_model_dir)
     try:
         rec["startup_s"] = round(proc.wait_healthy(url, ctx.args.start_timeout), 1)
         rec["kv"] = kv_compare(plan_path, pool, scrape(url), sdir)
@@ -492,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loadgen-args", default="")
     ap.add_argument("--engine-cmd", default=None, help="rehearsal: the wrapper runs this instead of vLLM ({port})")
     ap.add_argument("--budget-s", type=float, default=0.0)
+    ap.add_argument("--router-port", type=int, default=8080)
+    ap.add_argument("--long-port", type=int, default=8001)
+    ap.add_argument("--short-port", type=int, default=8002)
+    ap.add_argument("--oom-port", type=int, default=8003)
     args = ap.parse_args(argv)
     names = [s for s in args.steps.split(",") if s]
     if unknown := [s for s in names if s not in STEPS]:

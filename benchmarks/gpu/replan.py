@@ -31,7 +31,7 @@ from vllm_operator.health import diagnose, policy
 from vllm_operator.health import settings as settings_mod
 from vllm_operator.health.loop import ladder_views
 from vllm_operator.health.snapshot import ENGINE_CONTAINER, PodFacts, PoolFacts, Snapshot, format_time, pod_facts
-from vllm_operator.planning.cli import load_documents
+from vllm_operator.planning.cli_inputs import load_documents
 from vllm_operator.planning.planner import RemediationState, plan
 
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Stages what a dataplane.py GPU call needs into DEST (a git-ignored folder that `carry` names): the operator
-# package, these scripts and deployments, fresh plans, the router's tokenizer-free smoke config and unpack.sh.
+# package, these scripts and deployments, fresh plans and unpack.sh.
 # Usage: bash benchmarks/gpu/stage.sh DEST UNPACK_SH      (from the repository root; the venv must exist)
 set -euo pipefail
 DEST=${1:?usage: stage.sh DEST UNPACK_SH}; UNPACK=${2:?usage: stage.sh DEST UNPACK_SH}
@@ -8,12 +8,8 @@ rm -rf "$DEST/src" "$DEST/bench" "$DEST/plans"; mkdir -p "$DEST/src" "$DEST/benc
 cp -r operator/vllm_operator "$DEST/src/"
 find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
 cp benchmarks/gpu/*.py "$DEST/bench/"; cp -r benchmarks/gpu/deployments "$DEST/bench/"
-for v in shared unified oom; do
+for v in shared unified oom moe; do
   .venv/bin/vllm-operator plan "benchmarks/gpu/deployments/$v.yaml" -o json --engine-version 0.26.0 > "$DEST/plans/$v.json"
 done
-if [ -f "$DEST/moe-config.json" ]; then
-  .venv/bin/vllm-operator plan benchmarks/gpu/deployments/moe.yaml --model-config "$DEST/moe-config.json" -o json \
-    --engine-version 0.26.0 > "$DEST/plans/moe.json"
-fi
 cp "$UNPACK" "$DEST/unpack.sh"
 du -sh "$DEST"
