@@ -408,10 +408,11 @@ def step_layout(ctx: Ctx, name: str, plan_name: str, pools: tuple[str, ...]) -> 
 
 
 def oom_requests(url: str, model: str, tpw: float, chunk: int) -> list[dict[str, Any]]:
-    """Prompt logprobs over a whole prefill chunk: vLLM computes [chunk, vocab] logits and their float32
-    log-softmax for them, memory its start-up profile never measured."""
-    body = {"model": model, "prompt": prompt_of(chunk + 500, tpw, 4242), "max_tokens": 1, "prompt_logprobs": 1,
-            "temperature": 0.0}
+    """Prompt logprobs (top 20) over a long prompt: vLLM computes logits over the vocabulary for every prompt
+    token of each prefill chunk, memory its start-up profile never measured. (At 0.97 on 2026-12-01 one such request
+    over an 8,192-token chunk with top-1 still fitted in the ~3.4 GiB left outside the budget.)"""
+    body = {"model": model, "prompt": prompt_of(max(3 * chunk, 24_000), tpw, 4242), "max_tokens": 1,
+            "prompt_logprobs": 20, "temperature": 0.0}
     return [http_call(url + "/v1/completions", body, 120)]
 
 
