@@ -93,8 +93,8 @@ def test_oom_then_the_next_rung(tmp_path: Path) -> None:
     decision = json.loads((out / "oom" / "decision.json").read_text())
     assert decision["diagnosis"]["state"] == "EngineOOM"
     assert decision["rungChanges"] == [{"pool": "long", "ladder": "memory", "from": 0, "to": 1,
-                                        "rung": "gpu-memory-utilization 0.97->0.92"}]
+                                        "rung": "gpu-memory-utilization 0.99->0.94"}]
     replanned = json.loads((out / "oom" / "plan-replanned.json").read_text())["pools"]["long"]
-    assert "--gpu-memory-utilization=0.92" in replanned["engineArgs"] and replanned["stepDownLevel"] == 1
+    assert "--gpu-memory-utilization=0.94" in replanned["engineArgs"] and replanned["stepDownLevel"] == 1
     assert [a["status"] for a in rec["answers:replanned"]] == [200, 200, 200]
     assert rec["ended_by_itself:replanned"] is False
