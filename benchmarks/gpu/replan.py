@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_operator import constants
+from vllm_operator.api import remediation as settings_mod
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.health import diagnose, policy
-from vllm_operator.health import settings as settings_mod
 from vllm_operator.health.loop import ladder_views
 from vllm_operator.health.snapshot import ENGINE_CONTAINER, PodFacts, PoolFacts, Snapshot, format_time, pod_facts
 from vllm_operator.planning.cli_inputs import load_documents
