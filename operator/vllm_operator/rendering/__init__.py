@@ -30,7 +30,7 @@ def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | Non
     for pool in sorted(plan.pools.values(), key=lambda p: p.name):
         if not pool.enabled:
             continue
-        objects += [engine.deployment(plan, pool, spec), services.pool_service(plan, pool),
+        objects += [engine.deployment(plan, pool, spec, opts.images), services.pool_service(plan, pool),
                     policy.pool_pdb(plan, pool)]
     objects += [
         router.config_map(plan),

@@ -21,6 +21,7 @@ import yaml
 
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.spec import ModelFacts
+from vllm_operator.images import add_image_pull_secret_argument, with_pull_secrets
 from vllm_operator.planning.cli_inputs import (
     Parser,
     Planned,
@@ -54,6 +55,7 @@ def _labels(text: str) -> dict[str, str]:
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Render a VLLMDeployment to the manifests the operator would apply.")
     add_input_arguments(p, "rendered")
+    add_image_pull_secret_argument(p)
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                    help="multi-document YAML (default) or one JSON v1 List, as kubectl prints them")
     p.add_argument("--scraper-pod-labels", type=_labels, metavar="K=V,...",
@@ -123,7 +125,11 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
-    options = RenderOptions(images=args.images)
+    try:
+        options = RenderOptions(images=with_pull_secrets(args))
+    except ValueError as err:
+        print(f"{PROG}: --image-pull-secret: {err}", file=sys.stderr)
+        return 2
     if args.scraper_pod_labels is not None:
         options = dataclasses.replace(options, scraper_pod_labels=args.scraper_pod_labels)
     if args.scraper_namespace_labels is not None:

@@ -59,6 +59,7 @@ from typing import Any
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan, PoolPlan
 from vllm_operator.api.spec import PoolSpec, VLLMDeploymentSpec
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.rendering import common
 
 CONTAINER = "engine"
@@ -222,8 +223,9 @@ def pod_labels(plan: Plan, pool: PoolPlan) -> dict[str, str]:
     return {**common.pool_labels(plan, pool.name), constants.LABEL_CONTEXT_RANGE: f"{low}-{high}"}
 
 
-def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> common.Manifest:
-    """The engine Deployment of one (enabled) pool."""
+def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEFAULT_IMAGES,
+               ) -> common.Manifest:
+    """The engine Deployment of one (enabled) pool (`images`: the operator's image settings, for pull secrets)."""
     gpu = plan.accelerator.is_gpu
     vols, mounts = volumes(plan, spec)
     failures = startup_failure_threshold(plan, pool, spec)
@@ -261,8 +263,9 @@ def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> common.M
     tols = tolerations(plan, pool, spec)
     if tols:
         pod_spec["tolerations"] = tols
-    if spec.engine is not None and spec.engine.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.engine.image_pull_secrets]
+    own = [s.name for s in (spec.engine.image_pull_secrets or [])] if spec.engine is not None else []
+    if pull_secrets := images.pull_secret_refs(own):
+        pod_spec["imagePullSecrets"] = pull_secrets
     strategy = ({"maxSurge": 0, "maxUnavailable": 1} if gpu else {"maxSurge": 1, "maxUnavailable": 0})
     name = names.pool(plan.name, pool.name)
     return {

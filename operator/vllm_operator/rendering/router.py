@@ -190,8 +190,9 @@ def deployment(plan: Plan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEF
             "labelSelector": {"matchLabels": common.router_selector(plan)},
         }],
     }
-    if spec.engine is not None and spec.engine.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.engine.image_pull_secrets]
+    own = [s.name for s in (spec.engine.image_pull_secrets or [])] if spec.engine is not None else []
+    if pull_secrets := images.pull_secret_refs(own):
+        pod_spec["imagePullSecrets"] = pull_secrets
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -38,7 +38,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "watch": {"mode": "namespaced", "namespaces": ["llm"]},
         "operator": {"prometheusUrl": "https://prom.example:9090", "health": False, "verbose": True, "port": 9100,
                      "env": [{"name": "TZ", "value": "UTC"}],
-                     "imageRepository": "registry.example:5000/mirror/vllm-operator"},
+                     "imageRepository": "registry.example:5000/mirror/vllm-operator",
+                     "workloadImagePullSecrets": ["mirror-pull", "mirror-pull-2"]},
         "image": {"repository": "registry.example/vllm-operator", "tag": "1.2.3", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
         "serviceAccount": {"name": "llm-operator", "annotations": {"example.com/role": "x"}},
@@ -134,6 +135,7 @@ def test_operator_args_are_accepted_by_the_real_cli(rendered: dict[str, list[dic
     assert config.health_enabled == values.get("operator", {}).get("health", True)
     assert config.http_port == container["ports"][0]["containerPort"] == values.get("operator", {}).get("port", 8080)
     assert config.images.repository == (values.get("operator", {}).get("imageRepository") or "ghcr.io/vllm-operator")
+    assert config.images.pull_secrets == tuple(values.get("operator", {}).get("workloadImagePullSecrets", []))
 
 
 def test_image_repository_reaches_every_default_image(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -151,6 +153,8 @@ def test_image_repository_reaches_every_default_image(rendered: dict[str, list[d
         images = {c["image"] for o in objects if o["kind"] == "Deployment"
                   for c in o["spec"]["template"]["spec"]["containers"]}
         assert len(images) == 2 and all(i.startswith("registry.example:5000/mirror/vllm-operator/") for i in images)
+        assert {json.dumps(o["spec"]["template"]["spec"]["imagePullSecrets"]) for o in objects
+                if o["kind"] == "Deployment"} == {json.dumps([{"name": "mirror-pull"}, {"name": "mirror-pull-2"}])}
 
 
 def test_image_defaults_to_app_version(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -275,6 +279,8 @@ TYPOS = {
                                    "/operator/imageRepository"),
     "imageRepository ending in /": ({"operator": {"imageRepository": "mirror.example/"}},
                                     "/operator/imageRepository"),
+    "workloadImagePullSecrets as objects": ({"operator": {"workloadImagePullSecrets": [{"name": "x"}]}},
+                                            "/operator/workloadImagePullSecrets/0"),
 }
 
 

@@ -206,3 +206,39 @@ def test_bad_image_repository_is_one_line(value: str, problem: str, capsys: pyte
         assert main([str(CHAT), "--image-repository", value]) == 2
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and problem in err and "--image-repository" in err, err
+
+
+def test_operator_wide_pull_secrets_follow_the_spec_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """--image-pull-secret (the operator's flag): every engine and router pod pulls with it, after the spec's own
+    imagePullSecrets and without repeating one; none given = the pods are as before."""
+    doc = yaml.safe_load(CHAT.read_text())
+    doc["spec"]["engine"] = {"imagePullSecrets": [{"name": "team-pull"}, {"name": "mirror-pull"}]}
+    from vllm_operator.images import ImageDefaults
+    from vllm_operator.rendering import RenderOptions
+    objects, _ = cli.render_documents([doc], options=RenderOptions(images=ImageDefaults(
+        MIRROR, pull_secrets=("mirror-pull", "other-pull"))))
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    assert len(deployments) == 3
+    for dep in deployments:
+        assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [
+            {"name": "team-pull"}, {"name": "mirror-pull"}, {"name": "other-pull"}]
+    rc, out, _ = run([str(CHAT), "--image-pull-secret", "mirror-pull", "--image-pull-secret", "b"], capsys)
+    assert rc == 0
+    assert {str(d["spec"]["template"]["spec"].get("imagePullSecrets")) for d in yaml.safe_load_all(out)
+            if d["kind"] == "Deployment"} == {str([{"name": "mirror-pull"}, {"name": "b"}])}
+    rc, out, _ = run([str(CHAT)], capsys)
+    assert not any("imagePullSecrets" in d["spec"]["template"]["spec"] for d in yaml.safe_load_all(out)
+                   if d["kind"] == "Deployment")
+    rc, out, err = run([str(CHAT), "--image-pull-secret", "Bad_Name"], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "'Bad_Name' is not a Secret name" in err
+
+
+def test_run_takes_pull_secrets_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_operator.handlers.run import parse_args
+
+    assert parse_args(["--image-pull-secret", "a"]).images.pull_secrets == ("a",)
+    monkeypatch.setenv("VLLM_OPERATOR_IMAGE_PULL_SECRETS", "x, y")
+    monkeypatch.setenv("VLLM_OPERATOR_IMAGE_REPOSITORY", MIRROR)
+    config = parse_args([])
+    assert config.images.pull_secrets == ("x", "y") and config.images.repository == MIRROR
+    assert parse_args(["--image-pull-secret", "z"]).images.pull_secrets == ("z",)  # the flag replaces the env
