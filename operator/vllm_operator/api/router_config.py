@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import Field, StringConstraints
 
 from vllm_operator.api.base import ApiModel
-from vllm_operator.api.spec import OverLimit
+from vllm_operator.api.spec import OverLimit, RoutingStrategy
 
 Text = Annotated[str, StringConstraints(max_length=4096)]
 
@@ -33,6 +33,22 @@ class ServiceRef(ApiModel):
     port: int = Field(ge=1, le=65535, description="Engine HTTP port.")
 
 
+class PrefixRouting(ApiModel):
+    """Settings of the prefix strategy (used only when the pool's strategy is prefix)."""
+
+    block_tokens: int = Field(
+        default=16, ge=1, le=4096,
+        description="Tokens per prefix block: the engine's KV block size (16 on GPU, 128 on vLLM's CPU build).")
+    index_blocks: int = Field(
+        default=65_536, ge=1, le=4_194_304,
+        description="Most prefix blocks the router remembers for this pool (least recently used forgotten first); "
+        "bounds the router's memory for prefix state.")
+    load_factor: float = Field(
+        default=1.25, ge=1.0, le=10.0,
+        description="A replica takes a request only while its requests in flight, this one included, stay within "
+        "load_factor x the pool's mean (consistent hashing with bounded loads).")
+
+
 class PoolRoute(ApiModel):
     """One pool as the router sees it."""
 
@@ -42,6 +58,10 @@ class PoolRoute(ApiModel):
     service: ServiceRef | None = Field(default=None, description="Discover endpoints from this Service's slices.")
     endpoints: list[Text] = Field(
         default_factory=list, description="Static base URLs (http://host:port), used when service is unset.")
+    strategy: RoutingStrategy = Field(
+        default=RoutingStrategy.LEAST_OUTSTANDING,
+        description="least-outstanding or prefix: how a replica of this pool is picked.")
+    prefix: PrefixRouting = Field(default_factory=PrefixRouting, description="Settings of the prefix strategy.")
 
 
 class PoolRoutes(ApiModel):

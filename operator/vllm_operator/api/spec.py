@@ -89,6 +89,13 @@ class OverLimit(enum.StrEnum):
     REJECT = "reject"
 
 
+class RoutingStrategy(enum.StrEnum):
+    """How the router picks a replica inside a pool."""
+
+    LEAST_OUTSTANDING = "least-outstanding"
+    PREFIX = "prefix"
+
+
 class SecretKeyRef(ApiModel):
     """A key in a Secret in the VLLMDeployment's namespace."""
 
@@ -393,6 +400,22 @@ class RoutingTimeouts(ApiModel):
         default=None, gt=0, le=86_400, description="Whole request (default 600).")
 
 
+class PoolRoutingSpec(ApiModel):
+    """How the router spreads one pool's requests over its replicas."""
+
+    strategy: RoutingStrategy | None = Field(
+        default=None,
+        description="least-outstanding (fewest requests in flight) or prefix (the replica most likely to hold the "
+        "prompt's prefix in its KV cache, bounded by load); default: from the workload class.")
+
+
+class RoutingPoolsSpec(ApiModel):
+    """Per-pool routing settings."""
+
+    short: PoolRoutingSpec | None = Field(default=None, description="The short pool.")
+    long: PoolRoutingSpec | None = Field(default=None, description="The long pool.")
+
+
 class RoutingSpec(ApiModel):
     """How the router picks a pool and enforces max_tokens."""
 
@@ -409,6 +432,8 @@ class RoutingSpec(ApiModel):
         description="Client tiers; requests without a known API key (or with auth off) get the first one.")
     over_limit: OverLimit | None = Field(default=None, description="clamp (default) or reject over-cap max_tokens.")
     timeouts: RoutingTimeouts | None = Field(default=None, description="Timeouts towards the engines.")
+    pools: RoutingPoolsSpec | None = Field(
+        default=None, description="Replica choice inside each pool (strategy; default from the workload class).")
     api_key_secret_ref: LocalObjectReference | None = Field(
         default=None,
         description="Secret whose keys are tier names and values newline-separated API keys; unset = auth off.")

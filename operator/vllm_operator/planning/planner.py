@@ -33,6 +33,7 @@ from vllm_operator.api.router_config import (
     HealthCheckConfig,
     PoolRoute,
     PoolRoutes,
+    PrefixRouting,
     RouterConfig,
     ServiceRef,
     TierConfig,
@@ -45,6 +46,7 @@ from vllm_operator.api.spec import (
     OverLimit,
     PoolSpec,
     Quantization,
+    RoutingStrategy,
     VLLMDeploymentSpec,
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
@@ -536,10 +538,33 @@ def _timeouts(spec: VLLMDeploymentSpec) -> Timeouts:
                     idle_seconds=t.idle_seconds or d.idle_seconds, total_seconds=t.total_seconds or d.total_seconds)
 
 
-def _route(pool: PoolPlan, name: str, namespace: str) -> PoolRoute:
+PREFIX_INDEX_MIN_BLOCKS = 1024
+PREFIX_INDEX_MAX_BLOCKS = 262_144
+"""Bounds of the router's prefix index per pool (blocks it remembers). The planned value is what the pool's engines
+can hold (KV blocks per replica x replicas); the ceiling keeps a pool of many replicas within the router pod's memory
+(~60 MB at the ceiling, benchmarks/router-prefix/README.md)."""
+
+
+def _strategy(spec: VLLMDeploymentSpec, pool: str) -> RoutingStrategy:
+    """routing.pools.<pool>.strategy, else the workload class's default (profiles.py)."""
+    pools = spec.routing.pools if spec.routing else None
+    if pools is not None:
+        chosen = pools.short if pool == constants.POOL_SHORT else pools.long
+        if chosen is not None and chosen.strategy is not None:
+            return chosen.strategy
+    return profiles.profile(spec.workload_class).pool(pool).routing
+
+
+def _route(spec: VLLMDeploymentSpec, pool: PoolPlan, acc: AcceleratorFacts, name: str, namespace: str) -> PoolRoute:
+    """The router's view of a pool. Prefix blocks are the engine's KV blocks (16 tokens on GPU, 128 on vLLM's CPU
+    build), and the prefix index is sized to what the pool's engines can cache at once."""
+    block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
+    engine_blocks = pool.kv.planned_tokens // block * max(pool.replicas, 1)
+    index = min(max(engine_blocks, PREFIX_INDEX_MIN_BLOCKS), PREFIX_INDEX_MAX_BLOCKS)
     return PoolRoute(enabled=pool.enabled, max_model_len=pool.max_model_len, max_tokens=pool.max_tokens,
                      service=ServiceRef(namespace=namespace, name=names.pool(name, pool.name),
-                                        port=constants.ENGINE_PORT))
+                                        port=constants.ENGINE_PORT),
+                     strategy=_strategy(spec, pool.name), prefix=PrefixRouting(block_tokens=block, index_blocks=index))
 
 
 # --- the whole plan -------------------------------------------------------------------------------------------------
@@ -660,7 +685,8 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     router = RouterConfig(
         model=short.served_model_name, deployment=name, namespace=namespace, prompt_length_threshold=threshold,
         over_limit=(routing.over_limit if routing and routing.over_limit else OverLimit.CLAMP), tiers=tiers,
-        pools=PoolRoutes(short=_route(short, name, namespace), long=_route(long, name, namespace)),
+        pools=PoolRoutes(short=_route(spec, short, acc, name, namespace),
+                         long=_route(spec, long, acc, name, namespace)),
         tokenizer=_tokenizer(spec), timeouts=_timeouts(spec),
         api_keys_dir=API_KEYS_DIR if routing and routing.api_key_secret_ref else None,
         max_body_bytes=(routing.max_body_bytes if routing and routing.max_body_bytes else DEFAULT_MAX_BODY_BYTES),

@@ -21,10 +21,12 @@ import aiohttp
 
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
+from vllm_operator.api.spec import RoutingStrategy
 from vllm_operator.router import http1
 from vllm_operator.router.access import AccessLog
 from vllm_operator.router.auth import Auth
 from vllm_operator.router.metrics import RouterMetrics
+from vllm_operator.router.prefix import PrefixBalancer
 from vllm_operator.router.proxy import Router
 from vllm_operator.router.server import App, Request, Response, serve
 from vllm_operator.router.tokens import TokenCounter
@@ -47,8 +49,9 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
     metrics = metrics or RouterMetrics()
     metrics.tokenizer_missing.set(0 if counter.has_tokenizer else 1)
     auth = Auth(config.tiers, config.api_keys_dir)
-    pools = {name: Pool(name, metrics) for name in constants.POOLS}
     routes = {constants.POOL_SHORT: config.pools.short, constants.POOL_LONG: config.pools.long}
+    pools = {name: Pool(name, metrics, PrefixBalancer(route.prefix, counter.tokenizer)
+                        if route.strategy == RoutingStrategy.PREFIX else None) for name, route in routes.items()}
     upstream = http1.Pool(keepalive_s=UPSTREAM_KEEPALIVE_SECONDS)
     access_log = AccessLog(config.access_log, access_stream)
     router = Router(config, counter, auth, pools, metrics, upstream, access_log)

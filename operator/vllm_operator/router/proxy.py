@@ -45,7 +45,7 @@ from vllm_operator.router.auth import Auth
 from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.server import BodyError, Request, Response, StreamResponse
-from vllm_operator.router.tokens import Count, TokenCounter, extract_prompt
+from vllm_operator.router.tokens import Count, Prompt, TokenCounter, extract_prompt
 from vllm_operator.router.upstreams import CAUSE_5XX, CAUSE_CONNECT, Endpoint, Pool
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,11 @@ class _Timeout(Exception):
 
 
 class _Prepared:
-    __slots__ = ("body", "chat", "client_usage", "count", "route", "stream")
+    __slots__ = ("body", "chat", "client_usage", "count", "prompt", "route", "stream")
 
-    def __init__(self, chat: bool, stream: bool, client_usage: bool, route: Route, count: Count, body: bytes):
+    def __init__(self, chat: bool, stream: bool, client_usage: bool, route: Route, count: Count, body: bytes,
+                 prompt: Prompt):
+        self.prompt = prompt
         self.chat = chat
         self.stream = stream
         self.client_usage = client_usage
@@ -241,7 +243,7 @@ class Router:
             if not client_usage:
                 body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         out = _encode(body)
-        return _Prepared(chat, bool(stream), client_usage, decision, count, out)
+        return _Prepared(chat, bool(stream), client_usage, decision, count, out, prompt)
 
     def _choose_pool(self, route: Route) -> str:
         """The decided pool, or the long one when the short pool has nobody healthy and the long pool can take it."""
@@ -323,8 +325,9 @@ class Router:
         tried: list[Endpoint] = []
         last: _Retry | None = None
         deadline = asyncio.get_running_loop().time() + self.total_s - (time.perf_counter() - start)
+        key = await pool.route_key(prepared.prompt)
         while len(tried) < MAX_ATTEMPTS:
-            endpoint = pool.pick(tried)
+            endpoint = pool.pick(tried, key)
             if endpoint is None:
                 break
             if tried:

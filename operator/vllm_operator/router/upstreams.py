@@ -2,7 +2,9 @@
 
 Why least-outstanding-requests: engine requests vary from milliseconds to minutes, so round robin piles new work
 onto an engine that is still busy with long generations; the number of requests the router has in flight to each
-endpoint is known exactly and costs nothing to track.
+endpoint is known exactly and costs nothing to track. A pool whose strategy is `prefix` chooses with its
+`PrefixBalancer` instead (prefix.py): the replica likely to hold the prompt's prefix, within a load bound over the
+same in-flight counts.
 
 Health is both passive and active (docs/architecture.md, Endpoint discovery): a connect error or a 5xx answer ejects an
 endpoint at once, and a poller GETs `/health` on every endpoint each `health.intervalSeconds` — a 200 re-admits an
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import ssl
@@ -33,6 +36,8 @@ import yarl
 
 from vllm_operator.api.router_config import ServiceRef
 from vllm_operator.router.metrics import RouterMetrics
+from vllm_operator.router.prefix import PrefixBalancer
+from vllm_operator.router.tokens import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,9 @@ SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
 CAUSE_CONNECT: Final = "connect"
 CAUSE_5XX: Final = "status_5xx"
 CAUSE_HEALTH: Final = "health_check"
+THREAD_NAME_CHARS: Final = 32 * 1024
+"""Prefix naming that must tokenize more than this many characters runs in a worker thread (as counting does)."""
+_claims = itertools.count(1)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -50,6 +58,8 @@ class Endpoint:
     outstanding: int = 0
     ejected_at: float | None = None
     ejection_cause: str | None = None
+    claim: int = dataclasses.field(default_factory=lambda: next(_claims))
+    """Who this endpoint is to the prefix index; renewed on re-admission, whose engine may have lost its cache."""
     host: str = dataclasses.field(init=False)
     port: int = dataclasses.field(init=False)
 
@@ -64,10 +74,11 @@ class Endpoint:
 class Pool:
     """The endpoints of one pool and the choice between them."""
 
-    def __init__(self, name: str, metrics: RouterMetrics) -> None:
+    def __init__(self, name: str, metrics: RouterMetrics, balancer: PrefixBalancer | None = None) -> None:
         self.name = name
         self.metrics = metrics
         self.endpoints: dict[str, Endpoint] = {}
+        self.balancer = balancer
         self._turn = 0
         self.synced = False
 
@@ -93,8 +104,21 @@ class Pool:
     def healthy_count(self) -> int:
         return sum(1 for e in self.endpoints.values() if e.healthy)
 
-    def pick(self, exclude: Iterable[Endpoint] = ()) -> Endpoint | None:
-        """The healthy endpoint with the fewest requests in flight (rotating among ties), or None."""
+    async def route_key(self, prompt: Prompt) -> list[int] | None:
+        """What `pick` needs of the prompt: its prefix chain for a prefix pool, None otherwise. Naming that has to
+        tokenize long new texts runs in a worker thread, so one long document does not stall the event loop."""
+        balancer = self.balancer
+        if balancer is None:
+            return None
+        missing = balancer.missing(prompt) if balancer.tokenizer is not None else {}
+        if sum(map(len, missing.values())) > THREAD_NAME_CHARS:
+            named = await asyncio.to_thread(balancer.name_texts, list(missing.values()))
+            return balancer.chain(prompt, dict(zip(missing, named, strict=True)))
+        return balancer.chain(prompt)
+
+    def pick(self, exclude: Iterable[Endpoint] = (), key: list[int] | None = None) -> Endpoint | None:
+        """The healthy endpoint for a request, or None: with a prefix `key` (from `route_key`) the balancer's
+        choice, else the one with the fewest requests in flight (rotating among ties)."""
         best: Endpoint | None = None
         candidates = [e for e in self.endpoints.values() if e.healthy and e not in exclude]
         if not candidates:
@@ -102,6 +126,14 @@ class Pool:
         n = len(candidates)
         start = self._turn % n
         self._turn += 1
+        if key is not None and self.balancer is not None:
+            rotated = candidates[start:] + candidates[:start]
+            chosen, outcome = self.balancer.choose(rotated, key)
+            assert isinstance(chosen, Endpoint)
+            self.balancer.record(chosen.claim, key, {e.claim for e in self.endpoints.values()})
+            self.metrics.child(self.metrics.prefix_choices, self.name, outcome).inc()
+            self.metrics.child(self.metrics.prefix_index_blocks, self.name).set(self.balancer.index_size)
+            return chosen
         for i in range(n):
             e = candidates[(start + i) % n]
             if best is None or e.outstanding < best.outstanding:
@@ -124,6 +156,7 @@ class Pool:
         endpoint.healthy = True
         endpoint.ejected_at = None
         endpoint.ejection_cause = None
+        endpoint.claim = next(_claims)
         self.metrics.readmissions.labels(self.name).inc()
         log.info("Re-admitted endpoint %s of pool %s after a healthy /health", endpoint.url, self.name)
         self._publish()

@@ -186,6 +186,28 @@ def test_router_config_defaults() -> None:
         "meta-llama/Llama-3.1-8B-Instruct", None, None)
 
 
+@pytest.mark.parametrize(("workload", "strategy"), [
+    ("chat", "least-outstanding"), ("multi-turn", "prefix"), ("rag", "prefix"), ("long-doc", "prefix")])
+def test_routing_strategy_defaults_per_class_and_prefix_blocks_follow_the_engine(workload: str,
+                                                                                  strategy: str) -> None:
+    p = make_plan(workloadClass=workload)
+    for name in ("short", "long"):
+        route = getattr(p.router.pools, name)
+        assert route.strategy.value == strategy == profiles.profile(WorkloadClass(workload)).pool(name).routing
+        assert route.prefix.block_tokens == 16  # the GPU engine's KV block
+        blocks = p.pools[name].kv.planned_tokens // 16 * p.pools[name].replicas
+        assert route.prefix.index_blocks == min(max(blocks, 1024), 262_144)
+        assert route.prefix.load_factor == 1.25
+
+
+def test_routing_strategy_from_spec_and_cpu_blocks() -> None:
+    p = make_plan(routing={"pools": {"short": {"strategy": "prefix"}}})
+    assert (p.router.pools.short.strategy.value, p.router.pools.long.strategy.value) == ("prefix",
+                                                                                         "least-outstanding")
+    cpu = plan_file(next(f for f in EXAMPLE_FILES if f.stem == "cpu-dev"))
+    assert cpu.router.pools.short.prefix.block_tokens == 128  # vLLM's CPU build
+
+
 def test_router_config_from_spec() -> None:
     p = make_plan(model={"served_model_name": "llama", "source": {"huggingFace": {
         "revision": "abc", "tokenSecretRef": {"name": "hf", "key": "token"}}}},

@@ -1,0 +1,210 @@
+"""Prefix routing inside a pool: block naming, the bounded index, the bounded-load choice, and how few conversations
+move when replicas join or leave (upstreams.Pool with a PrefixBalancer, no network)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+import tokenizers
+import tokenizers.decoders
+import tokenizers.models
+import tokenizers.pre_tokenizers
+import tokenizers.trainers
+
+from tests.support.router import words
+from vllm_operator.api.router_config import PrefixRouting
+from vllm_operator.router.metrics import RouterMetrics
+from vllm_operator.router.prefix import MAX_BLOCKS, OUTCOME_HIT, OUTCOME_MISS, OUTCOME_SPILL, PrefixBalancer
+from vllm_operator.router.tokens import Prompt
+from vllm_operator.router.upstreams import Endpoint, Pool
+
+
+def chat(*texts: str) -> Prompt:
+    return Prompt(tuple(texts), chat=True, messages=len(texts))
+
+
+def conversation(seed: int, turns: int, chars: int = 600) -> list[str]:
+    """Messages of one conversation: a text of its own per turn (user and assistant alike)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"])
+                     for _ in range(chars // 6)) + f" #{seed}.{i}" for i in range(turns)]
+
+
+@pytest.fixture(scope="module")
+def bpe() -> tokenizers.Tokenizer:
+    """A small byte-level BPE trained here on the conversations' own words (no download)."""
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=400,
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([m for s in range(5) for m in conversation(s, 3)], trainer)
+    return tok
+
+
+def balancer(block_tokens: int = 16, index_blocks: int = 65536, load_factor: float = 1.25,
+             tokenizer: tokenizers.Tokenizer | None = None) -> PrefixBalancer:
+    return PrefixBalancer(PrefixRouting(block_tokens=block_tokens, index_blocks=index_blocks,
+                                        load_factor=load_factor), tokenizer)
+
+
+def prefix_pool(n: int, **settings: int | float) -> Pool:
+    pool = Pool("short", RouterMetrics(), balancer(**settings))  # type: ignore[arg-type]
+    pool.set_endpoints(f"http://10.0.0.{i}:8000" for i in range(1, n + 1))
+    return pool
+
+
+async def route(pool: Pool, prompt: Prompt) -> Endpoint:
+    chosen = pool.pick((), await pool.route_key(prompt))
+    assert chosen is not None
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------------ naming
+
+
+@pytest.mark.parametrize("tokens", [False, True], ids=["characters", "tokens"])
+def test_a_grown_conversation_keeps_its_earlier_chain_as_a_prefix(tokens: bool, bpe: tokenizers.Tokenizer) -> None:
+    b = balancer(block_tokens=4, tokenizer=bpe if tokens else None)
+    msgs = conversation(1, 3)
+    first, second = b.chain(chat(*msgs[:2])), b.chain(chat(*msgs))
+    assert len(first) > 2 and second[:len(first)] == first and len(second) > len(first)
+    other = b.chain(chat(*conversation(2, 2)))
+    assert not set(other) & set(first)
+    # the same words in another order share nothing after the first difference: block i names blocks 0..i
+    assert b.chain(chat(msgs[1], msgs[0]))[0] != first[0]
+
+
+def test_token_blocks_are_the_engine_block_size(bpe: tokenizers.Tokenizer) -> None:
+    """With the tokenizer a block is block_tokens tokens of each text; without, 4 characters a token."""
+    b = balancer(block_tokens=16, tokenizer=bpe)
+    msgs = conversation(9, 2)
+    n = [len(bpe.encode(m, add_special_tokens=False).ids) for m in msgs]
+    assert len(b.chain(chat(*msgs))) == sum(math.ceil(k / 16) for k in n)
+    chars = balancer(block_tokens=16)  # no tokenizer: 16 x 4 characters a block
+    assert len(chars.chain(chat("x" * 640))) == 10
+
+
+def test_texts_are_tokenized_once(bpe: tokenizers.Tokenizer) -> None:
+    b = balancer(block_tokens=4, tokenizer=bpe)
+    msgs = conversation(3, 4)
+    b.chain(chat(*msgs[:3]))
+    assert b.missing(chat(*msgs)) == {hash(msgs[3]): msgs[3]}
+
+
+def test_token_ids_and_batches_have_no_prefix() -> None:
+    b = balancer()
+    assert b.chain(Prompt((), chat=False, ids=100)) == []
+    assert b.chain(Prompt(("a" * 500, "b" * 500), chat=False)) == []
+    assert len(b.chain(Prompt(("a" * 640,), chat=False))) == 10
+
+
+def test_chain_length_is_capped() -> None:
+    b = balancer(block_tokens=1)
+    assert len(b.chain(chat("y" * 4 * (MAX_BLOCKS + 100)))) == MAX_BLOCKS
+
+
+# ------------------------------------------------------------------------------------------------ the index
+
+
+def test_the_index_is_bounded_and_forgets_tails_first() -> None:
+    b = balancer(block_tokens=4, index_blocks=500)
+    chains = [b.chain(chat(*conversation(s, 2))) for s in range(40)]
+    for s, c in enumerate(chains):
+        b.record(s % 3 + 1, c, {1, 2, 3})
+        assert b.index_size <= 500
+    assert b.index_size == 500
+    assert b.depths(chains[-1], {1, 2, 3}) == {(39 % 3) + 1: len(chains[-1])}  # the newest is whole
+    assert b.depths(chains[0], {1, 2, 3}) == {}  # the oldest is gone
+    partial = [s for s, c in enumerate(chains) if 0 < b.depths(c, {1, 2, 3}).get(s % 3 + 1, 0) < len(c)]
+    assert len(partial) == 1  # the one at the eviction edge lost its tail, and keeps its head
+    text_cache_blocks = sum(len(v) for v in b._texts.values())
+    assert text_cache_blocks <= b.text_capacity
+
+
+# ------------------------------------------------------------------------------------------------ the choice
+
+
+async def test_each_conversation_stays_on_one_replica_and_new_ones_spread() -> None:
+    pool = prefix_pool(3)
+    convs = {s: conversation(s, 6) for s in range(12)}
+    homes: dict[int, set[str]] = {s: set() for s in convs}
+    for turn in range(1, 7):
+        for s, msgs in convs.items():
+            homes[s].add((await route(pool, chat(*msgs[:turn]))).url)
+    assert all(len(h) == 1 for h in homes.values())
+    assert sorted(Counter(next(iter(h)) for h in homes.values()).values()) == [4, 4, 4]
+    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_HIT)._value.get() == 12 * 5
+    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_MISS)._value.get() == 12
+
+
+async def test_a_shared_system_prompt_spreads_once_requests_overlap() -> None:
+    """Nothing in flight: the replica holding the system prompt takes the next conversation (nothing waits, so
+    nothing is lost). With three requests in flight the bound sends one elsewhere; from then on both replicas hold
+    the shared prefix, it ties, and new conversations go by load."""
+    pool = prefix_pool(2)
+    system = words(400)
+    in_flight: list[Endpoint] = []
+    homes: Counter[str] = Counter()
+    for i in range(12):
+        e = await route(pool, chat(system, f"question {i} " + words(50)))
+        homes[e.url] += 1
+        e.outstanding += 1
+        in_flight.append(e)
+        if len(in_flight) == 3:
+            in_flight.pop(0).outstanding -= 1
+    assert sorted(homes.values()) == [6, 6]
+
+
+async def test_a_busy_replica_spills_beyond_the_load_bound() -> None:
+    pool = prefix_pool(2)
+    msgs = conversation(7, 3)
+    home = await route(pool, chat(*msgs[:1]))
+    home.outstanding = 1  # one request of the conversation still running: 2 of 2 in flight is within the bound
+    assert await route(pool, chat(*msgs[:2])) is home
+    home.outstanding = 2  # 3 of 3 would be over ceil(1.25 x 3 / 2) = 2
+    other = await route(pool, chat(*msgs[:3]))
+    assert other is not home
+    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_SPILL)._value.get() == 1
+    home.outstanding = 0  # once it is free again the longest prefix wins: the other replica has turns 1-3 now
+    assert await route(pool, chat(*msgs)) is other
+
+
+async def test_replicas_joining_move_no_conversation_and_leaving_move_only_their_own() -> None:
+    pool = prefix_pool(3)
+    convs = {s: conversation(s, 5) for s in range(30)}
+    home = {s: (await route(pool, chat(*m[:2]))).url for s, m in convs.items()}
+    urls = list(pool.endpoints)
+    pool.set_endpoints([*urls, "http://10.0.0.9:8000"])  # a fourth replica joins
+    after_join = {s: (await route(pool, chat(*m[:3]))).url for s, m in convs.items()}
+    assert after_join == home  # a hash ring would have moved about a quarter
+    fresh = Counter([(await route(pool, chat(*conversation(100 + i, 1)))).url for i in range(4)])
+    assert fresh["http://10.0.0.9:8000"] >= 1  # new conversations do reach it
+    leaver = urls[0]
+    pool.set_endpoints(u for u in pool.endpoints if u != leaver)
+    after_leave = {s: (await route(pool, chat(*m[:4]))).url for s, m in convs.items()}
+    moved = {s for s in convs if after_leave[s] != home[s]}
+    assert moved == {s for s in convs if home[s] == leaver}
+    again = {s: (await route(pool, chat(*m))).url for s, m in convs.items()}
+    assert again == after_leave  # the moved ones stay where they went
+
+
+async def test_a_readmitted_replica_has_no_claims() -> None:
+    pool = prefix_pool(2)
+    msgs = conversation(5, 2)
+    home = await route(pool, chat(*msgs[:1]))
+    pool.eject(home, "health_check")
+    pool.readmit(home)  # its engine may have restarted with an empty cache
+    assert pool.balancer is not None
+    key = await pool.route_key(chat(*msgs))
+    assert pool.balancer.depths(key, {e.claim for e in pool.endpoints.values()}) == {}
+
+
+async def test_least_outstanding_pools_do_not_name_prefixes() -> None:
+    pool = Pool("short", RouterMetrics())
+    pool.set_endpoints(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    assert await pool.route_key(chat("hello")) is None
+    assert {pool.pick((), None).url for _ in range(2)} == set(pool.endpoints)  # type: ignore[union-attr]
