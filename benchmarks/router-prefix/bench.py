@@ -7,7 +7,7 @@ processes sit in front of both: one with `strategy: prefix`, one with `strategy:
 in their router.json is the same (tokenizer = the model's tokenizer.json, static endpoints).
 
 Workload per phase (one strategy): `--sessions` conversations, each `--turns` turns. A turn sends the whole
-conversation so far plus a new user message of `--user-tokens` tokens (random words, so nothing is shared across
+conversation so far plus a new user message of `--user-words` words (random words, so nothing is shared across
 conversations or phases), streams the answer (`--max-tokens`, ignore_eos) and appends it as the assistant message —
 a session grows by about user + answer tokens a turn, and prefill dominates. `--concurrency` clients take the next
 pending turn of the conversations round-robin (many users at once, each waiting for their answer before the next
@@ -56,6 +56,7 @@ from tests.support.vllm_cpu import cpu_env, make_model, metric_lines, start_vllm
 
 MODEL = "tiny-llama"
 STRATEGIES = ("least-outstanding", "prefix")
+ROUTER_MAX_MODEL_LEN = 65536
 WORDS = (
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
     "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey",
@@ -68,15 +69,16 @@ WORDS = (
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def router_config(strategy: str, engines: list[str], tokenizer_dir: Path, port: int, max_model_len: int
-                  ) -> dict[str, Any]:
+def router_config(strategy: str, engines: list[str], tokenizer_dir: Path, port: int) -> dict[str, Any]:
     from vllm_operator.api.router_config import RouterConfig
 
-    pool = {"enabled": True, "maxModelLen": max_model_len, "maxTokens": 512, "endpoints": engines,
+    # The router is told a longer context than the engines have, so that counting never needs the tokenizer (the
+    # bounds settle every decision) and the CPU difference between the two routers is the prefix naming alone.
+    pool = {"enabled": True, "maxModelLen": ROUTER_MAX_MODEL_LEN, "maxTokens": 512, "endpoints": engines,
             "strategy": strategy, "prefix": {"blockTokens": 128, "indexBlocks": 65536}}
     return RouterConfig.model_validate({
         "model": MODEL, "deployment": "bench", "namespace": "bench",
-        "promptLengthThreshold": max_model_len, "overLimit": "clamp",
+        "promptLengthThreshold": ROUTER_MAX_MODEL_LEN, "overLimit": "clamp",
         "tiers": [{"name": "default", "defaultMaxTokens": 64, "maxTokens": 512}],
         "pools": {"short": {**pool, "enabled": False}, "long": pool},
         "tokenizer": {"path": str(tokenizer_dir)},
@@ -86,11 +88,11 @@ def router_config(strategy: str, engines: list[str], tokenizer_dir: Path, port: 
 
 
 class Router:
-    def __init__(self, strategy: str, engines: list[str], model_dir: Path, work: Path, max_model_len: int) -> None:
+    def __init__(self, strategy: str, engines: list[str], model_dir: Path, work: Path) -> None:
         self.strategy = strategy
         self.port = free_port()
         cfg = work / f"router-{strategy}.json"
-        cfg.write_text(json.dumps(router_config(strategy, engines, model_dir, self.port, max_model_len)))
+        cfg.write_text(json.dumps(router_config(strategy, engines, model_dir, self.port)))
         self.log = (work / f"router-{strategy}.log").open("wb")
         self.proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "vllm-operator"), "router", "--config", str(cfg),
                                       "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING"],
@@ -98,8 +100,8 @@ class Router:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time of the router process (all its threads), in ns resolution from the scheduler's accounting."""
+        return int(Path(f"/proc/{self.proc.pid}/schedstat").read_text().split()[0]) / 1e9
 
     def wait(self) -> None:
         import urllib.request
@@ -131,12 +133,13 @@ def counters(engine_metrics: str) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ workload
 
 
-def user_text(rng: random.Random, tokens: int) -> str:
-    # ~1 token per word + space with this tokenizer's merges of common words; calibrated below by the engine usage.
-    return " ".join(rng.choice(WORDS) for _ in range(tokens))
+def user_text(rng: random.Random, words: int) -> str:
+    """Random words (about 4 tokens each with the tiny model's 2K-entry BPE: prompt sizes are reported from the
+    engines' usage)."""
+    return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-async def run_phase(url: str, sessions: int, turns: int, concurrency: int, user_tokens: int, max_tokens: int,
+async def run_phase(url: str, sessions: int, turns: int, concurrency: int, user_words: int, max_tokens: int,
                     seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     convs: list[list[dict[str, str]]] = [[{"role": "system", "content": f"You are assistant {seed}-{s}."}]
@@ -161,7 +164,7 @@ async def run_phase(url: str, sessions: int, turns: int, concurrency: int, user_
                         break
                     await cond.wait()
             conv = convs[s]
-            conv.append({"role": "user", "content": user_text(rng, user_tokens)})
+            conv.append({"role": "user", "content": user_text(rng, user_words)})
             body = {"model": MODEL, "messages": conv, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}, "temperature": 0}
             start = time.perf_counter()
@@ -298,7 +301,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for e in engines:
             e.wait_healthy(600)
         urls = [e.url for e in engines]
-        routers = {s: Router(s, urls, model_dir, work, args.max_model_len) for s in STRATEGIES}
+        routers = {s: Router(s, urls, model_dir, work) for s in STRATEGIES}
         try:
             for r in routers.values():
                 r.wait()
@@ -312,7 +315,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     router = routers[strategy]
                     before = [counters(e.metrics_text()) for e in engines]
                     cpu0 = router.cpu_seconds()
-                    res = await run_phase(router.url, args.sessions, args.turns, args.concurrency, args.user_tokens,
+                    res = await run_phase(router.url, args.sessions, args.turns, args.concurrency, args.user_words,
                                           args.max_tokens, seed=1000 * rnd + STRATEGIES.index(strategy))
                     cpu = router.cpu_seconds() - cpu0
                     after = [counters(e.metrics_text()) for e in engines]
@@ -336,10 +339,10 @@ def main() -> int:
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--user-tokens", type=int, default=768, help="words in each new user message (~tokens)")
+    p.add_argument("--user-words", type=int, default=250, help="words in each new user message (~4 tokens each)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--kv-mib", type=int, default=24, help="KV cache per engine (tiny model: 1 KiB per token)")
+    p.add_argument("--kv-mib", type=int, default=32, help="KV cache per engine (tiny model: 1 KiB per token)")
     p.add_argument("--memory", action="store_true", help="measure the prefix state's memory only")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)

@@ -176,11 +176,12 @@ def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
     raise SystemExit(f"{proc.name} not ready at {url} within {timeout} s; see {proc.log}")
 
 
-def router_config(upstream: str, tokenizer_dir: Path, port: int) -> dict[str, Any]:
+def router_config(upstream: str, tokenizer_dir: Path, port: int, strategy: str = "least-outstanding"
+                  ) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "operator"))
     from vllm_operator.api.router_config import RouterConfig
 
-    pool = {"enabled": True, "maxTokens": 4096, "endpoints": [upstream]}
+    pool = {"enabled": True, "maxTokens": 4096, "endpoints": [upstream], "strategy": strategy}
     config = RouterConfig.model_validate({
         "model": MODEL, "deployment": "bench", "namespace": "bench",
         "promptLengthThreshold": 30000, "overLimit": "clamp",
@@ -261,14 +262,15 @@ class Stack:
                 # level INFO it ships with (access log on, written to the target's log file). Modifiers:
                 # `-uvloop` lets it import uvloop (hidden otherwise), `-noaccesslog` passes --no-access-log,
                 # `-quiet` runs it at --log-level WARNING (how runs before the access log were made), `-baseline`
-                # runs the router of another checkout (--baseline DIR, e.g. the commit before a change).
+                # runs the router of another checkout (--baseline DIR, e.g. the commit before a change), `-prefix`
+                # puts both pools on the prefix strategy (prefix naming, index and choice on every request).
                 mods = set(variant.split("-")[1:])
-                unknown = mods - {"uvloop", "noaccesslog", "quiet", "baseline"}
+                unknown = mods - {"uvloop", "noaccesslog", "quiet", "baseline", "prefix"}
                 if unknown:
                     raise SystemExit(f"unknown router target modifier(s) {sorted(unknown)} in {variant!r}")
                 port = free_port()
                 cfg = self.work / f"{variant}.json"
-                wire = router_config(upstream, tokens_dir, port)
+                wire = router_config(upstream, tokens_dir, port, "prefix" if "prefix" in mods else "least-outstanding")
                 if "baseline" in mods:
                     wire.pop("accessLog", None)  # newer than the baselines measured so far (their configs refuse it)
                 cfg.write_text(json.dumps(wire, indent=2))
@@ -717,9 +719,9 @@ def tokenize_cost(args: argparse.Namespace, stack: Stack | None, tokens_dir: Pat
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default="nginx,router,router-noaccesslog,vllm-router",
-                   help="comma list of nginx, vllm-router and router[-uvloop][-noaccesslog][-quiet][-baseline] "
-                        "(see Stack.start: router as shipped; uvloop allowed; access log off; log level WARNING; the "
-                        "router of --baseline)")
+                   help="comma list of nginx, vllm-router and "
+                        "router[-uvloop][-noaccesslog][-quiet][-baseline][-prefix] (see Stack.start: router as shipped; uvloop allowed; access log off; log level WARNING; the "
+                        "router of --baseline; prefix strategy)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout's root for the router-baseline target, e.g. "
                         "`mkdir /tmp/base && git archive HEAD~1 operator | tar -x -C /tmp/base`")

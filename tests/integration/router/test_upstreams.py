@@ -169,3 +169,35 @@ async def test_disabled_pool_gets_no_traffic(short_engine: FakeVllm, long_engine
         status, headers, _ = await post(http, url, chat())
         assert status == 200 and headers["x-vllm-operator-pool"] == "long"
     assert short_engine.requests() == []
+
+
+async def test_prefix_pool_keeps_each_conversation_on_one_engine(short_engine: FakeVllm, long_engine: FakeVllm,
+                                                                 counter: TokenCounter,
+                                                                 http: aiohttp.ClientSession) -> None:
+    """Through the whole router: a prefix pool sends every turn of a conversation to the engine that had its
+    earlier turns, and spreads new conversations (least outstanding when nothing matches)."""
+    import random
+
+    async with FakeVllm(model=MODEL, max_model_len=1000, natural_tokens=5) as second_long:
+        config = router_config([short_engine.url], [long_engine.url, second_long.url],
+                               **{"pools.long.strategy": "prefix", "pools.long.prefix": {"blockTokens": 16}})
+        rng = random.Random(3)
+        vocab = ["hello", "world", "word"]
+        convs = [[{"role": "user", "content": " ".join(rng.choice(vocab) for _ in range(60))}] for _ in range(6)]
+        async with running_router(config, counter) as (url, metrics):
+            for _turn in range(3):
+                for conv in convs:
+                    status, headers, body = await post(http, url, {"model": MODEL, "messages": conv})
+                    assert status == 200 and headers["x-vllm-operator-pool"] == "long"
+                    conv += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": " ".join(rng.choice(vocab) for _ in range(20))}]
+            hits = sample(metrics, "vllm_operator_router_prefix_choices_total", pool="long", outcome="hit")
+        first_words = {conv[0]["content"] for conv in convs}
+        seen = {}
+        for engine in (long_engine, second_long):
+            for r in engine.requests(CHAT):
+                seen.setdefault(r.body["messages"][0]["content"], set()).add(engine.url)
+        assert set(seen) == first_words
+        assert all(len(engines) == 1 for engines in seen.values())  # every turn where the first one went
+        assert sorted(len([c for c in seen.values() if e.url in c]) for e in (long_engine, second_long)) == [3, 3]
+        assert hits == 12  # turns 2 and 3 of six conversations
