@@ -7,13 +7,14 @@ processes sit in front of both: one with `strategy: prefix`, one with `strategy:
 in their router.json is the same (tokenizer = the model's tokenizer.json, static endpoints).
 
 Workload per phase (one strategy): `--sessions` conversations, each `--turns` turns. A turn sends the whole
-conversation so far plus a new user message of `--user-words` words (random words, so nothing is shared across
-conversations or phases), streams the answer (`--max-tokens`, ignore_eos) and appends it as the assistant message —
-a session grows by about user + answer tokens a turn, and prefill dominates. `--concurrency` clients take the next
+conversation so far plus a new user message — `--first-words` words for the first (a document or long context the
+conversation is about), `--user-words` for the later ones (random words, so nothing is shared across conversations or
+phases) — streams the answer (`--max-tokens`, ignore_eos) and appends it as the assistant message: a session grows
+by about user + answer tokens a turn, and prefill dominates. `--concurrency` clients take the next
 pending turn of the conversations round-robin (many users at once, each waiting for their answer before the next
-turn). Each engine's KV cache (`--kv-mib`) holds about half of all the conversations at their final length: what
-prefix routing partitions fits, what least-outstanding duplicates on both replicas does not — as with full caches in
-production.
+turn). Each engine's KV cache (`--kv-mib`, default 40 MiB = 40K tokens of the tiny model) holds about half of all
+the conversations (12 x ~4K tokens): what prefix routing partitions fits, what least-outstanding duplicates on both
+replicas does not — caches are full in production. `--kv-mib 256` is the ample-cache case.
 
 Per phase: prefix cache hit rate = Δ vllm:prefix_cache_hits_total / Δ vllm:prefix_cache_queries_total over both
 engines (tokens), TTFT p50/p99 at the client (request sent → first streamed content), balance = max/mean requests
@@ -139,8 +140,8 @@ def user_text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-async def run_phase(url: str, sessions: int, turns: int, concurrency: int, user_words: int, max_tokens: int,
-                    seed: int) -> dict[str, Any]:
+async def run_phase(url: str, sessions: int, turns: int, concurrency: int, first_words: int, user_words: int,
+                    max_tokens: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     convs: list[list[dict[str, str]]] = [[{"role": "system", "content": f"You are assistant {seed}-{s}."}]
                                          for s in range(sessions)]
@@ -164,7 +165,7 @@ async def run_phase(url: str, sessions: int, turns: int, concurrency: int, user_
                         break
                     await cond.wait()
             conv = convs[s]
-            conv.append({"role": "user", "content": user_text(rng, user_words)})
+            conv.append({"role": "user", "content": user_text(rng, first_words if len(conv) == 1 else user_words)})
             body = {"model": MODEL, "messages": conv, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}, "temperature": 0}
             start = time.perf_counter()
@@ -204,6 +205,18 @@ async def run_phase(url: str, sessions: int, turns: int, concurrency: int, user_
 def pct(values: list[float], q: float) -> float:
     xs = sorted(values)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+def router_choices(url: str) -> dict[str, float]:
+    """The router's prefix_choices_total by outcome (hit, spill, miss); empty for least-outstanding."""
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in metric_lines(text, "vllm_operator_router_prefix_choices_total"):
+        outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+        out[outcome] = out.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def phase_summary(before: list[dict[str, float]], after: list[dict[str, float]], res: dict[str, Any],
@@ -306,7 +319,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for r in routers.values():
                 r.wait()
             # warm both engines (first requests compile kernels), not counted
-            await run_phase(routers["least-outstanding"].url, 2, 2, 2, 64, 4, seed=999)
+            await run_phase(routers["least-outstanding"].url, 2, 2, 2, 64, 64, 4, seed=999)
             rounds = []
             for rnd in range(args.rounds):
                 order = STRATEGIES if rnd % 2 == 0 else tuple(reversed(STRATEGIES))
@@ -315,11 +328,15 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     router = routers[strategy]
                     before = [counters(e.metrics_text()) for e in engines]
                     cpu0 = router.cpu_seconds()
-                    res = await run_phase(router.url, args.sessions, args.turns, args.concurrency, args.user_words,
-                                          args.max_tokens, seed=1000 * rnd + STRATEGIES.index(strategy))
+                    choices0 = router_choices(router.url)
+                    res = await run_phase(router.url, args.sessions, args.turns, args.concurrency, args.first_words,
+                                          args.user_words, args.max_tokens,
+                                          seed=1000 * rnd + STRATEGIES.index(strategy))
                     cpu = router.cpu_seconds() - cpu0
                     after = [counters(e.metrics_text()) for e in engines]
                     phases[strategy] = phase_summary(before, after, res, cpu)
+                    choices = router_choices(router.url)
+                    phases[strategy]["router_choices"] = {k: v - choices0.get(k, 0.0) for k, v in choices.items()}
                     print(f"round {rnd + 1} {strategy}: {json.dumps({k: v for k, v in phases[strategy].items()})}",
                           flush=True)
                 rounds.append({"round": rnd + 1, "order": list(order), "phases": phases,
@@ -336,13 +353,15 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--user-words", type=int, default=250, help="words in each new user message (~4 tokens each)")
+    p.add_argument("--first-words", type=int, default=750,
+                   help="words in a conversation's first user message (a document, a long context; ~4 tokens each)")
+    p.add_argument("--user-words", type=int, default=80, help="words in each later user message (~4 tokens each)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--kv-mib", type=int, default=32, help="KV cache per engine (tiny model: 1 KiB per token)")
+    p.add_argument("--kv-mib", type=int, default=40, help="KV cache per engine (tiny model: 1 KiB per token)")
     p.add_argument("--memory", action="store_true", help="measure the prefix state's memory only")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)

@@ -14,10 +14,13 @@ scorers, production-stack's prefix-aware router and AIBrix):
   request's blocks are refreshed tail first, so the LRU forgets a conversation from its end, as vLLM evicts a
   finished request's blocks, and what is remembered of a prompt stays a prefix of it.
 * Choice. Among the replicas under the load bound of consistent hashing with bounded loads (requests in flight,
-  this one included, at most ceil(load_factor x mean)), the one with the longest remembered prefix wins; ties go to
-  the fewest requests in flight, then rotate. No match at all is plain least-outstanding. The bound is what keeps
-  a hot prefix (one busy conversation) from swamping a replica, and a prefix that every replica holds (a shared
-  system prompt) ties everywhere and so balances by load instead of pulling everyone to one replica.
+  this one included, at most ceil(load_factor x mean)), the one with the longest remembered prefix wins; ties (a
+  new conversation matches nothing, or only a prefix several replicas hold) go to the replica that was chosen least
+  often in the pool's last RECENT choices, then to the fewest in flight, then rotate. The bound is what keeps a hot
+  prefix (one busy conversation) from swamping a replica; the recent count is what spreads new conversations evenly
+  — each one brings its later turns along, so an instant's in-flight count predicts their load worse than how many
+  requests a replica has been getting — and a prefix that every replica holds (a shared system prompt) ties
+  everywhere instead of pulling everyone to one replica.
 * Membership. A prefix is tied to the replica that has it, not to a position on a hash ring, so a replica that joins
   takes no existing prefix (it gets new conversations, being the least loaded) and one that leaves moves only its
   own — fewer moves than a consistent-hash ring's 1/n. A replica re-admitted after an ejection starts with no claims
@@ -49,6 +52,8 @@ CHARS_PER_TOKEN: Final = 4
 MAX_BLOCKS: Final = 4096
 """Most blocks taken from one prompt (64K tokens at 16 per block): bounds the work per request; the tail of longer
 prompts is not told apart."""
+RECENT: Final = 256
+"""Choices remembered for the tie-break (how many requests each replica got lately)."""
 _ROOT: Final = 0x9E3779B97F4A7C15  # the chain's seed, an arbitrary odd constant
 
 OUTCOME_HIT: Final = "hit"
@@ -83,6 +88,8 @@ class PrefixBalancer:
         self._texts: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()
         self._text_blocks = 0
         self.text_capacity = settings.index_blocks
+        self._recent: collections.deque[int] = collections.deque()
+        self._recent_counts: collections.Counter[int] = collections.Counter()
 
     # ------------------------------------------------------------------------------------------------ naming
 
@@ -167,13 +174,14 @@ class PrefixBalancer:
         depth = self.depths(chain, {c.claim for c in candidates}) if chain else {}
         total = sum(c.outstanding for c in candidates) + 1
         bound = math.ceil(self.load_factor * total / len(candidates))
+        recent = self._recent_counts
         best: Replica | None = None
-        best_key = (-1, 0)
+        best_key = (-1, 0, 0)
         deepest = max(depth.values(), default=0)
         for c in candidates:
             if c.outstanding + 1 > bound:
                 continue
-            key = (depth.get(c.claim, 0), -c.outstanding)
+            key = (depth.get(c.claim, 0), -recent[c.claim], -c.outstanding)
             if key > best_key:
                 best, best_key = c, key
         assert best is not None  # the least loaded replica is always within the bound
@@ -183,6 +191,13 @@ class PrefixBalancer:
 
     def record(self, claim: int, chain: Sequence[int], live: Collection[int]) -> None:
         """The replica `claim` was sent this chain; owners no longer in `live` are dropped on the way."""
+        self._recent.append(claim)
+        self._recent_counts[claim] += 1
+        if len(self._recent) > RECENT:
+            old = self._recent.popleft()
+            self._recent_counts[old] -= 1
+            if not self._recent_counts[old]:
+                del self._recent_counts[old]
         index = self._index
         for h in reversed(chain):  # tail first: the head ends up most recent and is forgotten last
             owners = index.get(h)
