@@ -720,8 +720,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default="nginx,router,router-noaccesslog,vllm-router",
                    help="comma list of nginx, vllm-router and "
-                        "router[-uvloop][-noaccesslog][-quiet][-baseline][-prefix] (see Stack.start: router as shipped; uvloop allowed; access log off; log level WARNING; the "
-                        "router of --baseline; prefix strategy)")
+                        "router[-uvloop][-noaccesslog][-quiet][-baseline][-prefix] (see Stack.start: router as "
+                        "shipped; uvloop allowed; access log off; log level WARNING; the router of --baseline; prefix "
+                        "strategy)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout's root for the router-baseline target, e.g. "
                         "`mkdir /tmp/base && git archive HEAD~1 operator | tar -x -C /tmp/base`")
