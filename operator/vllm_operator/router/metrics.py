@@ -202,14 +202,13 @@ class RouterMetrics:
             f"{PREFIX}_discovery_synced", "1 once a pool's EndpointSlices have been listed (static lists: 1).",
             ["pool"])
 
-        self.prefix_choices = prom.Counter(
+        self.prefix_choices = _Counter(
             f"{PREFIX}_prefix_choices", "Replica choices of prefix pools, by pool and outcome: hit (the replica with "
             "the longest remembered prefix), spill (that replica was over the load bound), miss (no replica known "
-            "to hold any of the prompt).", ["pool", "outcome"], registry=r)
-        self.prefix_index_blocks = prom.Gauge(
+            "to hold any of the prompt).", ["pool", "outcome"])
+        self.prefix_index_blocks = _Gauge(
             f"{PREFIX}_prefix_index_blocks", "Prefix blocks the router remembers, by pool (bounded by "
-            "pools.<pool>.prefix.indexBlocks).", ["pool"], registry=r)
-
+            "pools.<pool>.prefix.indexBlocks).", ["pool"])
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry.register(_Collector([v for v in vars(self).values() if isinstance(v, _Family)]))
 

@@ -137,8 +137,8 @@ async def test_each_conversation_stays_on_one_replica_and_new_ones_spread() -> N
             homes[s].add((await route(pool, chat(*msgs[:turn]))).url)
     assert all(len(h) == 1 for h in homes.values())
     assert sorted(Counter(next(iter(h)) for h in homes.values()).values()) == [4, 4, 4]
-    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_HIT)._value.get() == 12 * 5
-    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_MISS)._value.get() == 12
+    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_HIT).value == 12 * 5
+    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_MISS).value == 12
 
 
 async def test_a_shared_system_prompt_spreads_once_requests_overlap() -> None:
@@ -168,7 +168,7 @@ async def test_a_busy_replica_spills_beyond_the_load_bound() -> None:
     home.outstanding = 2  # 3 of 3 would be over ceil(1.25 x 3 / 2) = 2
     other = await route(pool, chat(*msgs[:3]))
     assert other is not home
-    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_SPILL)._value.get() == 1
+    assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_SPILL).value == 1
     home.outstanding = 0  # once it is free again the longest prefix wins: the other replica has turns 1-3 now
     assert await route(pool, chat(*msgs)) is other
 
