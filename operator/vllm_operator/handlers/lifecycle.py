@@ -19,9 +19,10 @@ import kopf
 
 from vllm_operator import constants, names
 from vllm_operator.handlers import refresh
+from vllm_operator.handlers.childplan import is_owned_by
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
-from vllm_operator.handlers.reconcile import is_owned_by, reconcile, refresh_status
+from vllm_operator.handlers.reconcile import reconcile, refresh_status
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
 

@@ -6,8 +6,9 @@ Order of work, and why:
    from status — the planner is pure and gets both as inputs.
 2. Plan. A refusal (SpecError) sets SpecValid=False, posts one Warning event and returns *before touching any
    child*: a bad edit never takes a working deployment down.
-3. Render and converge children by comparing spec-hash annotations (never rewriting an unchanged object), create
-   what is missing, adopt same-named orphans, delete owned children the plan no longer has. A changed child is
+3. Render, list the children, and let `childplan.plan_children` (pure) decide the writes by comparing spec-hash
+   annotations (never rewriting an unchanged object): create what is missing, adopt same-named orphans, delete owned
+   children the plan no longer has. `_execute` only carries that ChildPlan out. A changed child is
    merge-patched with nulls for the fields the operator set before and the new rendering dropped
    (rendering/applied.py), so removing e.g. every toleration from the spec removes them from the pods too.
    Replicas of a pool owned by an external autoscaler are written only at creation.
@@ -28,7 +29,8 @@ from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
 from vllm_operator.api.status import VLLMDeploymentStatus
-from vllm_operator.handlers import conditions
+from vllm_operator.handlers import childplan, conditions
+from vllm_operator.handlers.childplan import ChildAction, ChildPlan, is_owned_by
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
@@ -41,7 +43,6 @@ from vllm_operator.k8s import (
     KubeError,
     Resource,
     now_rfc3339,
-    resource_of,
 )
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
@@ -72,26 +73,9 @@ class ReconcileOutcome:
         return bool(self.created or self.updated or self.deleted)
 
 
-def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj["metadata"]
-    return {"apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
-
-
 def child_selector(name: str) -> str:
     """Label selector of a VLLMDeployment's children (label values are capped at 63 characters, as names are)."""
     return f"{constants.LABEL_DEPLOYMENT}={names.dns_label(name)},{constants.LABEL_NAME}={constants.APP_NAME}"
-
-
-def spec_hash(obj: Mapping[str, Any] | None) -> str | None:
-    if not obj:
-        return None
-    value = obj.get("metadata", {}).get("annotations", {}).get(constants.ANNOTATION_SPEC_HASH)
-    return str(value) if value is not None else None
-
-
-def is_owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []) or [])
 
 
 async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[AcceleratorFacts | None, str | None]:
@@ -219,29 +203,16 @@ async def _all(steps: list[Awaitable[None]]) -> None:
             raise result
 
 
-def _patch_body(desired: Mapping[str, Any], external_autoscaler_names: set[str]) -> dict[str, Any]:
-    body = {k: v for k, v in desired.items() if k not in {"status"}}
-    if desired["kind"] == DEPLOYMENTS.kind and desired["metadata"]["name"] in external_autoscaler_names:
-        body["spec"] = {k: v for k, v in desired["spec"].items() if k != "replicas"}
-    return body
+async def _execute(kube: KubeApi, namespace: str, child_plan: ChildPlan, autoscaled: set[str],
+                   outcome: ReconcileOutcome) -> None:
+    """Carry out a ChildPlan: each wave's applies concurrently, then the deletes (the decisions are all made)."""
 
-
-async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manifests: list[dict[str, Any]],
-                    monitoring: bool, outcome: ReconcileOutcome) -> None:
-    meta = obj["metadata"]
-    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    existing = await _existing_children(kube, namespace, name, monitoring)
-    autoscaled = {m["metadata"]["name"] for m in manifests if m["kind"] == DEPLOYMENTS.kind
-                  and m["metadata"].get("labels", {}).get(constants.LABEL_POOL) in
-                  {p.name for p in the_plan.pools.values() if p.external_autoscaler}}
-    wanted: set[tuple[str, str, str]] = set()
-
-    async def converge_one(rendered: dict[str, Any]) -> None:
-        res = resource_of(rendered)
-        desired = applied.annotate({**rendered, "metadata": {**rendered["metadata"],
-                                                             "ownerReferences": [owner_reference(obj)]}})
-        have = existing.get((res.api_version, res.kind, rendered["metadata"]["name"]))
-        label = f"{res.kind} {namespace}/{desired['metadata']['name']}"
+    async def apply(action: ChildAction) -> None:
+        assert action.desired is not None
+        res = CHILD_RESOURCES[(action.key[0], action.key[1])]
+        desired = applied.annotate(dict(action.desired))
+        label = f"{res.kind} {namespace}/{action.name}"
+        have = action.observed
         if have is None:
             try:
                 await kube.create(res, namespace, desired)
@@ -250,33 +221,24 @@ async def _converge(kube: KubeApi, obj: Mapping[str, Any], the_plan: Plan, manif
             except KubeError as err:
                 if not err.conflict:
                     raise
-                have = await kube.get(res, namespace, desired["metadata"]["name"])  # an orphan: adopt it
+                have = await kube.get(res, namespace, action.name)  # an orphan the label selector missed: adopt it
                 if have is None:
                     raise
-        if spec_hash(have) == spec_hash(desired) and is_owned_by(have, uid):
-            return
-        patch = _patch_body(applied.with_removals(applied.recorded(have), desired), autoscaled)
-        await kube.patch(res, namespace, desired["metadata"]["name"], patch)
+                if is_owned_by(have, desired["metadata"]["ownerReferences"][0]["uid"]) and \
+                        childplan.spec_hash(have) == childplan.spec_hash(desired):
+                    return
+                if action.name in autoscaled and res.kind == DEPLOYMENTS.kind:
+                    desired = {**desired, "spec": {k: v for k, v in desired["spec"].items() if k != "replicas"}}
+        patch = {k: v for k, v in applied.with_removals(applied.recorded(have), desired).items() if k != "status"}
+        await kube.patch(res, namespace, action.name, patch)
         outcome.updated.append(label)
 
-    for rendered in manifests:
-        res = resource_of(rendered)
-        wanted.add((res.api_version, res.kind, rendered["metadata"]["name"]))
-    # Children are independent API objects, written concurrently in two waves: everything the pods refer to
-    # (ServiceAccount, Role and binding, ConfigMap, Services, ...) first, the Deployments after, so no pod is
-    # created before what it mounts or runs as (sequential creates made CR -> children 14 round trips long).
-    first = [m for m in manifests if m["kind"] != DEPLOYMENTS.kind]
-    second = [m for m in manifests if m["kind"] == DEPLOYMENTS.kind]
-    for wave in (first, second):
-        await _all([converge_one(m) for m in wave])
-    order = {f"{m['kind']} {namespace}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
-    outcome.created.sort(key=lambda label: order.get(label, len(order)))
-    outcome.updated.sort(key=lambda label: order.get(label, len(order)))
-    for key, have in existing.items():
-        if key not in wanted and is_owned_by(have, uid):
-            res = CHILD_RESOURCES[(key[0], key[1])]
-            await kube.delete(res, namespace, key[2], uid=have["metadata"].get("uid"))
-            outcome.deleted.append(f"{res.kind} {namespace}/{key[2]}")
+    for wave in child_plan.applies:
+        await _all([apply(a) for a in wave])
+    for action in child_plan.deletes:
+        res = CHILD_RESOURCES[(action.key[0], action.key[1])]
+        await kube.delete(res, namespace, action.name, uid=action.uid)
+        outcome.deleted.append(f"{res.kind} {namespace}/{action.name}")
 
 
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
@@ -307,7 +269,14 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     manifests = [m for m in render(the_plan, resource.spec, options=RenderOptions(images=images))
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
-    await _converge(kube, obj, the_plan, manifests, monitoring, outcome)
+    existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring)
+    autoscaled = childplan.autoscaled_deployments(
+        manifests, {p.name for p in the_plan.pools.values() if p.external_autoscaler})
+    await _execute(kube, meta["namespace"], childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled),
+                   autoscaled, outcome)
+    order = {f"{m['kind']} {meta['namespace']}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
+    outcome.created.sort(key=lambda label: order.get(label, len(order)))
+    outcome.updated.sort(key=lambda label: order.get(label, len(order)))
     for verb, items in (("Created", outcome.created), ("Updated", outcome.updated), ("Deleted", outcome.deleted)):
         for item in items:
             log.info("%s %s for VLLMDeployment %s/%s", verb, item, meta["namespace"], meta["name"])
