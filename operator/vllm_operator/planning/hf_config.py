@@ -188,8 +188,7 @@ def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
         q = (hidden * q_lora + q_lora * heads * head_dim) if q_lora else hidden * heads * head_dim
         attn = q + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
     else:
-        head_dim_or = _int(cfg, "head_dim", "kv_channels") or hidden // heads
-        head_dim = head_dim_or
+        head_dim = _int(cfg, "head_dim", "kv_channels") or hidden // heads
         attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
     if family == DENSE:
         inter = inter or int(3.5 * hidden)
