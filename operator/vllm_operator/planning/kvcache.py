@@ -19,16 +19,20 @@ estimate whose source is written down:
   against 46.58 GiB of KV at 0.45; 109.68 against 109.49 at 0.9), which is what a subtracted estimate looks like.
   The graphs actually captured took 0.97 GiB; what exceeds the estimate lands outside `utilization × total`, so the
   planner warns when `(1 − utilization) × total` leaves less than ~1 GiB beyond it.
-* margin: 1 % of device memory, explicit; it absorbs the estimates' error and makes the prediction a slight
-  under-estimate (the planner promises no more than vLLM will give).
+* margin: 1 % of the memory vLLM may use (utilisation × device), explicit; it absorbs the estimates' error and makes
+  the prediction a slight under-estimate (the planner promises no more than vLLM will give). Of the memory vLLM may
+  use, not of the device: a pool given a small share of a GPU (two engines on one H200, issue 28) keeps a margin in
+  proportion — 1 % of the whole device was 5.5 % of a 0.3 share's KV cache and put the plan 5.7 % under vLLM's
+  (209,776 tokens at 0.3; 1,106,176 at 0.6, −2.1 %), where it is −1.2 … −1.8 % with the share's margin.
 
 Tokens as vLLM reports them: whole blocks of 16 (the GPU default; 128 on CPU), `blocks = budget // (block ×
 bytes_per_token)`, counted per max_model_len request: `int(blocks / ceil(L / block) × L)` — the same as
 `blocks × block` whenever L is a multiple of the block size (benchmarks/vllm-cpu/README.md, measured exact on CPU).
 
 Against the measurements on the H200 (vLLM 0.26, Llama-3.1-8B, max_model_len 32768, 8192 batched tokens, 1024 seqs):
-utilisation 0.45 → 369,680 tokens bf16 (measured 381,552: −3.1 %), 739,376 fp8 (762,608: −3.0 %); utilisation 0.9
-→ 885,040 bf16 (896,912: −1.3 %). `tests/unit/planning/test_kvcache.py` holds these as a regression case (±5 %).
+utilisation 0.45 → 375,984 tokens bf16 (measured 381,552: −1.5 %), 751,968 fp8 (762,608: −1.4 %); utilisation 0.9
+→ 886,192 bf16 (896,912: −1.2 %); and two engines on one H200 (issue 28) 0.3 → 205,920 bf16 (209,776: −1.8 %), 0.6 →
+1,092,112 fp8 (1,106,176: −1.3 %). `tests/unit/planning/test_kvcache.py` holds these as regression cases.
 
 CPU pools are sized in bytes, not by utilisation: the planner passes `--kv-cache-memory-bytes` and predicts the
 tokens vLLM's CPU backend makes of it (`cpu_kv_tokens`).
@@ -103,7 +107,7 @@ def gpu_breakdown(*, device_bytes: int, utilization: float, model: ModelInfo, tp
         device_bytes=device_bytes, utilization=utilization, weights_bytes=weights,
         activation_bytes=activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp),
         non_torch_bytes=non_torch_bytes(overhead, tp), cuda_graph_bytes=graphs,
-        margin_bytes=int(device_bytes * overhead.margin_fraction))
+        margin_bytes=int(device_bytes * utilization * overhead.margin_fraction))
 
 
 def cpu_breakdown(*, memory_bytes: int, model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int,
