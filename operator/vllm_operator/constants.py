@@ -85,6 +85,9 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 # Engine pods: where things are mounted.
 MODELS_MOUNT: Final = "/models"
 ENGINE_PORT: Final = 8000
+ENGINE_STATUS_PORT: Final = 8001
+"""The engine wrapper's own endpoint (start-up phases: /startup, /status, /metrics), next to vLLM's port."""
+ENGINE_STATUS_PORT_NAME: Final = "status"
 ROUTER_PORT: Final = 8080
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -137,7 +140,11 @@ EXIT_UNEXPECTED: Final = 86
 own, so this is reported as a failure too."""
 
 EXIT_LAUNCH_FAILED: Final = 84
-"""The launch command could not be started (not found, not executable)."""
+"""The launch command could not be started (not found, not executable), or the status port could not be opened."""
+
+EXIT_STARTUP_STALLED: Final = 83
+"""The start stopped advancing: one start-up phase (`StartupPhase`) went its limit without a new phase, a progress
+line or a downloaded byte, so the wrapper stopped vLLM. The termination message names the phase and the limit."""
 
 REASON_ENGINE_OOM: Final = "EngineOOM"
 REASON_ENGINE_DEAD: Final = "EngineDead"
@@ -145,6 +152,7 @@ REASON_KV_CACHE_TOO_SMALL: Final = "KVCacheTooSmall"
 REASON_PREFLIGHT_FAILED: Final = "PreflightFailed"
 REASON_UNEXPECTED_EXIT: Final = "UnexpectedExit"
 REASON_LAUNCH_FAILED: Final = "LaunchFailed"
+REASON_STARTUP_STALLED: Final = "StartupStalled"
 
 EXIT_REASONS: Final = {
     EXIT_ENGINE_OOM: REASON_ENGINE_OOM,
@@ -153,6 +161,7 @@ EXIT_REASONS: Final = {
     EXIT_PREFLIGHT_FAILED: REASON_PREFLIGHT_FAILED,
     EXIT_UNEXPECTED: REASON_UNEXPECTED_EXIT,
     EXIT_LAUNCH_FAILED: REASON_LAUNCH_FAILED,
+    EXIT_STARTUP_STALLED: REASON_STARTUP_STALLED,
 }
 """Exit code -> reason (the `reason` field of the termination message)."""
 
@@ -161,6 +170,59 @@ EXIT_CODES: Final = {reason: code for code, reason in EXIT_REASONS.items()}
 
 TERMINATION_MESSAGE_MAX_BYTES: Final = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Engine start-up phases (the wrapper's engine/phases.py reads them off vLLM's log; the health loop reports them and the
+# startup probe's backstop adds their limits up)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class StartupPhase(enum.StrEnum):
+    """Where an engine start is, in the order vLLM 0.32 usually goes (Compiling may also follow KVCacheAllocated:
+    CUDA-graph capture comes after the KV cache is sized)."""
+
+    LAUNCHING = "Launching"
+    DOWNLOADING = "Downloading"
+    LOADING_WEIGHTS = "LoadingWeights"
+    COMPILING = "Compiling"
+    PROFILING_MEMORY = "ProfilingMemory"
+    KV_CACHE_ALLOCATED = "KVCacheAllocated"
+    SERVING = "Serving"
+
+
+STARTUP_PHASES: Final = tuple(StartupPhase)
+
+STARTUP_PHASE_LIMITS_S: Final = {
+    StartupPhase.LAUNCHING: 900.0,
+    StartupPhase.DOWNLOADING: 600.0,
+    StartupPhase.LOADING_WEIGHTS: 1200.0,
+    StartupPhase.COMPILING: 1800.0,
+    StartupPhase.PROFILING_MEMORY: 900.0,
+    StartupPhase.KV_CACHE_ALLOCATED: 1200.0,
+}
+"""Seconds a phase may go without advancing before the start counts as stalled (Serving has no limit).
+
+* Launching 15 min: importing torch and CUDA libraries from a cold network disk, NCCL set-up for tensor parallelism;
+  vLLM prints nothing for long stretches (on 2 CPU cores each of its three processes took ~25 s to import torch).
+* Downloading 10 min without one new byte (not 10 minutes in all: a download that moves is never stalled).
+* LoadingWeights 20 min between shard-progress lines: one 5 GB shard from a slow PersistentVolume at 10 MB/s.
+* Compiling 30 min between compile lines: one torch.compile graph of a large model takes minutes without a cache.
+* ProfilingMemory 15 min: one forward pass of max-num-batched-tokens, compile excluded (it is its own phase).
+* KVCacheAllocated 20 min: KV tensors, warm-up and the API server's start after the KV cache is sized.
+"""
+
+# The engine wrapper's own series on its status port (plain names, no `vllm:`).
+METRIC_STARTUP_PREFIX: Final = "vllm_operator_engine_"
+METRIC_STARTUP_PHASE: Final = "vllm_operator_engine_startup_phase"
+METRIC_STARTUP_PHASE_SINCE: Final = "vllm_operator_engine_startup_phase_since_timestamp_seconds"
+METRIC_STARTUP_LAST_PROGRESS: Final = "vllm_operator_engine_startup_last_progress_timestamp_seconds"
+METRIC_STARTUP_STALLED: Final = "vllm_operator_engine_startup_stalled"
+METRIC_STARTUP_LIMIT: Final = "vllm_operator_engine_startup_phase_limit_seconds"
+METRIC_STARTUP_DOWNLOAD: Final = "vllm_operator_engine_startup_download_bytes"
+METRIC_STARTUP_DOWNLOAD_TOTAL: Final = "vllm_operator_engine_startup_download_total_bytes"
+METRIC_STARTUP_KV_TOKENS: Final = "vllm_operator_engine_startup_kv_cache_tokens"
+METRIC_STARTUP_DURATION: Final = "vllm_operator_engine_startup_phase_duration_seconds"
+METRIC_PROCESS_START: Final = "vllm_operator_engine_process_start_timestamp_seconds"
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Remediation defaults: what `spec.remediation` means when a field is unset (the health loop and the alert rules)

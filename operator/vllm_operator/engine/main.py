@@ -1,21 +1,29 @@
-"""`vllm-operator engine`: the engine pods' entrypoint — run vLLM as a child and make its failures visible.
+"""`vllm-operator engine`: the engine pods' entrypoint — run vLLM as a child, make its start and failures visible.
 
 vLLM has no OOM metric and its API server exits with code 0 when its engine core dies, so the kubelet and the
-operator cannot tell a run-time CUDA OOM from a clean stop. This wrapper
+operator cannot tell a run-time CUDA OOM from a clean stop; and it answers HTTP only once it serves, so nobody can
+tell a slow start from a hung one. This wrapper
 
 * optionally preflights the GPU (free memory against the plan's budget, compute capability against an FP8 KV cache;
   `preflight.py`), failing fast with the numbers;
 * starts the launch command as a child (`vllm serve MODEL ARGS…`, or rewritten for the CPU build's
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS…` with `--launcher api-server`), passes its
-  stdout and stderr through line by line, and forwards SIGTERM/SIGINT for a graceful drain;
+  stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain;
+* follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
+  KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving
+  in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
+  startup probe, `/status`, `/metrics`);
+* stops vLLM when a start-up phase goes its limit without advancing (exit code 83, StartupStalled);
 * watches the log for "CUDA out of memory" / `OutOfMemoryError`, "EngineCore encountered a fatal error" (and the
   engine core dying), and the start-up "KV cache is needed, which is larger than the available KV cache memory";
 * exits with the distinct exit codes of the contract module (`constants.py`) and writes one JSON line to the
   termination message file (`--termination-message-path`, the container's terminationMessagePath) that
-  `health.diagnose` reads back.
+  `health.diagnose` reads back; it names the start-up phase the engine was in.
 
 Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY] [--termination-message-path P]
-                            [--preflight auto|off|required] [--preflight-required-bytes N] -- vllm serve MODEL ARGS…
+                            [--preflight auto|off|required] [--preflight-required-bytes N]
+                            [--status-host H] [--status-port N] [--phase-limit PHASE=SECONDS ...]
+                            -- vllm serve MODEL ARGS…
 """
 
 from __future__ import annotations
@@ -29,19 +37,26 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import preflight
+from vllm_operator.engine import downloads, phases, preflight, status
 
 log = logging.getLogger("vllm_operator.engine")
 
 LAUNCHERS = ("serve", "api-server", "cli-main")
 READER_JOIN_S = 5.0
 """After the child exits, how long to wait for its log pipes to drain (engine-core grandchildren may hold them)."""
+WATCH_INTERVAL_S = 2.0
+"""How often the watchdog measures the Hub cache and checks the phase limits."""
+STALL_STOP_GRACE_S = 30.0
+"""After a stall, how long vLLM gets to stop on SIGTERM before it is killed."""
+LINE_SPLIT = re.compile(rb"[\r\n]")
+MAX_PENDING_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -89,11 +104,15 @@ class Outcome:
     exit_code: int
     reason: str | None
     detail: str
-    numbers: dict[str, float | int]
+    numbers: Mapping[str, float | int | str]
 
 
-def outcome(child_code: int, seen: dict[str, str], stop_requested: bool) -> Outcome:
-    """The wrapper's exit code and reason from the child's code and what its log said (pure)."""
+def outcome(child_code: int, seen: dict[str, str], stop_requested: bool, stalled: str | None = None) -> Outcome:
+    """The wrapper's exit code and reason from the child's code and what its log said (pure). `stalled` is the
+    tracker's description when the wrapper stopped a stalled start: that stop is the cause, whatever vLLM printed
+    while it went down."""
+    if stalled is not None:
+        return Outcome(constants.EXIT_STARTUP_STALLED, constants.REASON_STARTUP_STALLED, stalled, {})
     for pattern in PATTERNS:
         if pattern.reason in seen:
             line = seen[pattern.reason]
@@ -109,10 +128,15 @@ def outcome(child_code: int, seen: dict[str, str], stop_requested: bool) -> Outc
     return Outcome(child_code, None, "", {})
 
 
-def termination_message(result: Outcome, child_code: int) -> str:
-    """One JSON line, at most 4096 bytes (the kubelet's limit)."""
+def termination_message(result: Outcome, child_code: int, startup: Mapping[str, object] | None = None) -> str:
+    """One JSON line, at most 4096 bytes (the kubelet's limit). `startup` adds where the start was (phase, since,
+    progress): an OOM while profiling memory is a different problem from one after hours of serving."""
     body: dict[str, object] = {"reason": result.reason, "exitCode": result.exit_code, "childExitCode": child_code,
                                "detail": result.detail, **result.numbers}
+    if startup is not None:
+        body.update({"phase": startup.get("phase"), "phaseSince": startup.get("since"),
+                     "progress": startup.get("progress") or None, "limitSeconds": startup.get("limitSeconds")})
+        body = {k: v for k, v in body.items() if v is not None or k == "reason"}
     text = json.dumps(body, separators=(",", ":"))
     while len(text.encode()) > constants.TERMINATION_MESSAGE_MAX_BYTES and len(str(body["detail"])) > 16:
         body["detail"] = str(body["detail"])[: len(str(body["detail"])) // 2]
@@ -141,21 +165,127 @@ def launch_command(command: Sequence[str], launcher: str, python: str) -> list[s
     return cmd
 
 
-def _pump(stream: IO[bytes], sink: IO[bytes], scanner: Scanner) -> None:
-    for raw in iter(stream.readline, b""):
+def model_of(command: Sequence[str]) -> str | None:
+    """The model a launch command serves: `vllm serve MODEL`, or the value of `--model`."""
+    cmd = list(command)
+    if len(cmd) >= 3 and os.path.basename(cmd[0]) == "vllm" and cmd[1] == "serve" and not cmd[2].startswith("-"):
+        return cmd[2]
+    for i, arg in enumerate(cmd):
+        if arg == "--model" and i + 1 < len(cmd):
+            return cmd[i + 1]
+        if arg.startswith("--model="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _pump(stream: IO[bytes], sink: IO[bytes], scanner: Scanner, monitor: status.Monitor | None) -> None:
+    """Pass the child's output through unchanged and read it as lines split at `\n` *and* `\r`: progress bars
+    (tqdm) redraw with `\r` and end their line only when done, and their updates are the progress we look for.
+    A segment that has not ended yet (the bar being drawn) goes to the phase tracker at once; the failure scanner
+    reads only whole lines, so a failure text split across two reads is never missed."""
+    pending = b""
+    read = getattr(stream, "read1", stream.read)
+    while chunk := read(65536):
         try:
-            sink.write(raw)
+            sink.write(chunk)
             sink.flush()
         except (OSError, ValueError):
             pass
-        scanner.feed(raw.decode("utf-8", "replace"))
+        *lines, rest = LINE_SPLIT.split(pending + chunk)
+        if len(rest) > MAX_PENDING_BYTES:
+            lines, rest = [*lines, rest], b""
+        for raw in lines:
+            if raw:
+                _feed(raw, scanner, monitor)
+        if rest and rest != pending and monitor is not None:
+            monitor.feed(rest.decode("utf-8", "replace"))
+        pending = rest
+    if pending:
+        _feed(pending, scanner, monitor)
     stream.close()
 
 
-def run(command: Sequence[str], *, termination_path: str) -> int:
+def _feed(raw: bytes, scanner: Scanner, monitor: status.Monitor | None) -> None:
+    line = raw.decode("utf-8", "replace")
+    scanner.feed(line)
+    if monitor is not None:
+        monitor.feed(line)
+
+
+@dataclass(frozen=True)
+class StartupOptions:
+    """How the wrapper follows the start (see `phases.py` and `status.py`)."""
+
+    status_host: str = ""
+    status_port: int | None = constants.ENGINE_STATUS_PORT
+    """None: no endpoint (the phases are still followed and logged)."""
+    limits: Mapping[phases.Phase, float] = field(default_factory=lambda: dict(phases.DEFAULT_LIMITS_S))
+    model: str | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    watch_interval_s: float = WATCH_INTERVAL_S
+    stop_grace_s: float = STALL_STOP_GRACE_S
+
+
+def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: StartupOptions, stop: threading.Event,
+           stalled: list[str], scanner: Scanner) -> None:
+    """Measure the Hub cache and check the phase limits until the child exits; stop a stalled start."""
+    blobs = downloads.repo_blobs(options.model or "", options.env)
+    while child.poll() is None:
+        if blobs is not None and not monitor.serving:
+            monitor.observe_download(downloads.bytes_in(blobs))
+        if not stop.is_set() and not monitor.serving and monitor.check():
+            stalled.append(monitor.describe())
+            stop.set()
+            scanner.stopping = True
+            log.error("Stopped vLLM (pid %d): its start stalled, %s", child.pid, stalled[0])
+            with _suppress_lookup():
+                child.terminate()
+            try:
+                child.wait(options.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                log.error("vLLM (pid %d) did not stop within %.0fs of SIGTERM; killed it", child.pid,
+                          options.stop_grace_s)
+                with _suppress_lookup():
+                    child.kill()
+            return
+        time.sleep(options.watch_interval_s)
+
+
+class _suppress_lookup:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, ProcessLookupError)
+
+
+def run(command: Sequence[str], *, termination_path: str, startup: StartupOptions | None = None) -> int:
     """Run the child to the end; returns the wrapper's exit code (see module docstring)."""
+    options = startup or StartupOptions()
     scanner = Scanner()
     stop = threading.Event()
+    monitor = status.Monitor(phases.Tracker(started_at=time.time(), limits=options.limits))
+    server = None
+    if options.status_port is not None:
+        try:
+            server = status.serve(monitor, options.status_host, options.status_port)
+        except OSError as err:
+            result = Outcome(constants.EXIT_LAUNCH_FAILED, constants.REASON_LAUNCH_FAILED,
+                             f"could not listen on {options.status_host or '0.0.0.0'}:{options.status_port} for "
+                             f"the start-up status (the startup probe asks there): {err}", {})
+            write_termination_message(termination_path, termination_message(result, -1))
+            log.error("Could not serve the start-up status: %s", err)
+            return result.exit_code
+    try:
+        return _run_child(command, termination_path, options, scanner, stop, monitor)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _run_child(command: Sequence[str], termination_path: str, options: StartupOptions, scanner: Scanner,
+               stop: threading.Event, monitor: status.Monitor) -> int:
     try:
         child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as err:
@@ -174,10 +304,13 @@ def run(command: Sequence[str], *, termination_path: str) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     assert child.stdout is not None and child.stderr is not None
-    readers = [threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, scanner), daemon=True),
-               threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, scanner), daemon=True)]
-    for reader in readers:
-        reader.start()
+    stalled: list[str] = []
+    readers = [threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, scanner, monitor), daemon=True),
+               threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, scanner, monitor), daemon=True)]
+    watchdog = threading.Thread(target=_watch, args=(child, monitor, options, stop, stalled, scanner), daemon=True,
+                                name="engine-watchdog")
+    for thread in [*readers, watchdog]:
+        thread.start()
     try:
         code = child.wait()
     finally:
@@ -185,9 +318,10 @@ def run(command: Sequence[str], *, termination_path: str) -> int:
             signal.signal(sig, handler)
     for reader in readers:
         reader.join(READER_JOIN_S)
-    result = outcome(code, dict(scanner.seen), stop.is_set())
+    watchdog.join(READER_JOIN_S)
+    result = outcome(code, dict(scanner.seen), stop.is_set(), stalled[0] if stalled else None)
     if result.reason is not None or result.exit_code != 0:
-        write_termination_message(termination_path, termination_message(result, code))
+        write_termination_message(termination_path, termination_message(result, code, monitor.snapshot()))
     if result.reason is not None:
         log.error("vLLM ended with %s (child exit code %d, wrapper exit code %d): %s", result.reason, code,
                   result.exit_code, result.detail[:300])
@@ -209,6 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU preflight: auto (when a GPU can be read), off, required (fail without GPU facts)")
     p.add_argument("--preflight-required-bytes", type=int, default=None,
                    help="free memory each GPU must have (the plan's budget); default gpu-memory-utilization x total")
+    p.add_argument("--status-host", default=os.environ.get("POD_IP", ""),
+                   help="address of the start-up status endpoint (default: env POD_IP, else all addresses)")
+    p.add_argument("--status-port", type=int, default=constants.ENGINE_STATUS_PORT,
+                   help=f"port of the start-up status endpoint (/startup, /status, /metrics; default "
+                        f"{constants.ENGINE_STATUS_PORT}; 0 turns it off)")
+    p.add_argument("--phase-limit", action="append", default=[], metavar="PHASE=SECONDS",
+                   help="seconds a start-up phase may go without advancing before vLLM is stopped (repeatable; "
+                        "defaults: " + ", ".join(f"{k.value}={v:.0f}" for k, v in phases.DEFAULT_LIMITS_S.items())
+                        + ")")
+    p.add_argument("--watch-interval", type=float, default=WATCH_INTERVAL_S, metavar="SECONDS",
+                   help=f"how often the Hub cache is measured and the limits checked (default {WATCH_INTERVAL_S:.0f})")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -243,6 +388,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         cmd = launch_command(command, args.launcher, args.python)
+        limits = phases.parse_limits(args.phase_limit)
         problems = _preflight(args.preflight, command, args.preflight_required_bytes)
     except ValueError as err:
         print(f"vllm-operator engine: {err}", file=sys.stderr)
@@ -254,7 +400,9 @@ def main(argv: Sequence[str]) -> int:
         log.error("Preflight failed: %s", detail)
         return result.exit_code
     log.info("Starting %s", " ".join(cmd))
-    return run(cmd, termination_path=args.termination_message_path)
+    startup = StartupOptions(status_host=args.status_host, status_port=args.status_port or None, limits=limits,
+                             model=model_of(command), watch_interval_s=max(0.1, args.watch_interval))
+    return run(cmd, termination_path=args.termination_message_path, startup=startup)
 
 
 if __name__ == "__main__":

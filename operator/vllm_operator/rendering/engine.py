@@ -7,15 +7,21 @@ a JSON termination message at the default `terminationMessagePath` (`/dev/termin
 keeps the log tail as the message when the wrapper itself could not write one. `$(POD_IP)` in the arguments is expanded
 by the kubelet from the downward-API variable, which is listed first so later variables may reference it too.
 
-Probe timings (all HTTP `GET /health` on the `http` port; vLLM answers it only after the model is loaded, so a TCP
-probe would pass too early):
+Probes: readiness and liveness are HTTP `GET /health` on vLLM's `http` port (vLLM answers it only after the model is
+loaded, so a TCP probe would pass too early). The startup probe asks the wrapper instead, on its own `status` port
+(`GET /startup`, see `vllm_operator.engine.status`): the wrapper follows the start as phases (downloading, loading
+weights, compiling, profiling memory, KV cache allocated, serving) and answers 200 once vLLM serves. It stops a start
+whose phase has not advanced for that phase's limit (`constants.STARTUP_PHASE_LIMITS_S`: no new byte for 10 minutes
+while downloading, no shard for 20 minutes while loading weights, ...) and exits with StartupStalled, so a hung start
+ends within its phase's limit while a slow one that still moves is never killed for being slow. A kubelet startup probe
+ends at its first success — after which liveness on /health begins — so the probe cannot mean "still making progress";
+its failure budget is only a backstop for a wrapper that cannot answer at all:
 
-- startup: period 10 s, timeout 5 s, failureThreshold 60 on GPU pools (10 minutes: weights load, torch.compile and
-  CUDA-graph capture of an 8B model take 1-4 minutes on current GPUs, larger models more) and 120 on CPU pools (20
-  minutes: CPU pods load and warm up much more slowly, and the test clusters run them on two shared cores). When the
-  weights come from the Hub, one more period per 2 GiB of weights is added for the download (about 200 MB/s, a
-  conservative figure for a node's egress), so a 70B model is not killed half-way through its download. Liveness and
-  readiness do not run until the startup probe has passed, so none of this delays detection later on.
+- startup: period 10 s, timeout 5 s, failureThreshold covering every phase's limit put together (6600 s) plus, for
+  weights from the Hub, their download at 10 MiB/s (a slow link; the wrapper stops a download that does not move).
+  The old fixed budget (10 minutes on GPU, 20 on CPU) killed cold starts that were merely slow: a 70B download, a
+  torch.compile without cache, a restart that re-reads torch from a slow disk. Liveness and readiness do not run until
+  the startup probe has passed, so none of this delays detection later on.
 - readiness: period 5 s, timeout 3 s, failureThreshold 3: an engine whose /health fails for 15 s leaves the headless
   Service (and so the router's EndpointSlice view) quickly; it comes back after one success.
 - liveness: period 15 s, timeout 5 s, failureThreshold 4: a restart only after a full minute of failed checks. A restart
@@ -64,7 +70,9 @@ from vllm_operator.rendering import common
 
 CONTAINER = "engine"
 PORT_NAME = "http"
+STATUS_PORT_NAME = constants.ENGINE_STATUS_PORT_NAME
 HEALTH_PATH = "/health"
+STARTUP_PATH = "/startup"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 HF_CACHE = f"{constants.MODELS_MOUNT}/.cache"
 ENGINE_COMMAND = ("vllm-operator", "engine", "--", "vllm", "serve")
@@ -77,9 +85,10 @@ SHM_GIB_CPU = 1
 # Probe timings; the module docstring says why.
 STARTUP_PERIOD_S = 10
 STARTUP_TIMEOUT_S = 5
-STARTUP_FAILURES_GPU = 60
-STARTUP_FAILURES_CPU = 120
-DOWNLOAD_GIB_PER_PERIOD = 2
+STARTUP_BACKSTOP_S = sum(constants.STARTUP_PHASE_LIMITS_S.values())
+"""Every phase at its limit, one after the other: a start longer than that without the wrapper stopping it means the
+wrapper itself is not answering."""
+DOWNLOAD_BYTES_PER_S = 10 * 2**20
 READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, "successThreshold": 1}
 LIVENESS = {"periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4, "successThreshold": 1}
 PROGRESS_DEADLINE_MARGIN_S = 600
@@ -115,15 +124,16 @@ def from_hub(spec: VLLMDeploymentSpec) -> bool:
 
 
 def startup_failure_threshold(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> int:
-    base = STARTUP_FAILURES_GPU if plan.accelerator.is_gpu else STARTUP_FAILURES_CPU
-    if not from_hub(spec):
-        return base
-    weights_gib = pool.kv.breakdown.weights_bytes * (plan.accelerator.count if plan.accelerator.is_gpu else 1) / 2**30
-    return base + math.ceil(weights_gib / DOWNLOAD_GIB_PER_PERIOD)
+    """The startup probe's backstop in periods (module docstring): all phase limits, plus a slow Hub download."""
+    seconds = STARTUP_BACKSTOP_S
+    if from_hub(spec):
+        weights = pool.kv.breakdown.weights_bytes * (plan.accelerator.count if plan.accelerator.is_gpu else 1)
+        seconds += weights / DOWNLOAD_BYTES_PER_S
+    return math.ceil(seconds / STARTUP_PERIOD_S)
 
 
-def http_probe(**timing: int) -> dict[str, Any]:
-    return {"httpGet": {"path": HEALTH_PATH, "port": PORT_NAME, "scheme": "HTTP"}, **timing}
+def http_probe(timing: dict[str, int], path: str = HEALTH_PATH, port: str = PORT_NAME) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port, "scheme": "HTTP"}, **timing}
 
 
 def env(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[dict[str, Any]]:
@@ -235,13 +245,15 @@ def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec, images: Ima
         "command": [*ENGINE_COMMAND, pool.model],
         "args": list(pool.engine_args),
         "env": env(plan, pool, spec),
-        "ports": [{"name": PORT_NAME, "containerPort": constants.ENGINE_PORT, "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": constants.ENGINE_PORT, "protocol": "TCP"},
+                  {"name": STATUS_PORT_NAME, "containerPort": constants.ENGINE_STATUS_PORT, "protocol": "TCP"}],
         "resources": resources(plan, pool, spec),
         "volumeMounts": mounts,
-        "startupProbe": http_probe(periodSeconds=STARTUP_PERIOD_S, timeoutSeconds=STARTUP_TIMEOUT_S,
-                                   failureThreshold=failures, successThreshold=1),
-        "readinessProbe": http_probe(**READINESS),
-        "livenessProbe": http_probe(**LIVENESS),
+        "startupProbe": http_probe({"periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": STARTUP_TIMEOUT_S,
+                                    "failureThreshold": failures, "successThreshold": 1}, STARTUP_PATH,
+                                   STATUS_PORT_NAME),
+        "readinessProbe": http_probe(READINESS),
+        "livenessProbe": http_probe(LIVENESS),
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": dict(CONTAINER_SECURITY),

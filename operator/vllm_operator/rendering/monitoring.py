@@ -5,11 +5,13 @@ They are rendered always (unless `spec.monitoring` turns one off) and the handle
 `monitoring.coreos.com` CRDs are absent. `spec.monitoring.labels` are added to both, so a Prometheus whose
 `podMonitorSelector` / `ruleSelector` wants a label (e.g. `release: kube-prometheus-stack`) picks them up.
 
-The PodMonitor scrapes `/metrics` on the `http` port of this deployment's engine and router pods and relabels them to
-the label contract (docs/architecture.md, Labels): `namespace` and `pod` from the target's metadata, `pool` from the
-pod's pool label (router pods have none), and `vllmdeployment` set to the VLLMDeployment's name. The name is written as
-a literal rather than copied from the pod's deployment label because a label value holds at most 63 characters: for a
-longer name the label carries a hash-suffixed short form, while the health loop and the alerts select on the real name.
+The PodMonitor scrapes `/metrics` on the `http` port of this deployment's engine and router pods, and on the engine
+wrapper's `status` port (its start-up phases, `vllm_operator_engine_startup_*`; router pods have no such port and are
+not scraped there), and relabels them to the label contract (docs/architecture.md, Labels): `namespace` and `pod` from
+the target's metadata, `pool` from the pod's pool label (router pods have none), and `vllmdeployment` set to the
+VLLMDeployment's name. The name is written as a literal rather than copied from the pod's deployment label because a
+label value holds at most 63 characters: for a longer name the label carries a hash-suffixed short form, while the
+health loop and the alerts select on the real name.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.rendering import alerts, common
 
 METRICS_PATH = "/metrics"
+SCRAPED_PORTS = ("http", constants.ENGINE_STATUS_PORT_NAME)
+"""Named ports scraped on each selected pod: vLLM's (and the router's) own, and the engine wrapper's."""
 
 
 def _meta_label(label: str) -> str:
@@ -55,8 +59,8 @@ def pod_monitor(plan: Plan, extra_labels: Mapping[str, str] | None = None) -> co
         "spec": {
             "selector": selector,
             "namespaceSelector": {"matchNames": [plan.namespace]},
-            "podMetricsEndpoints": [{"port": "http", "path": METRICS_PATH, "scheme": "http",
-                                     "relabelings": relabelings}],
+            "podMetricsEndpoints": [{"port": port, "path": METRICS_PATH, "scheme": "http",
+                                     "relabelings": relabelings} for port in SCRAPED_PORTS],
         },
     }
 

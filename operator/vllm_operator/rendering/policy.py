@@ -7,7 +7,9 @@ router's budget keeps one pod up when there are two or more (`minAvailable: 1`);
 
 The NetworkPolicy admits traffic to the engines' port 8000 only from this deployment's router pods and from the metrics
 scraper (see `options.RenderOptions`): nothing else may bypass the router's max_tokens caps and length limits by
-calling an engine directly. Egress stays open (engines download weights from the Hub).
+calling an engine directly. The wrapper's status port 8001 (start-up phases) is open to the scraper only; the
+kubelet's probes come from the node, which NetworkPolicy implementations do not filter. Egress stays open (engines
+download weights from the Hub).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def router_pdb(plan: Plan, replicas: int) -> common.Manifest:
 
 def engines_network_policy(plan: Plan, options: RenderOptions) -> common.Manifest:
     port = [{"port": constants.ENGINE_PORT, "protocol": "TCP"}]
+    scraped = [*port, {"port": constants.ENGINE_STATUS_PORT, "protocol": "TCP"}]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -50,7 +53,7 @@ def engines_network_policy(plan: Plan, options: RenderOptions) -> common.Manifes
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": {"matchLabels": common.router_selector(plan)}}], "ports": port},
-                {"from": [options.scraper_peer()], "ports": port},
+                {"from": [options.scraper_peer()], "ports": scraped},
             ],
         },
     }

@@ -1142,6 +1142,95 @@ async def serving(behaviour: Behaviour | None = None, **knobs: Any) -> AsyncIter
         yield fake
 
 
+# -------------------------------------------------------------------- start-up
+
+
+STARTUP_PHASES: Final = ("Launching", "Downloading", "LoadingWeights", "Compiling", "ProfilingMemory",
+                         "KVCacheAllocated", "Serving")
+"""The phases the engine wrapper follows (`vllm_operator.engine.phases.Phase` values), in the order printed."""
+
+
+def startup_lines(phase: str, *, model: str, kv_tokens: int, max_model_len: int, step: int, steps: int) -> list[str]:
+    """What vLLM 0.32 prints in one start-up phase (the lines of a real CPU start of the tiny test model, plus the
+    shard and graph-capture progress bars of its GPU code path), for progress step `step` of `steps`. Log lines go
+    to stdout (vLLM's logger), progress bars to stderr with `\\r`, as tqdm draws them."""
+    core = "(EngineCore pid=2) INFO 12-01 22:30:0{s} [{f}] {m}"
+    worker = "(Worker pid=3) INFO 12-01 22:30:0{s} [{f}] {m}"
+    api = "(APIServer pid=1) INFO 12-01 22:30:0{s} [{f}] {m}"
+    pct = (100 * step) // max(1, steps)
+    if phase == "Launching":
+        return [api.format(s=0, f="api_utils.py:286", m=f"non-default args: {{'model': '{model}'}}"),
+                api.format(s=0, f="model.py:733", m="Resolved architecture: LlamaForCausalLM"),
+                core.format(s=1, f="core.py:133", m="Initializing a V1 LLM engine (v0.32.0) with config: ...")]
+    if phase == "LoadingWeights":
+        bar = f"\rLoading safetensors checkpoint shards: {pct:3d}% Completed | {step}/{steps} [00:0{step % 10}<00:00]"
+        return ([worker.format(s=2, f="cpu_model_runner.py:68", m=f"Starting to load model {model}...")]
+                if step == 0 else [bar] if step < steps
+                else [bar, worker.format(s=3, f="base_loader.py:82", m="Initializing model took 0.656656 seconds")])
+    if phase == "Compiling":
+        return ([worker.format(s=4, f="cpu_model_runner.py:87", m="Warming up model for the compilation...")]
+                if step == 0 else [f"\rCapturing CUDA graphs (decode, FULL): {pct:3d}%| | {step}/{steps} [00:01<00:00]"]
+                if step < steps else [worker.format(s=5, f="cpu_model_runner.py:91", m="Warming up done.")])
+    if phase == "ProfilingMemory":
+        return [worker.format(s=5, f="cpu_worker.py:260", m="Explicitly set (0.06/23.54) GiB for KV cache on node 0.")]
+    if phase == "KVCacheAllocated":
+        return [core.format(s=6, f="kv_cache_utils.py:2327", m=f"CPU KV cache size: {kv_tokens:,} tokens, Maximum "
+                            f"concurrency for {max_model_len:,} tokens per request: {kv_tokens / max_model_len:.2f}x"),
+                core.format(s=6, f="core.py:402", m="init engine (profile, create kv cache, warmup model) took 0.30 s"),
+                api.format(s=7, f="entry.py:140", m="Starting vLLM server on http://127.0.0.1:8000")]
+    if phase == "Serving":
+        return ["INFO:     Application startup complete."]
+    return []
+
+
+def run_startup(*, step_s: float, stall_in: str | None, steps: int, model: str, kv_tokens: int, max_model_len: int,
+                download_repo: str | None = None, download_bytes: int = 0) -> bool:
+    """Print vLLM's start-up, `step_s` between lines; False when it stalled in `stall_in` (prints nothing more).
+
+    `download_repo` with `download_bytes` makes the Downloading phase real on disk: the bytes are written in `steps`
+    pieces into `$HF_HOME/hub/models--ORG--NAME/blobs/<name>.incomplete`, where the hub client puts a download."""
+    for phase in STARTUP_PHASES:
+        if phase == stall_in:
+            print(f"(fake vLLM) stalling in {phase}", file=sys.stderr, flush=True)
+            return False
+        if phase == "Downloading":
+            if download_repo and download_bytes > 0:
+                _download(download_repo, download_bytes, steps, step_s)
+            continue
+        if phase == "Serving":
+            return True
+        bar = False
+        for step in range(steps + 1 if phase in ("LoadingWeights", "Compiling") else 1):
+            for line in startup_lines(phase, model=model, kv_tokens=kv_tokens, max_model_len=max_model_len,
+                                      step=step, steps=steps):
+                if line.startswith("\r"):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+                    bar = True
+                    continue
+                if bar:  # tqdm ends its line when the bar closes
+                    sys.stderr.write("\n")
+                    sys.stderr.flush()
+                    bar = False
+                print(line, flush=True)
+            time.sleep(step_s)
+    return True
+
+
+def _download(repo: str, total: int, steps: int, step_s: float) -> None:
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME") or ".", "hub")
+    blobs = os.path.join(hub, "models--" + repo.replace("/", "--"), "blobs")
+    os.makedirs(blobs, exist_ok=True)
+    part = os.path.join(blobs, "0123456789abcdef.incomplete")
+    pieces = max(1, steps)
+    with open(part, "ab") as fh:
+        for i in range(pieces):
+            fh.write(b"\0" * (total // pieces + (total % pieces if i == pieces - 1 else 0)))
+            fh.flush()
+            time.sleep(step_s)
+    os.replace(part, part.removesuffix(".incomplete"))
+
+
 # -------------------------------------------------------------------- standalone
 
 
@@ -1162,6 +1251,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-tokens", type=int, default=65536)
     p.add_argument("--no-record", action="store_true", help="do not keep a request log (benchmarks)")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--startup-step-s", type=float, default=None,
+                   help="print vLLM's start-up lines first, this many seconds apart (default: serve at once)")
+    p.add_argument("--startup-steps", type=int, default=3, help="progress-bar steps in loading and compiling")
+    p.add_argument("--stall-in", choices=STARTUP_PHASES[1:], default=None,
+                   help="stop the start-up in this phase and never serve")
+    p.add_argument("--download-repo", default=None, help="Hub id whose download the start-up writes into $HF_HOME")
+    p.add_argument("--download-bytes", type=int, default=0, help="bytes that download writes")
     return p
 
 
@@ -1185,8 +1281,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
+    if args.startup_step_s is not None and not run_startup(
+            step_s=args.startup_step_s, stall_in=args.stall_in, steps=args.startup_steps, model=args.model,
+            kv_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len, download_repo=args.download_repo,
+            download_bytes=args.download_bytes):
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
     async def serve() -> None:
         async with FakeVllm(behaviour, host=args.host, port=args.port) as fake:
+            if args.startup_step_s is not None:
+                print(startup_lines("Serving", model="", kv_tokens=0, max_model_len=1, step=0, steps=0)[0],
+                      flush=True)
             print(f"fake vLLM serving {behaviour.model} on {fake.url}", flush=True)
             await asyncio.Event().wait()
 

@@ -31,7 +31,8 @@ few things a container has onto the host:
   group after the pod's grace period (capped by `max_grace_s`); stopped (SIGSTOPped) processes are killed too.
 * **Metrics discovery**: pods that the rendered PodMonitor selects (`app.kubernetes.io/name=vllm-operator`, component
   engine or router) are written to a Prometheus file_sd file with the label contract the PodMonitor's relabelings
-  produce (`namespace`, `pod`, `vllmdeployment`, `pool`, `component`), at `<pod IP>:<port named http>`.
+  produce (`namespace`, `pod`, `vllmdeployment`, `pool`, `component`), at `<pod IP>:<port>` for each port the
+  PodMonitor scrapes (`http`, and the engine wrapper's `status`).
 
 IMAGE_TABLE (image repository -> local program; the tag is ignored):
 
@@ -66,6 +67,7 @@ import aiohttp
 
 from vllm_operator import constants
 from vllm_operator.k8s import Resource
+from vllm_operator.rendering.monitoring import SCRAPED_PORTS
 from vllm_operator.sim.client import SimClient
 from vllm_operator.sim.controllers.scheduling import ContainerState
 
@@ -642,19 +644,20 @@ class ProcessRuntime:
 
 
 def scrape_target(c: Container) -> dict[str, Any] | None:
-    """The file_sd group the rendered PodMonitor would give this pod, or None when it selects it not."""
+    """The file_sd group the rendered PodMonitor would give this pod (one target per scraped port it has: vLLM's
+    `http` and the engine wrapper's `status`), or None when it selects it not."""
     labels = c.labels
     if labels.get(constants.LABEL_NAME) != constants.APP_NAME or labels.get(constants.LABEL_COMPONENT) not in (
             constants.COMPONENT_ENGINE, constants.COMPONENT_ROUTER) or constants.LABEL_DEPLOYMENT not in labels:
         return None
-    ports = [p for p in c.spec.get("ports", []) or [] if p.get("name") == "http"]
+    ports = [p for p in c.spec.get("ports", []) or [] if p.get("name") in SCRAPED_PORTS]
     if not ports:
         return None
     contract = {"namespace": c.namespace, "pod": c.pod, "vllmdeployment": labels[constants.LABEL_DEPLOYMENT],
                 "component": labels[constants.LABEL_COMPONENT]}
     if constants.LABEL_POOL in labels:
         contract["pool"] = labels[constants.LABEL_POOL]
-    return {"targets": [f"{c.ip}:{ports[0]['containerPort']}"], "labels": contract}
+    return {"targets": [f"{c.ip}:{p['containerPort']}" for p in ports], "labels": contract}
 
 
 def descendants(pid: int) -> list[int]:

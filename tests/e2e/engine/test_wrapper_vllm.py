@@ -36,6 +36,7 @@ def start_wrapped(model: Path, args: list[str], tmp_path: Path) -> tuple[vllm_cp
     message = tmp_path / "termination-log"
     argv = [sys.executable, "-m", "vllm_operator.cli", "engine", "--launcher=api-server",
             f"--python={vllm_cpu.require_vllm_venv()}", f"--termination-message-path={message}", "--preflight=off",
+            "--status-host=127.0.0.1", f"--status-port={free_port()}",
             "--", "vllm", "serve", str(model), "--load-format=dummy", "--enforce-eager", *args,
             "--host=127.0.0.1", f"--port={port}"]
     log_path = tmp_path / "wrapper.log"

@@ -19,7 +19,7 @@ from vllm_operator import constants
 
 pytestmark = pytest.mark.integration
 CHILD = Path(__file__).with_name("vllm_stand_in.py")  # not under tests/support: its operator.py shadows the stdlib
-WRAPPER = [sys.executable, "-m", "vllm_operator.cli", "engine", "--preflight=off"]
+WRAPPER = [sys.executable, "-m", "vllm_operator.cli", "engine", "--preflight=off", "--status-port=0"]
 
 
 def wrap(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, object] | None]:
@@ -79,7 +79,8 @@ def test_missing_command_is_a_launch_failure(tmp_path: Path) -> None:
 def test_preflight_required_without_gpu_fails_fast(tmp_path: Path) -> None:
     msg = tmp_path / "termination-log"
     done = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "engine", "--preflight=required",
-                           f"--termination-message-path={msg}", "--", sys.executable, str(CHILD), "clean-exit"],
+                           "--status-port=0", f"--termination-message-path={msg}", "--", sys.executable, str(CHILD),
+                           "clean-exit"],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={"PATH": "/nonexistent", "PYTHONPATH": str(ROOT / "operator")})
     assert done.returncode == constants.EXIT_PREFLIGHT_FAILED, done.stderr

@@ -1,5 +1,6 @@
 """The engine wrapper runs inside vLLM's image, installed without dependencies: it may load nothing of the product but
-the contract module, and none of the operator's dependencies (pydantic, kopf, the Kubernetes client, aiohttp)."""
+the contract module, and none of the operator's dependencies (pydantic, kopf, the Kubernetes client, aiohttp). Its
+status endpoint uses the stdlib's http.server and prometheus_client, which vLLM itself depends on."""
 
 from __future__ import annotations
 
@@ -18,4 +19,6 @@ print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in
 def test_the_wrapper_loads_only_itself_and_the_contract_module() -> None:
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(done.stdout) == ["vllm_operator", "vllm_operator.constants", "vllm_operator.engine",
-                                       "vllm_operator.engine.main", "vllm_operator.engine.preflight"]
+                                       "vllm_operator.engine.downloads", "vllm_operator.engine.main",
+                                       "vllm_operator.engine.phases", "vllm_operator.engine.preflight",
+                                       "vllm_operator.engine.status"]

@@ -74,7 +74,8 @@ def test_termination_message_is_one_line_within_4096_bytes() -> None:
 
 def test_exit_codes_are_distinct_and_named() -> None:
     codes = [constants.EXIT_ENGINE_OOM, constants.EXIT_ENGINE_DEAD, constants.EXIT_KV_CACHE_TOO_SMALL,
-             constants.EXIT_PREFLIGHT_FAILED, constants.EXIT_UNEXPECTED, constants.EXIT_LAUNCH_FAILED]
+             constants.EXIT_PREFLIGHT_FAILED, constants.EXIT_UNEXPECTED, constants.EXIT_LAUNCH_FAILED,
+             constants.EXIT_STARTUP_STALLED]
     assert len(set(codes)) == len(codes) and set(constants.EXIT_REASONS) == set(codes)
     assert all(80 <= c < 90 for c in codes)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -125,13 +126,19 @@ def test_engine_pod_contract(case: Case) -> None:
         assert pod["enableServiceLinks"] is False
         assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
         assert c["terminationMessagePath"] == "/dev/termination-log"
-        assert c["ports"] == [{"containerPort": constants.ENGINE_PORT, "name": "http", "protocol": "TCP"}]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c["ports"] == [{"containerPort": constants.ENGINE_PORT, "name": "http", "protocol": "TCP"},
+                              {"containerPort": constants.ENGINE_STATUS_PORT, "name": "status", "protocol": "TCP"}]
+        for probe in ("readinessProbe", "livenessProbe"):
             assert c[probe]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
+        # The startup probe asks the wrapper, which stops a stalled start itself: its budget is only a backstop and
+        # outlasts every phase's limit put together (a slow start that still moves is never killed by the kubelet).
+        assert c["startupProbe"]["httpGet"] == {"path": "/startup", "port": "status", "scheme": "HTTP"}
         ready, live = c["readinessProbe"], c["livenessProbe"]
         assert live["periodSeconds"] * live["failureThreshold"] > ready["periodSeconds"] * ready["failureThreshold"]
         assert live["timeoutSeconds"] >= ready["timeoutSeconds"]
-        assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 600
+        budget = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
+        assert budget >= sum(constants.STARTUP_PHASE_LIMITS_S.values())
+        assert dep["spec"]["progressDeadlineSeconds"] > budget
         assert dep["spec"]["replicas"] == pool.replicas
         labels = dep["spec"]["template"]["metadata"]["labels"]
         low, high = pool.prompt_range
@@ -168,7 +175,9 @@ def test_gpu_pool_specifics() -> None:
         assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"key": "token", "name": "hf-token"}}} in c["env"]
         hf_home = next(e["value"] for e in c["env"] if e["name"] == "HF_HOME")
         assert hf_home.startswith(constants.MODELS_MOUNT + "/")
-        assert c["startupProbe"]["failureThreshold"] == engine.STARTUP_FAILURES_GPU + 8  # 15 GiB / 2 GiB per period
+        # 6600 s of phase limits + the 8B weights (~15 GiB) at 10 MiB/s, in 10 s periods
+        weights = plan.pools[pool].kv.breakdown.weights_bytes
+        assert c["startupProbe"]["failureThreshold"] == math.ceil((6600 + weights / (10 * 2**20)) / 10)
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "2Gi"
         assert pod["imagePullSecrets"] if spec.engine and spec.engine.image_pull_secrets else \
             "imagePullSecrets" not in pod
@@ -190,7 +199,7 @@ def test_cpu_pool_specifics() -> None:
             in pod["volumes"]
         assert {"mountPath": "/models", "name": engine.MODEL_VOLUME, "readOnly": True} in c["volumeMounts"]
         assert not any(e["name"] == "HF_TOKEN" for e in c["env"])
-        assert c["startupProbe"]["failureThreshold"] == engine.STARTUP_FAILURES_CPU
+        assert c["startupProbe"]["failureThreshold"] == 660  # phase limits only: no download from a PVC
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "1Gi"
 
 
@@ -358,7 +367,7 @@ def test_network_policy(options: RenderOptions | None, peer: dict[str, Any]) -> 
     port = [{"port": 8000, "protocol": "TCP"}]
     assert policy["ingress"] == [
         {"from": [{"podSelector": {"matchLabels": common.router_selector(plan)}}], "ports": port},
-        {"from": [peer], "ports": port},
+        {"from": [peer], "ports": [*port, {"port": 8001, "protocol": "TCP"}]},  # + the wrapper's start-up metrics
     ]
 
 
@@ -385,8 +394,10 @@ def test_pod_monitor_relabels_to_the_label_contract() -> None:
     plan, spec = gpu_case()
     pm = by_kind(render(plan, spec), "PodMonitor")["chat-vllm-operator"]["spec"]
     assert pm["namespaceSelector"] == {"matchNames": ["ml"]}
-    endpoint = pm["podMetricsEndpoints"][0]
-    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    endpoints = pm["podMetricsEndpoints"]
+    assert [(e["port"], e["path"]) for e in endpoints] == [("http", "/metrics"), ("status", "/metrics")]
+    assert endpoints[0]["relabelings"] == endpoints[1]["relabelings"]
+    endpoint = endpoints[0]
     targets = {r["targetLabel"]: r.get("sourceLabels", r.get("replacement")) for r in endpoint["relabelings"]}
     assert targets["vllmdeployment"] == "chat"
     assert targets["pool"] == ["__meta_kubernetes_pod_label_vllm_operator_dev_pool"]
