@@ -95,7 +95,19 @@ class PoolStatus(ApiModel):
     stable_since: Timestamp | None = Field(
         default=None, description="Since when the pool has been healthy (for step-up).")
     diagnosis: Annotated[str, StringConstraints(max_length=64)] | None = Field(
-        default=None, description="Last diagnosis of the health loop, e.g. Healthy, Stalled, EngineOOM.")
+        default=None, description="Last diagnosis of the health loop, e.g. Healthy, Starting, StartupStalled, "
+                                  "Stalled, EngineOOM.")
+    startup_phase: Annotated[str, StringConstraints(max_length=32)] | None = Field(
+        default=None, description="Start-up phase of the pool's least advanced engine pod, from its wrapper: "
+                                  "Launching, Downloading, LoadingWeights, Compiling, ProfilingMemory, "
+                                  "KVCacheAllocated, Serving (Serving once every pod serves).")
+    startup_phase_since: Timestamp | None = Field(
+        default=None, description="Since when that pod has been in that phase (RFC 3339).")
+    startup_progress: Annotated[str, StringConstraints(max_length=256)] | None = Field(
+        default=None, description="What the start last reported, e.g. 3.1 GiB of 15.0 GiB downloaded, KV cache "
+                                  "65,536 tokens, last progress 12s ago (limit 1200s).")
+    startup_pod: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        default=None, description="The pod the startup fields describe.")
 
 
 class PoolsStatus(ApiModel):

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
+from vllm_operator.constants import STARTUP_PHASES as PHASES
+from vllm_operator.constants import StartupPhase as Phase
 from vllm_operator.health.snapshot import PodFacts, PodMetrics, Snapshot, Termination
 
 
@@ -29,6 +31,7 @@ class State(enum.StrEnum):
     KV_CACHE_TOO_SMALL = "KVCacheTooSmall"
     CRASH_LOOPING = "CrashLooping"
     ENGINE_DEAD = "EngineDead"
+    STARTUP_STALLED = "StartupStalled"
     STALLED = "Stalled"
     RUNAWAY_GENERATION = "RunawayGeneration"
     KV_PRESSURE = "KVPressure"
@@ -42,7 +45,9 @@ class State(enum.StrEnum):
 
 DESCRIPTIONS: Mapping[State, str] = {
     State.HEALTHY: "Ready, running, and (where metrics are on) producing tokens whenever requests run.",
-    State.STARTING: "Created, pulling, loading the model or being replaced; no failure seen yet. Not available.",
+    State.STARTING: "Created, pulling, loading the model or being replaced; no failure seen yet. Not available. "
+                    "Where the wrapper's metrics are scraped, the message names the start-up phase, since when and "
+                    "its progress (a slow start that moves stays Starting however long it takes).",
     State.ENGINE_OOM: "The engine ran out of accelerator memory: the wrapper's exit code 87 / termination reason "
                       "EngineOOM (\"CUDA out of memory\", OutOfMemoryError) within the OOM window. Remedy: the "
                       "step-down ladder after repeated OOM, not restarts (the kubelet restarts the container).",
@@ -55,9 +60,15 @@ DESCRIPTIONS: Mapping[State, str] = {
                          "the wrapper did not classify); the kubelet already restarts it.",
     State.ENGINE_DEAD: "The engine core died (\"EngineCore encountered a fatal error\" or an unexpected exit 0, "
                        "exit codes 88/86). The kubelet restarts the container; the loop records it.",
+    State.STARTUP_STALLED: "The start stopped advancing: one start-up phase went its limit without a new phase, a "
+                           "progress line or a downloaded byte (fresh wrapper metrics say so, or the wrapper "
+                           "stopped vLLM with exit code 83). The wrapper already stops it and the kubelet restarts "
+                           "it; the loop reports the phase. Not a slow start, not an OOM.",
     State.STALLED: "Ready and answering /health, with requests running for the whole stall window and zero new "
-                   "generation tokens, from fresh samples. Nothing else catches this: the operator deletes the pod "
-                   "(within the restart budget and the disruption floor).",
+                   "generation tokens, from fresh samples; the window is counted from when the current vLLM "
+                   "process began serving (its wrapper's metrics), not from the container's start. Nothing else "
+                   "catches this: the operator deletes the pod (within the restart budget and the disruption "
+                   "floor).",
     State.RUNAWAY_GENERATION: "The share of finished requests that stopped at max_tokens (finished_reason=length) "
                               "over the window is above the alert level (default 20 %). Condition and event only.",
     State.KV_PRESSURE: "Mean KV cache usage over the window is at or above the pressure level (default 95 %); "
@@ -73,6 +84,7 @@ SEVERITY: tuple[State, ...] = (
     State.KV_CACHE_TOO_SMALL,
     State.HOST_OOM_KILLED,
     State.ENGINE_DEAD,
+    State.STARTUP_STALLED,
     State.STALLED,
     State.CRASH_LOOPING,
     State.UNSCHEDULABLE,
@@ -85,7 +97,7 @@ SEVERITY: tuple[State, ...] = (
 """Most severe first: a pool's primary state is the first of these present."""
 
 FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
-                            State.STALLED, State.CRASH_LOOPING, State.UNSCHEDULABLE})
+                            State.STARTUP_STALLED, State.STALLED, State.CRASH_LOOPING, State.UNSCHEDULABLE})
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,22 @@ class TerminationEvent:
 
 
 @dataclass(frozen=True)
+class StartupView:
+    """Where one pod's start is, from fresh wrapper samples."""
+
+    phase: str
+    since: float | None
+    progress: str
+    stalled: bool
+
+    @property
+    def rank(self) -> int:
+        """Position in the usual phase order (unknown names first): the pool reports its least advanced start."""
+        names = [p.value for p in PHASES]
+        return names.index(self.phase) if self.phase in names else -1
+
+
+@dataclass(frozen=True)
 class PodDiagnosis:
     pod: str
     uid: str
@@ -112,6 +140,7 @@ class PodDiagnosis:
     metrics_fresh: bool
     terminations: tuple[TerminationEvent, ...] = ()
     deleting: bool = False
+    startup: StartupView | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +164,9 @@ class PoolDiagnosis:
     preemptions: float | None = None
     observed_kv_tokens: int | None = None
     terminations: tuple[TerminationEvent, ...] = ()
+    startup: StartupView | None = None
+    """The least advanced start among the pool's pods (Serving when all serve); None without wrapper metrics."""
+    startup_pod: str | None = None
 
     @property
     def available(self) -> int:
@@ -162,6 +194,8 @@ def classify(term: Termination) -> State | None:
         return State.HOST_OOM_KILLED
     if term.wrapper_reason in {constants.REASON_ENGINE_DEAD, constants.REASON_UNEXPECTED_EXIT}:
         return State.ENGINE_DEAD
+    if term.wrapper_reason == constants.REASON_STARTUP_STALLED:
+        return State.STARTUP_STALLED
     if term.exit_code not in (None, 0):
         return State.CRASH_LOOPING
     return None
@@ -197,8 +231,50 @@ def _fresh(m: PodMetrics | None, now: float, settings: HealthSettings) -> bool:
             and now - m.last_sample_at <= settings.stale_after_s)
 
 
+def _startup(m: PodMetrics | None, now: float, settings: HealthSettings) -> StartupView | None:
+    """The pod's start-up facts when its wrapper's samples are fresh; a phase past its limit counts as stalled
+    even before the wrapper's own flag is scraped."""
+    if (m is None or m.startup_phase is None or m.startup_sample_at is None
+            or now - m.startup_sample_at > settings.stale_after_s):
+        return None
+    progress = ""
+    if m.startup_phase == Phase.DOWNLOADING.value and m.startup_download_bytes is not None:
+        done = _gib(m.startup_download_bytes)
+        progress = (f"{done} of {_gib(m.startup_download_total_bytes)} downloaded"
+                    if m.startup_download_total_bytes else f"{done} downloaded")
+    elif m.startup_kv_tokens is not None and m.startup_phase in (Phase.KV_CACHE_ALLOCATED.value,
+                                                                 Phase.COMPILING.value, Phase.SERVING.value):
+        progress = f"KV cache {m.startup_kv_tokens:,} tokens"
+    over = (m.startup_limit_s is not None and m.startup_last_progress is not None
+            and m.startup_phase != Phase.SERVING.value and now - m.startup_last_progress > m.startup_limit_s)
+    if m.startup_last_progress is not None and m.startup_phase != Phase.SERVING.value:
+        quiet = f"last progress {max(0.0, now - m.startup_last_progress):.0f}s ago"
+        if m.startup_limit_s is not None:
+            quiet += f" (limit {m.startup_limit_s:.0f}s)"
+        progress = f"{progress}, {quiet}" if progress else quiet
+    return StartupView(phase=m.startup_phase, since=m.startup_since, progress=progress[:256],
+                       stalled=bool(m.startup_stalled) or over)
+
+
+def _gib(n: float | None) -> str:
+    return f"{(n or 0) / 2**30:.1f} GiB"
+
+
+def stall_clock_start(pod: PodFacts, m: PodMetrics) -> float | None:
+    """Where the stall window may begin: when the current vLLM process began serving (the wrapper's Serving
+    phase; its first fresh metrics follow within one scrape), else when the wrapper launched it, else — without
+    wrapper metrics — the container's start. A cold restart that spends minutes re-reading torch from a slow disk
+    must not have those minutes counted as a stall, and samples of the previous process must not fill the window."""
+    if m.startup_phase == Phase.SERVING.value and m.startup_since is not None:
+        return m.startup_since
+    if m.process_start is not None:
+        return m.process_start
+    return pod.started_at
+
+
 def _is_stalled(pod: PodFacts, m: PodMetrics, now: float, settings: HealthSettings) -> bool:
-    running_long_enough = pod.started_at is not None and now - pod.started_at >= settings.stall_s
+    since = stall_clock_start(pod, m)
+    running_long_enough = since is not None and now - since >= settings.stall_s
     return (running_long_enough and m.running is not None and m.running > 0 and m.running_min is not None
             and m.running_min > 0 and m.generated is not None and m.generated <= 0 and (m.samples or 0) >= 2)
 
@@ -209,10 +285,12 @@ def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, no
     horizon = max(settings.oom_window_s, settings.stall_s)
     terms = _recent_terminations(pod, now, horizon)
     fresh = metrics_on and _fresh(metrics, now, settings)
+    startup = _startup(metrics, now, settings) if metrics_on else None
 
     def out(state: State, message: str, available: bool = False) -> PodDiagnosis:
         return PodDiagnosis(pod=pod.name, uid=pod.uid, pool=pod.pool, state=state, message=message,
-                            available=available, metrics_fresh=fresh, terminations=terms, deleting=pod.deleting)
+                            available=available, metrics_fresh=fresh, terminations=terms, deleting=pod.deleting,
+                            startup=startup)
 
     if pod.deleting:
         return out(State.STARTING, f"pod {pod.name} is being deleted")
@@ -227,6 +305,12 @@ def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, no
         if pod.waiting_reason == "CrashLoopBackOff":
             return out(State.CRASH_LOOPING, f"pod {pod.name} is in CrashLoopBackOff after "
                                             f"{pod.restart_count} restarts")
+        if startup is not None and pod.waiting_reason is None and startup.phase != Phase.SERVING.value:
+            since = f" for {now - startup.since:.0f}s" if startup.since is not None else ""
+            where = f"phase {startup.phase}{since}" + (f", {startup.progress}" if startup.progress else "")
+            if startup.stalled:
+                return out(State.STARTUP_STALLED, f"pod {pod.name}: start stuck in {where}")
+            return out(State.STARTING, f"pod {pod.name} is starting ({where})")
         detail = pod.waiting_reason or ("not ready" if pod.phase == "Running" else pod.phase)
         return out(State.STARTING, f"pod {pod.name} is starting ({detail})")
     if not metrics_on:
@@ -304,6 +388,11 @@ def diagnose(snap: Snapshot, settings: HealthSettings) -> Diagnosis:
         if not pods:
             states.add(State.STARTING if facts.desired_replicas > 0 else State.HEALTHY)
         terms = tuple(t for p in pods for t in p.terminations)
+        starts = [(p.startup, p.pod) for p in pods if p.startup is not None and not p.deleting]
+        behind = min(starts, key=lambda s: (s[0].phase == Phase.SERVING.value, s[0].rank, -(s[0].since or 0.0)),
+                     default=None)
+        if behind is not None and behind[0].phase == Phase.SERVING.value:  # all serve: since the last one began
+            behind = max(starts, key=lambda s: s[0].since or 0.0)
         # A termination inside the OOM window marks the pool even when the pod is serving again: it is not stable.
         states |= {t.state for t in terms}
         primary = next(s for s in SEVERITY if s in states) if states else State.HEALTHY
@@ -318,7 +407,8 @@ def diagnose(snap: Snapshot, settings: HealthSettings) -> Diagnosis:
             length_share=_float(mfacts.get("length_share")), finished=_float(mfacts.get("finished")),
             length_watch=bool(mfacts.get("length_watch", False)), kv_usage=_float(mfacts.get("kv_usage")),
             preemptions=_float(mfacts.get("preemptions")),
-            observed_kv_tokens=_int(mfacts.get("observed_kv_tokens")), terminations=terms)
+            observed_kv_tokens=_int(mfacts.get("observed_kv_tokens")), terminations=terms,
+            startup=behind[0] if behind else None, startup_pod=behind[1] if behind else None)
     reason, message = _metrics_summary(snap, pools)
     return Diagnosis(taken_at=now, pools=pools, metrics_available=reason == "Scraped", metrics_reason=reason,
                      metrics_message=message)

@@ -285,6 +285,11 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
         out.acted.append(f"pool {pool} stepped up to rung {step.level}")
 
     st.diagnosis = pd.state.value
+    start = pd.startup
+    st.startup_phase = start.phase if start is not None else None
+    st.startup_phase_since = format_time(start.since) if start is not None and start.since is not None else None
+    st.startup_progress = (start.progress or None) if start is not None else None
+    st.startup_pod = pd.startup_pod if start is not None else None
     if pd.observed_kv_tokens is not None:
         st.observed_kv_tokens = pd.observed_kv_tokens
     return out

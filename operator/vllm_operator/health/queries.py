@@ -41,6 +41,12 @@ def duration(seconds: float) -> str:
     return f"{max(1, round(seconds))}s"
 
 
+def wrapper_selector(metric: str, namespace: str, deployment: str) -> str:
+    """`vllm_operator_engine_…{namespace="ns", vllmdeployment="d"}`: the engine wrapper's own series (start-up
+    phases, scraped from its `status` port) have plain names, no `vllm:`."""
+    return metric + "{" + f"namespace={_quote(namespace)}, vllmdeployment={_quote(deployment)}" + "}"
+
+
 @dataclass(frozen=True)
 class DeploymentQueries:
     """The instant queries of one health check; each returns one series per pod (or per pool)."""
@@ -57,16 +63,31 @@ class DeploymentQueries:
     kv_tokens: str
     finished: str
     finished_length: str
+    startup_phase: str
+    """One series per pod with the `phase` label of the phase its start is in (value 1)."""
+    startup_sample: str
+    """Sample time of the wrapper's series: how fresh the start-up facts are."""
+    startup_since: str
+    startup_last_progress: str
+    startup_stalled: str
+    startup_limit: str
+    startup_download: str
+    startup_download_total: str
+    startup_kv_tokens: str
+    process_start: str
 
 
 def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s: float) -> DeploymentQueries:
     def sel(metric: str, **labels: str) -> str:
         return selector(metric, namespace, deployment, **labels)
 
+    def wrapped(metric: str) -> str:
+        return wrapper_selector(metric, namespace, deployment)
+
     stall, window = duration(stall_s), duration(window_s)
     up = "up{" + f"namespace={_quote(namespace)}, vllmdeployment={_quote(deployment)}" + "}"
     return DeploymentQueries(
-        up=f"max by ({BY_POD}) ({up})",
+        up=f"min by ({BY_POD}) ({up})",  # every endpoint of the pod (vLLM's and the wrapper's) answered
         last_sample=f"max by ({BY_POD}) (timestamp({sel(METRIC_GENERATION_TOKENS)}))",
         running=f"max by ({BY_POD}) ({sel(METRIC_RUNNING)})",
         running_min=f"min by ({BY_POD}) (min_over_time({sel(METRIC_RUNNING)}[{stall}]))",
@@ -78,4 +99,14 @@ def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s:
         kv_tokens=f"max by ({BY_POD}, kv_cache_size_tokens) ({sel(METRIC_CACHE_CONFIG_INFO)})",
         finished=f"sum by (pool) (increase({sel(METRIC_REQUEST_SUCCESS)}[{window}]))",
         finished_length=f"sum by (pool) (increase({sel(METRIC_REQUEST_SUCCESS, finished_reason='length')}[{window}]))",
+        startup_phase=f"max by ({BY_POD}, phase) ({wrapped(constants.METRIC_STARTUP_PHASE)} == 1)",
+        startup_sample=f"max by ({BY_POD}) (timestamp({wrapped(constants.METRIC_STARTUP_PHASE_SINCE)}))",
+        startup_since=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_PHASE_SINCE)})",
+        startup_last_progress=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_LAST_PROGRESS)})",
+        startup_stalled=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_STALLED)})",
+        startup_limit=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_LIMIT)})",
+        startup_download=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD)})",
+        startup_download_total=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD_TOTAL)})",
+        startup_kv_tokens=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_KV_TOKENS)})",
+        process_start=f"max by ({BY_POD}) ({wrapped(constants.METRIC_PROCESS_START)})",
     )

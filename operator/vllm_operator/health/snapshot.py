@@ -103,6 +103,20 @@ class PodMetrics:
     """Increase of num_preemptions_total over the metric window."""
     kv_cache_tokens: int | None = None
     """kv_cache_size_tokens from vllm:cache_config_info."""
+    startup_phase: str | None = None
+    """The engine wrapper's start-up phase (`engine.phases.Phase` value), from its own series."""
+    startup_sample_at: float | None = None
+    """Sample time of the wrapper's series (staleness of the start-up facts)."""
+    startup_since: float | None = None
+    """When the current phase began; for Serving, when this vLLM process began to serve."""
+    startup_last_progress: float | None = None
+    startup_stalled: bool | None = None
+    startup_limit_s: float | None = None
+    startup_download_bytes: float | None = None
+    startup_download_total_bytes: float | None = None
+    startup_kv_tokens: int | None = None
+    process_start: float | None = None
+    """When the wrapper launched the current vLLM process."""
 
 
 @dataclass(frozen=True)

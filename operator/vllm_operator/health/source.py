@@ -103,23 +103,32 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
     r = dict(zip(names_, results, strict=True))
     pods: dict[str, dict[str, Any]] = {}
     pools: dict[str, str] = {}
+    renamed = {"last_sample": "last_sample_at", "startup_sample": "startup_sample_at",
+               "startup_limit": "startup_limit_s", "startup_download": "startup_download_bytes",
+               "startup_download_total": "startup_download_total_bytes"}
     for key in ("up", "last_sample", "running", "running_min", "generated", "samples", "kv_usage", "kv_usage_avg",
-                "preemptions", "kv_tokens"):
+                "preemptions", "kv_tokens", "startup_phase", "startup_sample", "startup_since",
+                "startup_last_progress", "startup_stalled", "startup_limit", "startup_download",
+                "startup_download_total", "startup_kv_tokens", "process_start"):
         for pod, sample in _by_pod(r[key]).items():
             pools[pod] = sample.labels.get("pool", pools.get(pod, ""))
             entry = pods.setdefault(pod, {})
             if key == "up":
                 entry["up"] = sample.value >= 1
-            elif key == "last_sample":
-                entry["last_sample_at"] = sample.value
             elif key == "samples":
                 entry["samples"] = int(sample.value)
+            elif key == "startup_phase":
+                entry["startup_phase"] = sample.labels.get("phase") or None
+            elif key == "startup_stalled":
+                entry["startup_stalled"] = sample.value >= 1
+            elif key == "startup_kv_tokens":
+                entry["startup_kv_tokens"] = int(sample.value)
             elif key == "kv_tokens":
                 tokens = sample.labels.get("kv_cache_size_tokens", "")
                 if tokens.isdigit():
                     entry["kv_cache_tokens"] = int(tokens)
             else:
-                entry[key] = sample.value
+                entry[renamed.get(key, key)] = sample.value
     pod_metrics = {pod: PodMetrics(pod=pod, pool=pools.get(pod, ""), **values) for pod, values in pods.items()}
     finished = {s.labels.get("pool", ""): s.value for s in r["finished"]}
     length = {s.labels.get("pool", ""): s.value for s in r["finished_length"]}

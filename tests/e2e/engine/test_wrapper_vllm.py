@@ -1,4 +1,4 @@
-"""The engine wrapper around a REAL vLLM on CPU: engine-core death and a KV cache too small to start.
+"""The engine wrapper around a REAL vLLM on CPU: start-up phases, engine-core death, a KV cache too small to start.
 
 vLLM's API server exits with code 0 a few seconds after its engine core dies; the wrapper must turn that into exit
 code 88 (EngineDead) with a termination message, from the text real vLLM prints. The start-up refusal when one
@@ -14,7 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,12 +34,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return vllm_cpu.make_model("tiny", tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
-def start_wrapped(model: Path, args: list[str], tmp_path: Path) -> tuple[vllm_cpu.VllmServer, Path]:
+def start_wrapped(model: Path, args: list[str], tmp_path: Path, status_port: int | None = None
+                  ) -> tuple[vllm_cpu.VllmServer, Path]:
     port = free_port()
     message = tmp_path / "termination-log"
     argv = [sys.executable, "-m", "vllm_operator.cli", "engine", "--launcher=api-server",
             f"--python={vllm_cpu.require_vllm_venv()}", f"--termination-message-path={message}", "--preflight=off",
-            "--status-host=127.0.0.1", f"--status-port={free_port()}",
+            "--status-host=127.0.0.1", f"--status-port={status_port or free_port()}",
             "--", "vllm", "serve", str(model), "--load-format=dummy", "--enforce-eager", *args,
             "--host=127.0.0.1", f"--port={port}"]
     log_path = tmp_path / "wrapper.log"
@@ -46,6 +50,52 @@ def start_wrapped(model: Path, args: list[str], tmp_path: Path) -> tuple[vllm_cp
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     return vllm_cpu.VllmServer(proc=proc, argv=argv, host="127.0.0.1", port=port, log_path=log_path), message
+
+
+def wrapper_status(port: int, path: str = "/status") -> tuple[int | None, dict[str, Any] | None]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), json.loads(err.read() or b"null")
+    except OSError:
+        return None, None
+
+
+def test_start_up_phases_of_real_vllm_in_order(model_dir: Path, tmp_path: Path) -> None:
+    """The phases a real vLLM CPU start goes through, read live off the wrapper's /status, with vLLM's KV number;
+    the startup probe fails while it starts and passes once it serves. Per-phase seconds are recorded."""
+    status_port = free_port()
+    server, _ = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path,
+                              status_port=status_port)
+    try:
+        seen: list[str] = []
+        probe_codes: set[int | None] = set()
+        snap: dict[str, Any] | None = None
+        deadline = time.monotonic() + vllm_cpu.DEFAULT_STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline and server.proc.poll() is None:
+            _, snap = wrapper_status(status_port)
+            if snap is not None and (not seen or seen[-1] != snap["phase"]):
+                seen.append(snap["phase"])
+            if snap is not None and snap["phase"] == "Serving":
+                break
+            probe_codes.add(wrapper_status(status_port, "/startup")[0])
+            time.sleep(0.2)
+        log = server.log_text()
+        assert snap is not None and snap["phase"] == "Serving", log[-3000:]
+        history = [h["phase"] for h in snap["history"]]
+        assert history == ["Launching", "LoadingWeights", "ProfilingMemory", "KVCacheAllocated", "Serving"], history
+        assert seen[0] == "Launching" and seen[-1] == "Serving" and seen == [p for p in history if p in seen]
+        assert snap["kvCacheTokens"] == 65536 and snap["maxConcurrency"] == 32.0  # vLLM's own numbers
+        assert "CPU KV cache size: 65,536 tokens" in log and not snap["stalled"]
+        assert probe_codes <= {503, None} and 503 in probe_codes, probe_codes
+        assert wrapper_status(status_port, "/startup")[0] == 200
+        server.wait_healthy()
+        assert server.health_status() == 200
+        record_timing("real vLLM CPU start-up phases", sum(snap["durations"].values()), tier="real vLLM CPU",
+                      durations=snap["durations"], seen_live=seen)
+    finally:
+        server.stop(grace_s=10)
 
 
 def test_engine_core_killed_becomes_engine_dead(model_dir: Path, tmp_path: Path) -> None:

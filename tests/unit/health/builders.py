@@ -80,6 +80,23 @@ def stalled(pod_name: str, pool: str = "short", **over: Any) -> PodMetrics:
     return busy(pod_name, pool, **{"generated": 0.0, "running": 2.0, "running_min": 2.0, **over})
 
 
+def starting(pod_name: str, phase: str, pool: str = "short", *, since_ago: float = 30, progress_ago: float = 5,
+             limit: float | None = 1200, flag: bool = False, **over: Any) -> PodMetrics:
+    """A start in progress as its wrapper reports it: only the wrapper's series exist (vLLM serves no HTTP yet, so
+    its target is down)."""
+    values: dict[str, Any] = {"up": False, "startup_phase": phase, "startup_sample_at": NOW - 1,
+                              "startup_since": NOW - since_ago, "startup_last_progress": NOW - progress_ago,
+                              "startup_limit_s": limit, "startup_stalled": flag, "process_start": NOW - 600}
+    values.update(over)
+    return PodMetrics(pod=pod_name, pool=pool, **values)
+
+
+def serving_since(ago: float) -> dict[str, Any]:
+    """Wrapper facts of a vLLM process that began serving `ago` seconds ago (to merge into busy()/stalled())."""
+    return {"startup_phase": "Serving", "startup_sample_at": NOW - 1, "startup_since": NOW - ago,
+            "startup_last_progress": NOW - ago, "startup_stalled": False, "process_start": NOW - ago - 90}
+
+
 def snapshot(pods: list[dict[str, Any]], metrics: dict[str, PodMetrics] | None = None, *,
              pools: dict[str, PoolMetrics] | None = None, error: str | None = None, prometheus: bool = True,
              replicas: dict[str, int] | None = None, max_unavailable: int = 1) -> Snapshot:

@@ -16,10 +16,13 @@ from tests.unit.health.builders import (
     OOM,
     busy,
     pod,
+    serving_since,
     snapshot,
     stalled,
+    starting,
     term,
 )
+from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.health.diagnose import DESCRIPTIONS, State, classify, diagnose
 from vllm_operator.health.snapshot import PodMetrics, PoolMetrics, pod_facts
@@ -93,6 +96,30 @@ ROWS = {
                                    {"pools": {"short": PoolMetrics(finished=100, finished_length=10)}}),
     "length-share-too-few-requests": Row([pod("a")], {"a": busy("a")}, State.HEALTHY, State.HEALTHY,
                                          {"pools": {"short": PoolMetrics(finished=4, finished_length=4)}}),
+    "starting-in-a-phase-that-moves": Row([pod("a", ready=False, started_ago=3000)],
+                                          {"a": starting("a", "LoadingWeights", since_ago=2900, progress_ago=20)},
+                                          State.STARTING, State.STARTING),
+    "starting-download-that-moves": Row([pod("a", ready=False, started_ago=3000)],
+                                        {"a": starting("a", "Downloading", since_ago=2900, progress_ago=3, limit=600,
+                                                       startup_download_bytes=40 * 2**30)},
+                                        State.STARTING, State.STARTING),
+    "startup-stalled-flag": Row([pod("a", ready=False, started_ago=900)],
+                                {"a": starting("a", "ProfilingMemory", flag=True)},
+                                State.STARTUP_STALLED, State.STARTUP_STALLED),
+    "startup-stalled-past-limit": Row([pod("a", ready=False, started_ago=900)],
+                                      {"a": starting("a", "Compiling", since_ago=800, progress_ago=700, limit=600)},
+                                      State.STARTUP_STALLED, State.STARTUP_STALLED),
+    "startup-stale-wrapper-samples-are-no-evidence": Row(
+        [pod("a", ready=False, started_ago=900)],
+        {"a": starting("a", "Compiling", progress_ago=700, limit=600, startup_sample_at=NOW - 300)},
+        State.STARTING, State.STARTING),
+    "startup-stalled-exit-83": Row([pod("a", ready=False, started_ago=5, restarts=1, last=term(
+        constants.EXIT_STARTUP_STALLED, wrapper=constants.REASON_STARTUP_STALLED, detail="phase Compiling for 1900s"))],
+        {}, State.STARTUP_STALLED, State.STARTUP_STALLED),
+    "stall-window-counts-from-serving-not-container-start": Row(
+        [pod("a", started_ago=3600)], {"a": stalled("a", **serving_since(30))}, State.HEALTHY, State.HEALTHY),
+    "stalled-once-serving-longer-than-the-window": Row(
+        [pod("a", started_ago=3600)], {"a": stalled("a", **serving_since(90))}, State.STALLED, State.STALLED),
     "oom-outranks-stalled-neighbour": Row([pod("a", ready=False, started_ago=5, restarts=1, last=OOM), pod("b")],
                                           {"b": stalled("b")}, State.ENGINE_OOM, State.ENGINE_OOM),
 }
@@ -105,6 +132,23 @@ def test_diagnose_table(row: Row) -> None:
     pool = diag.pools["short"]
     assert pool.pods[0].state is row.expect_pod, pool.pods[0].message
     assert pool.state is row.expect_pool, pool.message
+
+
+def test_pool_reports_its_least_advanced_start() -> None:
+    snap = snapshot([pod("a", ready=False, started_ago=100), pod("b", ready=False, started_ago=100), pod("c")],
+                    {"a": starting("a", "KVCacheAllocated", since_ago=4, startup_kv_tokens=65536),
+                     "b": starting("b", "LoadingWeights", since_ago=50, progress_ago=2),
+                     "c": busy("c", **serving_since(500))}, replicas={"short": 3})
+    pool = diagnose(snap, S).pools["short"]
+    assert pool.startup is not None and (pool.startup_pod, pool.startup.phase) == ("b", "LoadingWeights")
+    assert pool.startup.since == NOW - 50 and pool.startup.progress == "last progress 2s ago (limit 1200s)"
+    a = next(p for p in pool.pods if p.pod == "a")
+    assert a.startup is not None and a.startup.progress.startswith("KV cache 65,536 tokens")
+    assert "phase LoadingWeights for 50s" in pool.message
+    all_serving = snapshot([pod("a"), pod("c")], {"a": busy("a", **serving_since(60)),
+                                                  "c": busy("c", **serving_since(500))}, replicas={"short": 2})
+    pool = diagnose(all_serving, S).pools["short"]
+    assert pool.startup is not None and (pool.startup.phase, pool.startup_pod) == ("Serving", "a")
 
 
 def test_every_state_is_documented() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.health.builders import KV, NOW, OOM, busy, pod, snapshot, stalled, term
+from tests.unit.health.builders import KV, NOW, OOM, busy, pod, serving_since, snapshot, stalled, starting, term
 from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.api.status import (
@@ -301,3 +301,22 @@ def test_host_oom_kills_step_cpu_pools_down(host_memory: bool, steps: int) -> No
     d = run([pod("a", ready=False, started_ago=5, restarts=1, last=killed)], status=status,
             ladders={"short": view})
     assert len(d.rung_changes) == steps
+
+
+def test_startup_phase_reaches_pool_status_and_a_stuck_start_degrades() -> None:
+    moving = run([pod("a", ready=False, started_ago=400)],
+                 {"a": starting("a", "Downloading", since_ago=300, progress_ago=1, limit=600,
+                                startup_download_bytes=3 * 2**30, startup_download_total_bytes=15 * 2**30)})
+    entry = moving.status.pools.short if moving.status.pools else None
+    assert entry is not None and entry.diagnosis == "Starting" and entry.startup_phase == "Downloading"
+    assert entry.startup_phase_since == format_time(NOW - 300) and entry.startup_pod == "a"
+    assert entry.startup_progress == "3.0 GiB of 15.0 GiB downloaded, last progress 1s ago (limit 600s)"
+    assert not moving.deletions and cond(moving, constants.COND_DEGRADED) == ("False", "Healthy")
+    stuck = run([pod("a", ready=False, started_ago=400)], {"a": starting("a", "ProfilingMemory", flag=True)})
+    entry = stuck.status.pools.short if stuck.status.pools else None
+    assert entry is not None and entry.diagnosis == "StartupStalled" and entry.startup_phase == "ProfilingMemory"
+    assert cond(stuck, constants.COND_DEGRADED) == ("True", "StartupStalled")
+    assert not stuck.deletions, "the wrapper stops a stuck start itself; the operator deletes nothing"
+    served = run([pod("a")], {"a": busy("a", **serving_since(30))}, status=stuck.status)
+    entry = served.status.pools.short if served.status.pools else None
+    assert entry is not None and entry.startup_phase == "Serving" and entry.startup_progress is None
