@@ -29,6 +29,7 @@ Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -238,25 +239,17 @@ def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: Sta
             stop.set()
             scanner.stopping = True
             log.error("Stopped vLLM (pid %d): its start stalled, %s", child.pid, stalled[0])
-            with _suppress_lookup():
+            with contextlib.suppress(ProcessLookupError):
                 child.terminate()
             try:
                 child.wait(options.stop_grace_s)
             except subprocess.TimeoutExpired:
                 log.error("vLLM (pid %d) did not stop within %.0fs of SIGTERM; killed it", child.pid,
                           options.stop_grace_s)
-                with _suppress_lookup():
+                with contextlib.suppress(ProcessLookupError):
                     child.kill()
             return
         time.sleep(options.watch_interval_s)
-
-
-class _suppress_lookup:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
-        return kind is not None and issubclass(kind, ProcessLookupError)
 
 
 def run(command: Sequence[str], *, termination_path: str, startup: StartupOptions | None = None) -> int:
