@@ -18,14 +18,15 @@ replicas does not — caches are full in production. `--kv-mib 256` is the ample
 
 Per phase: prefix cache hit rate = Δ vllm:prefix_cache_hits_total / Δ vllm:prefix_cache_queries_total over both
 engines (tokens), TTFT p50/p99 at the client (request sent → first streamed content), balance = max/mean requests
-per engine (Δ vllm:request_success_total), and the router process's CPU seconds per request. Rounds alternate which
-strategy goes first. Ratios are prefix / least-outstanding within the same round.
+per engine (Δ vllm:request_success_total), and the router process's CPU seconds per request. Rounds rotate which
+strategy goes first (`--variants prefix,prefix@1.5` adds routers with another loadFactor). Ratios are prefix /
+least-outstanding within the same round.
 
     .venv/bin/python benchmarks/router-prefix/bench.py --rounds 3 --json benchmarks/router-prefix/results/DATE.json
     .venv/bin/python benchmarks/router-prefix/bench.py --report benchmarks/router-prefix/results/DATE.json
 
 `--memory` measures the router's prefix state instead (no engines): bytes per remembered block of the index and of
-the text cache, at the planner's ceiling of 262,144 blocks.
+the text cache, at the planner's ceiling of 262,144 blocks, and the CPU of one prefix choice in-process.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ from tests.support.net import free_port  # noqa: E402
 from tests.support.vllm_cpu import cpu_env, make_model, metric_lines, start_vllm  # noqa: E402
 
 MODEL = "tiny-llama"
-STRATEGIES = ("least-outstanding", "prefix")
 ROUTER_MAX_MODEL_LEN = 65536
 WORDS = (
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
@@ -70,13 +70,18 @@ WORDS = (
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def router_config(strategy: str, engines: list[str], tokenizer_dir: Path, port: int) -> dict[str, Any]:
+def router_config(variant: str, engines: list[str], tokenizer_dir: Path, port: int) -> dict[str, Any]:
+    """`variant`: least-outstanding, prefix, or prefix@F (prefix with loadFactor F)."""
     from vllm_operator.api.router_config import RouterConfig
 
     # The router is told a longer context than the engines have, so that counting never needs the tokenizer (the
     # bounds settle every decision) and the CPU difference between the two routers is the prefix naming alone.
+    strategy, _, factor = variant.partition("@")
+    prefix: dict[str, Any] = {"blockTokens": 128, "indexBlocks": 65536}
+    if factor:
+        prefix["loadFactor"] = float(factor)
     pool = {"enabled": True, "maxModelLen": ROUTER_MAX_MODEL_LEN, "maxTokens": 512, "endpoints": engines,
-            "strategy": strategy, "prefix": {"blockTokens": 128, "indexBlocks": 65536}}
+            "strategy": strategy, "prefix": prefix}
     return RouterConfig.model_validate({
         "model": MODEL, "deployment": "bench", "namespace": "bench",
         "promptLengthThreshold": ROUTER_MAX_MODEL_LEN, "overLimit": "clamp",
@@ -89,7 +94,7 @@ def router_config(strategy: str, engines: list[str], tokenizer_dir: Path, port: 
 
 
 class Router:
-    def __init__(self, strategy: str, engines: list[str], model_dir: Path, work: Path) -> None:
+    def __init__(self, strategy: str, engines: list[str], model_dir: Path, work: Path) -> None:  # strategy = variant
         self.strategy = strategy
         self.port = free_port()
         cfg = work / f"router-{strategy}.json"
@@ -240,30 +245,35 @@ def phase_summary(before: list[dict[str, float]], after: list[dict[str, float]],
 
 
 def summarize(data: dict[str, Any]) -> str:
+    variants = list(data["rounds"][0]["phases"])
     lines = ["| round | strategy | hit rate | TTFT p50 (s) | TTFT p99 (s) | max/mean requests | requests per engine | "
              "router CPU ms/request | mean/max prompt tokens |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
-    ratios: dict[str, list[float]] = {"hit": [], "p50": [], "p99": [], "cpu": []}
+    ratios: dict[str, dict[str, list[float]]] = {v: {"hit": [], "p50": [], "p99": [], "cpu": []}
+                                                 for v in variants if v != "least-outstanding"}
     for rnd in data["rounds"]:
-        for strategy in STRATEGIES:
+        for strategy in variants:
             s = rnd["phases"][strategy]
             lines.append(f"| {rnd['round']} | {strategy} | {s['hit_rate']:.3f} | {s['ttft_p50_s']:.3f} | "
                          f"{s['ttft_p99_s']:.3f} | {s['balance_max_over_mean']:.3f} | "
                          f"{'/'.join(str(int(x)) for x in s['requests_per_engine'])} | "
                          f"{s['router_cpu_ms_per_request']:.2f} | {s['prompt_tokens_mean']:.0f}/"
                          f"{s['prompt_tokens_max']} |")
-        lo, px = rnd["phases"]["least-outstanding"], rnd["phases"]["prefix"]
-        ratios["hit"].append(px["hit_rate"] / lo["hit_rate"] if lo["hit_rate"] else float("inf"))
-        ratios["p50"].append(px["ttft_p50_s"] / lo["ttft_p50_s"])
-        ratios["p99"].append(px["ttft_p99_s"] / lo["ttft_p99_s"])
-        ratios["cpu"].append(px["router_cpu_ms_per_request"] - lo["router_cpu_ms_per_request"])
-    lines.append("")
+        lo = rnd["phases"]["least-outstanding"]
+        for v, r in ratios.items():
+            px = rnd["phases"][v]
+            r["hit"].append(px["hit_rate"] / lo["hit_rate"] if lo["hit_rate"] else float("inf"))
+            r["p50"].append(px["ttft_p50_s"] / lo["ttft_p50_s"])
+            r["p99"].append(px["ttft_p99_s"] / lo["ttft_p99_s"])
+            r["cpu"].append(px["router_cpu_ms_per_request"] - lo["router_cpu_ms_per_request"])
     heads = " | ".join(f"round {r['round']}" for r in data["rounds"])
-    lines.append(f"| per round, prefix vs least-outstanding | {heads} |")
-    lines.append("|---|" + "---:|" * len(data["rounds"]))
-    lines.append("| hit rate ratio | " + " | ".join(f"{x:.2f}x" for x in ratios["hit"]) + " |")
-    lines.append("| TTFT p50 ratio | " + " | ".join(f"{x:.2f}" for x in ratios["p50"]) + " |")
-    lines.append("| TTFT p99 ratio | " + " | ".join(f"{x:.2f}" for x in ratios["p99"]) + " |")
-    lines.append("| router CPU added, ms/request | " + " | ".join(f"{x:+.2f}" for x in ratios["cpu"]) + " |")
+    for v, r in ratios.items():
+        lines.append("")
+        lines.append(f"| {v} vs least-outstanding | {heads} |")
+        lines.append("|---|" + "---:|" * len(data["rounds"]))
+        lines.append("| hit rate ratio | " + " | ".join(f"{x:.2f}x" for x in r["hit"]) + " |")
+        lines.append("| TTFT p50 ratio | " + " | ".join(f"{x:.2f}" for x in r["p50"]) + " |")
+        lines.append("| TTFT p99 ratio | " + " | ".join(f"{x:.2f}" for x in r["p99"]) + " |")
+        lines.append("| router CPU added, ms/request | " + " | ".join(f"{x:+.2f}" for x in r["cpu"]) + " |")
     return "\n".join(lines)
 
 
@@ -298,6 +308,44 @@ def memory(block_tokens: int = 16, blocks: int = 262_144) -> dict[str, Any]:
             "prompts": n + n // 4}
 
 
+def naming_cost(repeats: int = 30) -> dict[str, Any]:
+    """In-process CPU of one prefix choice (name the prompt, walk the index, choose, record) with the tiny model's
+    tokenizer, for a conversation of 6 turns (~4.6K tokens) whose earlier turns are cached (`warm`: a new user
+    message and answer to tokenize, as in the workload) and for the same conversation all new (`cold`)."""
+    import tokenizers
+
+    from vllm_operator.api.router_config import PrefixRouting
+    from vllm_operator.router.prefix import PrefixBalancer
+    from vllm_operator.router.tokens import Prompt
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = tokenizers.Tokenizer.from_file(str(make_model("tiny", Path(tmp) / "m") / "tokenizer.json"))
+
+    class Rep:
+        def __init__(self, claim: int) -> None:
+            self.claim, self.outstanding = claim, 0
+
+    reps = [Rep(1), Rep(2)]
+    out: dict[str, Any] = {}
+    for case in ("warm", "cold", "chars-cold"):
+        balancer = PrefixBalancer(PrefixRouting(block_tokens=128), None if case == "chars-cold" else tok)
+        times = []
+        for i in range(repeats):
+            rng = random.Random(i)
+            texts = [user_text(rng, 750)] + [user_text(rng, 80) for _ in range(10)]
+            prompt = Prompt(tuple(texts), chat=True, messages=len(texts))
+            if case == "warm":
+                balancer.chain(Prompt(tuple(texts[:-2]), chat=True, messages=len(texts) - 2))
+            t0 = time.process_time()
+            chain = balancer.chain(prompt)
+            chosen, _ = balancer.choose(reps, chain)
+            balancer.record(chosen.claim, chain, {1, 2})
+            times.append(time.process_time() - t0)
+        out[case] = {"cpu_ms_median": statistics.median(times) * 1e3, "cpu_ms_p90": pct(times, 0.9) * 1e3,
+                     "chars": sum(map(len, texts)), "blocks": len(chain)}
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -314,7 +362,8 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for e in engines:
             e.wait_healthy(600)
         urls = [e.url for e in engines]
-        routers = {s: Router(s, urls, model_dir, work) for s in STRATEGIES}
+        variants = ["least-outstanding", *args.variants.split(",")]
+        routers = {s: Router(s, urls, model_dir, work) for s in variants}
         try:
             for r in routers.values():
                 r.wait()
@@ -322,7 +371,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             await run_phase(routers["least-outstanding"].url, 2, 2, 2, 64, 64, 4, seed=999)
             rounds = []
             for rnd in range(args.rounds):
-                order = STRATEGIES if rnd % 2 == 0 else tuple(reversed(STRATEGIES))
+                order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]
                 phases: dict[str, Any] = {}
                 for strategy in order:
                     router = routers[strategy]
@@ -331,7 +380,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     choices0 = router_choices(router.url)
                     res = await run_phase(router.url, args.sessions, args.turns, args.concurrency, args.first_words,
                                           args.user_words, args.max_tokens,
-                                          seed=1000 * rnd + STRATEGIES.index(strategy))
+                                          seed=1000 * rnd + variants.index(strategy))
                     cpu = router.cpu_seconds() - cpu0
                     after = [counters(e.metrics_text()) for e in engines]
                     phases[strategy] = phase_summary(before, after, res, cpu)
@@ -362,6 +411,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--kv-mib", type=int, default=40, help="KV cache per engine (tiny model: 1 KiB per token)")
+    p.add_argument("--variants", default="prefix",
+                   help="comma list of prefix routers compared with least-outstanding: prefix, prefix@F (loadFactor F)")
     p.add_argument("--memory", action="store_true", help="measure the prefix state's memory only")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)
@@ -376,7 +427,8 @@ def main() -> int:
     results: dict[str, Any] = {"meta": meta}
     if args.memory:
         results["memory"] = {"gpu_blocks": memory(16), "cpu_blocks": memory(128)}
-        print(json.dumps(results["memory"], indent=1))
+        results["naming_cost"] = naming_cost()
+        print(json.dumps({k: results[k] for k in ("memory", "naming_cost")}, indent=1))
     else:
         with tempfile.TemporaryDirectory(prefix="router-prefix-") as tmp:
             results["bench"] = asyncio.run(bench(args, Path(tmp)))
