@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 TOOLS := .tools
 
-.PHONY: demo test lint unit integration e2e crds schemas goldens bench venv test-deps vllm-venv tools clean
+.PHONY: demo test lint unit integration e2e crds schemas goldens bench venv test-deps vllm-venv tools clean cluster-bin
 
 $(BIN)/vllm-operator: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(BIN)/vllm-operator: pyproject.toml
 venv: $(BIN)/vllm-operator
 
 ## demo: create .venv, install, and run the main job (operator on the simulated cluster).
-demo: venv
+demo: venv cluster-bin
 	$(BIN)/vllm-operator demo
 
 ## test: install everything the tests need from scratch, then run all tiers (lint, unit, integration, e2e).
@@ -25,8 +25,13 @@ test: venv test-deps
 	scripts/run-tiers.sh
 
 ## System packages and binaries the integration/e2e tiers use (Prometheus, promtool, Lua, helm, vLLM on CPU).
-test-deps: venv
+test-deps: venv cluster-bin
 	scripts/install-test-deps.sh
+
+## cluster-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go modules
+## in cluster/ into ~/.cache/vllm-operator/kube-<hash>/ (outside the clone; a no-op when built; ~15 min cold).
+cluster-bin:
+	scripts/build-cluster-bin.sh
 
 lint: venv
 	$(BIN)/ruff check .

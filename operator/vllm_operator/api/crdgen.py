@@ -101,7 +101,10 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this representation of an object."},
             "kind": {"type": "string", "description": "Kind of the REST resource this object represents."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server owns metadata's schema: a CRD may constrain only name and generateName here, and
+            # anything else (a description included) is refused with "must not specify anything other than name
+            # and generateName, but metadata is implicitly specified".
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },

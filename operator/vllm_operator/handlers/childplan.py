@@ -17,8 +17,11 @@ The rules:
 - Replicas of a pool whose replicas an external autoscaler owns are in the applied object only when the child is
   created (the autoscaler has nothing to scale before the Deployment exists).
 
-Applied children come in two waves: everything pods refer to (ServiceAccount, Role and binding, ConfigMap,
-Services, ...) first, the Deployments after, so no pod is created before what it mounts or runs as.
+Applied children come in two waves: everything pods refer to (ServiceAccount, Role, ConfigMap, Services, ...)
+first, the Deployments after, so no pod is created before what it mounts or runs as. RoleBindings go in the second
+wave too: the API server checks a binding against the rules of the Role it names (RBAC's escalation check) and,
+for a writer without the `bind` verb (the operator under the chart's RBAC), refuses it with 404 while that Role does
+not exist yet.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ Key = tuple[str, str, str]
 """(apiVersion, kind, name) of a child."""
 
 DEPLOYMENT = ("apps/v1", "Deployment")
+SECOND_WAVE = {DEPLOYMENT, ("rbac.authorization.k8s.io/v1", "RoleBinding")}
 
 
 class Verb(enum.StrEnum):
@@ -163,7 +167,7 @@ def plan_children(owner: Mapping[str, Any], manifests: Sequence[Mapping[str, Any
         else:
             unchanged.append(key)
             continue
-        waves[1 if (key[0], key[1]) == DEPLOYMENT else 0].append(action)
+        waves[1 if (key[0], key[1]) in SECOND_WAVE else 0].append(action)
     deletes = tuple(ChildAction(Verb.DELETE, Reason.DROPPED, key, None, have, "no longer rendered")
                     for key, have in sorted(observed.items()) if key not in wanted and is_owned_by(have, uid))
     return ChildPlan(applies=(tuple(waves[0]), tuple(waves[1])), deletes=deletes, unchanged=tuple(unchanged))

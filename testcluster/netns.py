@@ -1,0 +1,181 @@
+"""A network namespace with no route off the machine, for the control plane and everything it advertises.
+
+Layout for slot S (0..15; one slot per running cluster, claimed atomically by `ip netns add`):
+
+    host  vh-vllmopS 172.29.S.1/30  <-- veth -->  vn-vllmopS 172.29.S.2/30  namespace vllmop-S (+ lo)
+
+The namespace has exactly two routes, both on-link (lo and the /30); there is no default route, so any other address
+fails at once inside it. The API server advertises 172.29.S.2 (an ordinary, non-loopback address, as its endpoint
+reconciler and EndpointSlices demand); processes on the host (pytest, the operator under test, kubectl, helm) reach it
+through the host end of the veth, an address only this namespace's link has. Services get 172.30.(16·S).0/20 and kwok's
+pods 172.31.(16·S).0/20; both ranges are blackholed on the host as a second wall, so a dial to a ClusterIP or a pod IP
+from the host fails at once instead of leaving through the default gateway.
+
+Fail closed: every step is checked; if one fails, what was made is torn down and `NetnsError` is raised before any
+component starts. `prove_isolated` then shows that an outside address has no route inside the namespace and that the
+host drops the service and pod ranges.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+from dataclasses import dataclass
+
+SLOTS = 16
+PREFIX = "vllmop-"
+# Addresses that must be unreachable from inside: public ones and the host's own networks.
+PROBE_ADDRESSES = ("1.1.1.1", "8.8.8.8", "10.0.0.1", "192.168.0.1")
+
+
+class NetnsError(RuntimeError):
+    """The isolated network could not be set up (or proven isolated); nothing was started."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise NetnsError(f"`ip {' '.join(args)}` failed (rc={proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def require_privileges() -> None:
+    """Root and CAP_NET_ADMIN are needed to make namespaces, links and routes; say so plainly when missing."""
+    if os.geteuid() != 0:
+        raise NetnsError("the test cluster needs root (it creates a network namespace, a veth pair and blackhole "
+                         f"routes); running as uid {os.geteuid()}")
+    with open("/proc/self/status") as fh:
+        caps = next((line.split()[1] for line in fh if line.startswith("CapEff:")), "0")
+    cap_net_admin = 12
+    if not int(caps, 16) >> cap_net_admin & 1:
+        raise NetnsError("the test cluster needs CAP_NET_ADMIN (effective capabilities are "
+                         f"{caps}); run it where root may create network namespaces")
+
+
+@dataclass(frozen=True)
+class Netns:
+    """One claimed slot: names and addresses."""
+
+    slot: int
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}{self.slot}"
+
+    @property
+    def host_link(self) -> str:
+        return f"vh-vllmop{self.slot}"
+
+    @property
+    def ns_link(self) -> str:
+        return f"vn-vllmop{self.slot}"
+
+    @property
+    def host_address(self) -> str:
+        return f"172.29.{self.slot}.1"
+
+    @property
+    def address(self) -> str:
+        """The namespace's own address: the API server advertises it, kwok's nodes report it."""
+        return f"172.29.{self.slot}.2"
+
+    @property
+    def service_cidr(self) -> str:
+        return f"172.30.{16 * self.slot}.0/20"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"172.31.{16 * self.slot}.0/20"
+
+    @property
+    def first_service_ip(self) -> str:
+        return str(ipaddress.ip_network(self.service_cidr)[1])
+
+    def exec_prefix(self) -> list[str]:
+        """Prefix a command with this to run it inside the namespace (`ip netns exec` execs it: same PID)."""
+        return ["ip", "netns", "exec", self.name]
+
+    def run(self, *cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.exec_prefix(), *cmd], capture_output=True, text=True, check=False)
+
+    def teardown(self) -> None:
+        """Remove the namespace (its veth pair goes with it) and the blackhole routes. Idempotent."""
+        _ip("netns", "del", self.name, check=False)
+        for cidr in (self.service_cidr, self.pod_cidr):
+            _ip("route", "del", "blackhole", cidr, check=False)
+
+    def prove_isolated(self) -> None:
+        """Raise unless no outside address routes from inside and the host drops the service and pod ranges."""
+        gateway = _ip("route", "show", "default", check=False).stdout.split()
+        probes = list(PROBE_ADDRESSES)
+        if "via" in gateway:
+            probes.append(gateway[gateway.index("via") + 1])
+        for address in probes:
+            proc = self.run("ip", "route", "get", address)
+            if proc.returncode == 0:
+                raise NetnsError(f"namespace {self.name} has a route to {address} ({proc.stdout.strip()}): "
+                                 "refusing to start a cluster that could reach off the machine")
+        routes = self.run("ip", "-o", "route", "show", "table", "all").stdout
+        if " default " in f" {routes} " or routes.startswith("default"):
+            raise NetnsError(f"namespace {self.name} has a default route: {routes.strip()}")
+        for cidr in (self.service_cidr, self.pod_cidr):
+            if not _ip("route", "show", "type", "blackhole", "exact", cidr, check=False).stdout.strip():
+                raise NetnsError(f"host has no blackhole route for {cidr}")
+            sample = str(ipaddress.ip_network(cidr)[5])
+            proc = _ip("route", "get", sample, check=False)  # a blackholed address has no route: EINVAL
+            if proc.returncode == 0 and not proc.stdout.startswith("blackhole"):
+                raise NetnsError(f"host routes {sample} ({cidr}) somewhere: {proc.stdout.strip()}; expected a "
+                                 "blackhole")
+        proc = subprocess.run(["ip", "route", "get", self.address], capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or f"dev {self.host_link}" not in proc.stdout:
+            raise NetnsError(f"host does not reach {self.address} through {self.host_link}: "
+                             f"{(proc.stdout or proc.stderr).strip()}")
+
+
+def _check_ranges_free(ns: Netns) -> None:
+    """Refuse a slot whose ranges the host already routes (other than our own blackholes)."""
+    table = _ip("-o", "route", "show").stdout.splitlines()
+    ours = {ns.service_cidr, ns.pod_cidr}
+    wanted = [ipaddress.ip_network(c) for c in (f"172.29.{ns.slot}.0/30", ns.service_cidr, ns.pod_cidr)]
+    for line in table:
+        fields = line.split()
+        if not fields or fields[0] == "default":
+            continue
+        if fields[0] == "blackhole" and fields[1] in ours:
+            continue
+        dest = fields[1] if fields[0] in {"blackhole", "unreachable", "prohibit"} else fields[0]
+        try:
+            net = ipaddress.ip_network(dest, strict=False)
+        except ValueError:
+            continue
+        if any(net.overlaps(w) for w in wanted):
+            raise NetnsError(f"host already routes {dest} ({line.strip()}), which overlaps slot {ns.slot}")
+
+
+def create() -> Netns:
+    """Claim a free slot and build its isolated network; on any failure tear down and raise `NetnsError`."""
+    require_privileges()
+    last_error = ""
+    for slot in range(SLOTS):
+        ns = Netns(slot)
+        claim = _ip("netns", "add", ns.name, check=False)
+        if claim.returncode != 0:
+            last_error = claim.stderr.strip()
+            continue
+        try:
+            _check_ranges_free(ns)
+            _ip("-n", ns.name, "link", "set", "lo", "up")
+            _ip("link", "add", ns.host_link, "type", "veth", "peer", "name", ns.ns_link, "netns", ns.name)
+            _ip("addr", "add", f"{ns.host_address}/30", "dev", ns.host_link)
+            _ip("link", "set", ns.host_link, "up")
+            _ip("-n", ns.name, "addr", "add", f"{ns.address}/30", "dev", ns.ns_link)
+            _ip("-n", ns.name, "link", "set", ns.ns_link, "up")
+            for cidr in (ns.service_cidr, ns.pod_cidr):
+                _ip("route", "replace", "blackhole", cidr)
+            ns.prove_isolated()
+        except BaseException:
+            ns.teardown()
+            raise
+        return ns
+    raise NetnsError(f"no free network-namespace slot among {PREFIX}0..{SLOTS - 1} (last: {last_error})")
