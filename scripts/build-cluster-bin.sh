@@ -23,11 +23,32 @@ key="$( { cat cluster/kube/go.mod cluster/kube/go.sum cluster/etcd/go.mod cluste
 cache_root="${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}"
 dest="$cache_root/kube-$key"
 
+# kwok starts only with stage definitions; take every stage of the same kwok version from its module (fast, heartbeat,
+# general and the chaos ones the health tests use), not copied into the repo. Separate from the binaries (cheap, and
+# redone when this list changes) and also atomic.
+STAGES_VERSION=2
+ensure_stages() {  # ensure_stages <cache dir>
+  local dir=$1
+  [ -f "$dir/kwok-stages/.complete-$STAGES_VERSION" ] && return 0
+  local src staging
+  src="$(cd cluster/kwok && go mod download sigs.k8s.io/kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  staging="$(mktemp -d "$dir/.kwok-stages.XXXXXX")"
+  (cd "$src/kustomize/stage" && find . -name '*.yaml' ! -name kustomization.yaml ! -path '*/testdata/*') |
+    while read -r f; do mkdir -p "$staging/$(dirname "$f")"; cp "$src/kustomize/stage/$f" "$staging/$f"; done
+  chmod -R u+w "$staging"
+  touch "$staging/.complete-$STAGES_VERSION"
+  rm -rf "$dir/kwok-stages"
+  mv "$staging" "$dir/kwok-stages"
+  echo "cluster binaries: kwok $KWOK_VERSION stages in $dir/kwok-stages"
+}
+
 if [ "${1:-}" = "--print-dir" ]; then
-  [ -f "$dest/.complete" ] || { echo "build-cluster-bin: $dest is not built (run make cluster-bin)" >&2; exit 1; }
+  [ -f "$dest/.complete" ] && [ -f "$dest/kwok-stages/.complete-$STAGES_VERSION" ] ||
+    { echo "build-cluster-bin: $dest is not built (run make cluster-bin)" >&2; exit 1; }
   echo "$dest"; exit 0
 fi
 if [ -f "$dest/.complete" ]; then
+  ensure_stages "$dest"
   echo "cluster binaries: present in $dest"
   echo "$dest"; exit 0
 fi
@@ -43,13 +64,22 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags_version+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
+child_cpu() {  # sets $cpu: CPU seconds (user+sys) of every child this shell has waited for so far
+  times > "$tmp/.times"
+  cpu=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); n += a[1] * 60 + a[2] } print n }' \
+    "$tmp/.times")
+}
+
 build() {  # build <module dir> <output name> <package> [extra ldflags]
   local dir=$1 name=$2 pkg=$3 extra=${4:-}
-  local t0=$SECONDS
+  local t0=$SECONDS cpu c0
   echo "cluster binaries: building $name ($pkg)"
+  child_cpu; c0=$cpu
   (cd "cluster/$dir" && go build -trimpath -ldflags="-s -w $extra" -o "$tmp/$name" "$pkg")
-  local dt=$((SECONDS - t0))
-  printf '%-26s %5d s  %4d MB\n' "$name" "$dt" "$(( $(stat -c %s "$tmp/$name") / 1000000 ))" | tee -a "$tmp/build-times.txt"
+  child_cpu
+  # wall seconds depend on what else the machine runs; CPU seconds (user+sys) are the build's own work
+  awk -v n="$name" -v w="$((SECONDS - t0))" -v c="$cpu" -v c0="$c0" -v b="$(stat -c %s "$tmp/$name")" \
+    'BEGIN { printf "%-24s %5d s wall %5.0f s CPU %4d MB\n", n, w, c - c0, b / 1e6 }' | tee -a "$tmp/build-times.txt"
 }
 
 (cd cluster/kube && go mod download -x 2>&1 | grep -c '^# get' | sed 's/^/cluster binaries: downloaded modules (kube): /') || true
@@ -59,22 +89,14 @@ build kube kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$ldflags_version
 build etcd etcd go.etcd.io/etcd/server/v3
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok
 
-# kwok starts only with stage definitions; take its defaults from the same module version (not copied into the repo).
-kwok_src="$(cd cluster/kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
-mkdir -p "$tmp/kwok-stages"
-for stage in node/fast node/heartbeat-with-lease pod/fast pod/general; do
-  mkdir -p "$tmp/kwok-stages/$stage"
-  for f in "$kwok_src/kustomize/stage/$stage"/*.yaml; do
-    [ "$(basename "$f")" = kustomization.yaml ] || cp "$f" "$tmp/kwok-stages/$stage/"
-  done
-done
-chmod -R u+w "$tmp/kwok-stages"
 echo "$go_version $KUBE_VERSION kwok=$KWOK_VERSION" > "$tmp/VERSIONS"
+rm -f "$tmp/.times"
 touch "$tmp/.complete"
 chmod 755 "$tmp"
 
 rm -rf "$dest"
 mv "$tmp" "$dest"
 trap - EXIT
+ensure_stages "$dest"
 echo "cluster binaries: done ($(du -sm "$dest" | cut -f1) MB in $dest; module cache $(du -sm "$(go env GOMODCACHE)" | cut -f1) MB)"
 echo "$dest"

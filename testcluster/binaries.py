@@ -19,6 +19,7 @@ BUILD_SCRIPT = ROOT / "scripts" / "build-cluster-bin.sh"
 # kwok's own default stages: nodes become Ready at once and keep a Lease; pods become Running/Ready, complete and
 # are deleted as a kubelet would.
 KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
+OWN_STAGES = Path(__file__).resolve().parent / "stages"
 
 
 class MissingBinaries(RuntimeError):
@@ -50,10 +51,11 @@ class Binaries:
         return self.directory / "kwok"
 
     def kwok_stages(self) -> list[Path]:
+        """kwok's default stages from the build, then this project's own (testcluster/stages/)."""
         files: list[Path] = []
         for stage in KWOK_STAGES:
             files += sorted((self.directory / "kwok-stages" / stage).glob("*.yaml"))
-        return files
+        return files + sorted(OWN_STAGES.glob("*.yaml"))
 
 
 def locate() -> Binaries:

@@ -105,14 +105,21 @@ class Cluster:
     def log(self, component: str) -> Path:
         return self.directory / "logs" / f"{component}.log"
 
+    @property
+    def cache_dir(self) -> Path:
+        """kubectl's discovery cache for this cluster: ~/.kube/cache is keyed by host:port, which the next
+        cluster in the same slot reuses with other resources."""
+        return self.directory / "kubectl-cache"
+
     def env(self) -> dict[str, str]:
         """Environment for a child process (kubectl, helm, the operator) that talks to this cluster as admin."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.cache_dir)}
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None,
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run the real kubectl against this cluster; raises with kubectl's stderr when `check` and it fails."""
-        cmd = [binaries.kubectl(), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        cmd = [binaries.kubectl(), f"--kubeconfig={kubeconfig or self.kubeconfig}", f"--cache-dir={self.cache_dir}",
+               *args]
         proc = subprocess.run(cmd, input=input, capture_output=True, text=True, check=False, timeout=timeout)
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed (rc={proc.returncode}): {proc.stderr.strip()}")

@@ -40,7 +40,7 @@ def unique(prefix: str) -> str:
 
 def helm(kube: Cluster, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([binaries.helm(), f"--kubeconfig={kube.kubeconfig}", *args], capture_output=True,
-                          text=True, check=False, timeout=timeout)
+                          text=True, check=False, timeout=timeout, env=kube.env())
     if check and proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
     return proc

@@ -63,6 +63,7 @@ def test_crd_is_established(kube: Cluster, release: Release) -> None:
 def test_kubectl_server_side_apply_of_crds_dir_succeeds(kube: Cluster, release: Release) -> None:
     proc = kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE.parent))
     assert f"customresourcedefinition.apiextensions.k8s.io/{constants.CRD_NAME} serverside-applied" in proc.stdout
+    kube.kubectl("api-resources")  # refreshes kubectl's discovery cache, written before the CRD existed
     explained = kube.kubectl("explain", "vllmd.spec.pools.long").stdout
     assert "maxModelLen" in explained
 
