@@ -1,4 +1,4 @@
-"""The test cluster's network cannot reach off the machine, and its setup fails closed (real namespaces, real routes)."""
+"""The test cluster's network cannot reach off the machine and its setup fails closed (real namespaces and routes)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ def test_namespace_has_no_route_out_and_host_blackholes_its_ranges() -> None:
             assert cidr in shown
     finally:
         ns.teardown()
-    assert ns.name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    leftover = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True).stdout
+    assert ns.name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    leftover = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True,
+                              check=True).stdout
     assert ns.pod_cidr not in leftover and ns.service_cidr not in leftover
 
 
