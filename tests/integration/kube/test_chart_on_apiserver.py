@@ -24,6 +24,7 @@ from tests.support.helm import CHART_DIR
 from tests.support.kube import add_gpu_nodes, apply, helm, operator_process, unique, wait_for
 from tests.support.paths import CRD_FILE, ROOT
 from vllm_operator import constants
+from vllm_operator.api import crdgen
 from vllm_operator.handlers.reconcile import child_selector
 
 pytestmark = pytest.mark.integration
@@ -116,7 +117,8 @@ def test_operator_with_chart_rbac_runs_chat_to_ready_and_gc_removes_children(kub
         assert len(children) >= 10, children
         table = kube.kubectl("get", "vllmd", "-n", release.watched).stdout
         header = table.splitlines()[0].split()
-        assert header == ["NAME", "CLASS", "READY", "SHORT", "LONG", "STEPDOWN", "AGE"], table
+        shown = [c["name"].upper() for c in crdgen.PRINTER_COLUMNS if not c.get("priority")]  # not just -o wide
+        assert header == ["NAME", *shown], table
         assert table.splitlines()[1].split()[:5] == ["chat", "chat", "3/3", "2/2", "1/1"], table
         described = kube.kubectl("describe", "vllmd", "chat", "-n", release.watched).stdout
         assert "Conditions:" in described and "Ready" in described, described
