@@ -120,7 +120,7 @@ def test_a_real_rendering_against_itself_writes_nothing() -> None:
     plan = plan_children(OWNER, manifests, live)
     assert plan.empty and len(plan.unchanged) == len(manifests)
     first = plan_children(OWNER, manifests, {})
-    assert [a.kind for a in first.applies[1]] == ["Deployment"] * 3
+    assert [a.kind for a in first.applies[1]] == ["RoleBinding"] + ["Deployment"] * 3
     assert all(a.reason is Reason.MISSING for a in first.actions) and len(first.actions) == len(manifests)
 
 
