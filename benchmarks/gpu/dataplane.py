@@ -48,6 +48,10 @@ REPLAN = HERE / "replan.py"
 START_EST_S = 150.0
 LOAD_EST_S = 110.0
 """The mixed workload (60 s of arrivals + the last burst's drain + warm-up) plus probes and latency pairs."""
+HOG = ("import sys, time, torch; free, _ = torch.cuda.mem_get_info(); keep = int(sys.argv[1]) << 20; "
+       "x = torch.empty(max(free - keep, 0), dtype=torch.uint8, device='cuda'); "
+       "print('hog', x.numel(), 'of', free, flush=True); time.sleep(3600)")
+"""Another process on the same GPU taking what the engine left free (all but `keep` MiB)."""
 PAIRS = 30
 """Router-vs-direct request pairs on an idle system (the router's added latency)."""
 
@@ -429,6 +433,33 @@ def step_oom(ctx: Ctx) -> dict[str, Any]:
     url = f"http://127.0.0.1:{ctx.args.oom_port}"
     model = plan["router"]["model"]
     chunk = int(plan["pools"][pool]["maxNumBatchedTokens"])
+    hogs: list[Proc] = []
+    try:
+        _oom_rungs(ctx, sdir, rec, plan, plan_path, pool, url, model, chunk, hogs)
+    finally:
+        for hog in hogs:
+            rec["hog_exit"] = hog.stop()
+    return rec
+
+
+def _start_hog(ctx: Ctx, sdir: Path, rec: dict[str, Any]) -> Proc:
+    cmd = shlex.split(ctx.args.hog_cmd) if ctx.args.hog_cmd else [ctx.py, "-c", HOG, str(ctx.args.hog_leave_mib)]
+    hog = Proc("hog", cmd, ctx.env(), sdir / "hog.log")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and hog.proc.poll() is None:
+        text = (sdir / "hog.log").read_text()
+        if "hog " in text:
+            rec["hog"] = text.strip().splitlines()[-1]
+            break
+        time.sleep(0.5)
+    else:
+        rec["hog"] = f"no allocation reported (exit {hog.proc.poll()}): {(sdir / 'hog.log').read_text()[-300:]}"
+    log(f"hog: {rec['hog']}")
+    return hog
+
+
+def _oom_rungs(ctx: Ctx, sdir: Path, rec: dict[str, Any], plan: dict[str, Any], plan_path: Path, pool: str,
+               url: str, model: str, chunk: int, hogs: list[Proc]) -> None:
     for rung in ("planned", "replanned"):
         if rung == "replanned":
             if not rec.get("ended_by_itself:planned") or rec.get("exit_code:planned") == 0:
@@ -456,6 +487,8 @@ def step_oom(ctx: Ctx) -> dict[str, Any]:
             rec[f"startup_s:{rung}"] = round(proc.wait_healthy(url, ctx.args.start_timeout), 1)
             rec[f"kv:{rung}"] = kv_compare(plan_path, pool, scrape(url), sdir)
             tpw = tokens_per_word(ctx, url, model)
+            if ctx.args.hog_leave_mib is not None and not hogs:
+                hogs.append(_start_hog(ctx, sdir, rec))
             answers: list[dict[str, Any]] = []
             for _ in range(3):  # the same request a few times: the first that runs out of memory ends the engine
                 answers += oom_requests(url, model, tpw, chunk)
@@ -477,7 +510,6 @@ def step_oom(ctx: Ctx) -> dict[str, Any]:
             rec[f"exit_code:{rung}"] = proc.stop()
             rec[f"ended_by_itself:{rung}"] = died
         rec[f"termination:{rung}"] = term.read_text() if term.exists() else None
-    return rec
 
 
 def step_moe(ctx: Ctx) -> dict[str, Any]:
@@ -534,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loadgen-args", default="")
     ap.add_argument("--engine-cmd", default=None, help="rehearsal: the wrapper runs this instead of vLLM ({port})")
     ap.add_argument("--budget-s", type=float, default=0.0)
+    ap.add_argument("--hog-leave-mib", type=int, default=None,
+                    help="oom step: once the engine is healthy, another process takes all free GPU memory but this")
+    ap.add_argument("--hog-cmd", default=None, help="rehearsal: the memory taker to run instead of the torch one")
     ap.add_argument("--router-port", type=int, default=8080)
     ap.add_argument("--long-port", type=int, default=8001)
     ap.add_argument("--short-port", type=int, default=8002)
