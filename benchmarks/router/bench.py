@@ -259,13 +259,14 @@ class Stack:
                 wait_http(f"{url}/health", proc)
             elif variant == "router" or variant.startswith("router-"):
                 # `router[-MOD…]`: the router as `vllm-operator router --config router.json` runs it, at the log
-                # level INFO it ships with (access log on, written to the target's log file). Modifiers:
-                # `-uvloop` lets it import uvloop (hidden otherwise), `-noaccesslog` passes --no-access-log,
+                # level INFO it ships with (access log on, written to the target's log file), on uvloop when the
+                # interpreter has it (a dependency of the package). Modifiers: `-asyncio` hides uvloop (plain
+                # asyncio), `-noaccesslog` passes --no-access-log,
                 # `-quiet` runs it at --log-level WARNING (how runs before the access log were made), `-baseline`
                 # runs the router of another checkout (--baseline DIR, e.g. the commit before a change), `-prefix`
                 # puts both pools on the prefix strategy (prefix naming, index and choice on every request).
                 mods = set(variant.split("-")[1:])
-                unknown = mods - {"uvloop", "noaccesslog", "quiet", "baseline", "prefix"}
+                unknown = mods - {"asyncio", "noaccesslog", "quiet", "baseline", "prefix"}
                 if unknown:
                     raise SystemExit(f"unknown router target modifier(s) {sorted(unknown)} in {variant!r}")
                 port = free_port()
@@ -274,7 +275,7 @@ class Stack:
                 if "baseline" in mods:
                     wire.pop("accessLog", None)  # newer than the baselines measured so far (their configs refuse it)
                 cfg.write_text(json.dumps(wire, indent=2))
-                block = "" if "uvloop" in mods else "sys.modules['uvloop'] = None; "
+                block = "sys.modules['uvloop'] = None; " if "asyncio" in mods else ""
                 if "baseline" in mods:
                     if self.baseline is None:
                         raise SystemExit(f"{variant} needs --baseline DIR (a checkout with operator/ in it)")
@@ -720,8 +721,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default="nginx,router,router-noaccesslog,vllm-router",
                    help="comma list of nginx, vllm-router and "
-                        "router[-uvloop][-noaccesslog][-quiet][-baseline][-prefix] (see Stack.start: router as "
-                        "shipped; uvloop allowed; access log off; log level WARNING; the router of --baseline; prefix "
+                        "router[-asyncio][-noaccesslog][-quiet][-baseline][-prefix] (see Stack.start: router as "
+                        "shipped; uvloop hidden; access log off; log level WARNING; the router of --baseline; prefix "
                         "strategy)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout's root for the router-baseline target, e.g. "
@@ -761,9 +762,9 @@ def main() -> int:
     (HERE / "profiles").mkdir(exist_ok=True)
     tokens_dir = make_tokenizer(work)
     variants = [t for t in args.targets.split(",") if t]
-    if any("uvloop" in v for v in variants) and subprocess.run([str(args.router_python), "-c", "import uvloop"],
-                                                               check=False, capture_output=True).returncode:
-        raise SystemExit("router-uvloop needs uvloop: .venv/bin/pip install uvloop (or leave it out of --targets)")
+    if any(v.startswith("router") for v in variants) and subprocess.run(
+            [str(args.router_python), "-c", "import uvloop"], check=False, capture_output=True).returncode:
+        raise SystemExit(f"{args.router_python} has no uvloop (a dependency of the package): reinstall it")
     if "vllm-router" in variants and not VLLM_ROUTER.exists():
         raise SystemExit(f"{VLLM_ROUTER} missing: python3.11 -m venv .venv-vllm-router && "
                          ".venv-vllm-router/bin/pip install vllm-router==0.1.17")

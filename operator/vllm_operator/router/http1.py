@@ -56,6 +56,8 @@ class ProtocolError(Disconnected):
 class _Conn(asyncio.Protocol):
     """One TCP connection; parses one response at a time."""
 
+    __slots__ = ("_buf", "closed", "idle_since", "key", "pool", "response", "reused", "transport")
+
     def __init__(self, pool: Pool, key: tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
@@ -98,6 +100,10 @@ class _Conn(asyncio.Protocol):
 
 class Response:
     """Status, headers and the body as it arrives."""
+
+    __slots__ = ("_buffered", "_chunk_left", "_chunk_state", "_chunked", "_chunks", "_conn", "_done", "_error",
+                 "_got_bytes", "_have_head", "_head", "_head_waiter", "_keep_alive", "_length", "_paused", "_pending",
+                 "_until_close", "_waiter", "deadline", "headers", "status")
 
     def __init__(self, conn: _Conn, deadline: float) -> None:
         self._conn = conn

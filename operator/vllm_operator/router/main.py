@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     try:
         import uvloop  # type: ignore[import-not-found,unused-ignore]
 
-        runner = uvloop.run  # an optional speed-up (about 10-15 % per request), not a requirement
+        runner = uvloop.run  # a dependency on Linux (benchmarks/router); plain asyncio where it is missing
     except ImportError:
         runner = asyncio.run
     try:
