@@ -44,6 +44,8 @@ class Message:
     raw: bytes
     oracle: bytes
     chunk_fault: bool = False  # a chunk-size line llhttp refuses and h11 takes (whitespace after it, overflow)
+    lead: bytes = b""  # empty lines before the first request (not in the oracle's input; only where a request
+    # is due: after a body the oracle cannot tell they are not the body's)
 
 
 @dataclass
@@ -140,9 +142,10 @@ def message(draw: Any) -> Message:
         eol.append("\r\n")
     head_tail = "".join(line + e for line, e in zip(lines, eol[1:], strict=False)) + eol[-1]
     leading = draw(st.sampled_from(["", "", "", "\r\n", "\r\n\r\n"]))
-    raw_head = f"{leading}{method}{sep1}{target}{sep2}{version}{eol[0]}{head_tail}"
+    raw_head = f"{method}{sep1}{target}{sep2}{version}{eol[0]}{head_tail}"
     oracle_head = f"{method} {target} {version}{eol[0]}{head_tail}"
-    return Message(raw_head.encode("latin-1") + body, oracle_head.encode("latin-1") + body, chunk_fault)
+    return Message(raw_head.encode("latin-1") + body, oracle_head.encode("latin-1") + body, chunk_fault,
+                   leading.encode())
 
 
 # ------------------------------------------------------------------------------------------------ the router
@@ -295,11 +298,11 @@ def oracle_outcome(messages: list[Message]) -> Outcome:
 # ------------------------------------------------------------------------------------------------ the property
 
 
-@settings(max_examples=500, deadline=None, derandomize=True,
+@settings(max_examples=400, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(messages=st.lists(message(), min_size=1, max_size=3), data=st.data())
 def test_router_frames_requests_as_h11_and_the_policy_do(messages: list[Message], data: st.DataObject) -> None:
-    raw = b"".join(m.raw for m in messages)
+    raw = messages[0].lead + b"".join(m.raw for m in messages)
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=4), label="cuts")
     expected = oracle_outcome(messages)
     got = router_outcome(raw, cuts)
