@@ -545,8 +545,6 @@ class _Connection(asyncio.Protocol):
             if not task.done():  # an eager task that finished at once has already gone on with the queue
                 self.task = task
             return
-        if not queue:
-            self._pipelined = 0
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         """A request that cannot be framed: answer and close (the framing of what follows is unknown)."""
@@ -636,6 +634,7 @@ class _Connection(asyncio.Protocol):
             self._end_connection(body_complete=request._done and request._error is None)
             return
         self.last_active = self.loop.time()
+        self._pipelined = 0
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
