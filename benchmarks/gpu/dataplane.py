@@ -28,6 +28,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -104,6 +105,13 @@ class Proc:
         return code
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def http_call(url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> dict[str, Any]:
     """One request; status, the router's headers, the JSON body (or text), seconds taken. Never raises."""
     u = urllib.parse.urlsplit(url)
@@ -174,8 +182,10 @@ class Ctx:
         else:
             child = ["vllm", "serve", model, *serve_args]
             launcher = ["--launcher", "cli-main", "--python", self.py]
+        # Each wrapper serves its start-up status on a port of its own (two engines share this host, and the default
+        # status port is the long engine's API port here).
         cmd = [self.py, "-m", "vllm_operator.cli", "engine", *launcher, "--termination-message-path", str(term),
-               "--", *child]
+               "--status-host", "127.0.0.1", "--status-port", str(free_port()), "--", *child]
         (sdir / f"argv-{label}.json").write_text(json.dumps({"argv": cmd, "env": plan_env}, indent=2) + "\n")
         return Proc(label, cmd, self.env(self.args.site, self.args.src, extra=plan_env), sdir / f"{label}.log"), term
 
