@@ -41,7 +41,8 @@ LABEL_CONTEXT_RANGE: Final = "llm-d.ai/context-length-range"
 ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
 ANNOTATION_CONFIG_HASH: Final = f"{GROUP}/config-hash"
 ANNOTATION_PLAN_SUMMARY: Final = f"{GROUP}/plan"
-# The set of fields the operator wrote on a child (rendering/applied.py): how a later patch removes dropped keys.
+# The set of fields the release before server-side apply wrote on a child; removed by the migration to the apply
+# manager (handlers/managedfields.py).
 ANNOTATION_APPLIED_FIELDS: Final = f"{GROUP}/applied-fields"
 
 POOL_SHORT: Final = "short"

@@ -19,7 +19,7 @@ import os
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,13 +88,16 @@ def resource_of(obj: Mapping[str, Any]) -> Resource:
 
 
 class KubeError(Exception):
-    """An API call that failed; `status` is the HTTP status (0 for transport errors)."""
+    """An API call that failed; `status` is the HTTP status (0 for transport errors); `causes` are the Status
+    object's `details.causes` (for a server-side apply conflict: one per contested field, naming its manager)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str,
+                 causes: list[dict[str, Any]] | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes or []
 
     @property
     def not_found(self) -> bool:
@@ -121,11 +124,22 @@ class KubeApi(Protocol):
     async def patch_status(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
                            ) -> dict[str, Any]: ...
 
+    async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
+                    force: bool = False) -> dict[str, Any]: ...
+
+    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
+                         ) -> dict[str, Any]: ...
+
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None: ...
 
     async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool: ...
+
+
+FIELD_MANAGER = constants.APP_NAME
+"""The field manager of the operator's server-side applies (managedFields entries with operation Apply)."""
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def now_rfc3339() -> str:
@@ -213,7 +227,10 @@ class ClientKubeApi:
         if response.status >= 400:
             message = data.get("message", "") if isinstance(data, dict) else str(data)
             reason = data.get("reason", "") if isinstance(data, dict) else ""
-            raise KubeError(response.status, reason or str(response.reason), message)
+            details = data.get("details") if isinstance(data, dict) else None
+            causes = details.get("causes") if isinstance(details, dict) else None
+            raise KubeError(response.status, reason or str(response.reason), message,
+                            causes if isinstance(causes, list) else None)
         return response.status, data
 
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: Any = None,
@@ -256,6 +273,22 @@ class ClientKubeApi:
                            ) -> dict[str, Any]:
         data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name, "status"), body=dict(patch),
                                                    content_type="application/merge-patch+json")
+        return data
+
+    async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
+                    force: bool = False) -> dict[str, Any]:
+        """Server-side apply as field manager `FIELD_MANAGER`; `force` takes contested fields from other managers.
+        The body goes out as JSON text (JSON is YAML), so the client sends it as it is."""
+        query = {"fieldManager": FIELD_MANAGER, **({"force": "true"} if force else {})}
+        data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), query=query,
+                                                   body=json.dumps(dict(body)), content_type=APPLY_PATCH)
+        return data
+
+    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
+                         ) -> dict[str, Any]:
+        """RFC 6902 operations (a `test` of resourceVersion makes the write conditional)."""
+        data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), body=[dict(op) for op in ops],
+                                                   content_type="application/json-patch+json")
         return data
 
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:

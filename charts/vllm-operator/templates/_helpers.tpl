@@ -65,26 +65,27 @@ README section "RBAC" explains every line.
 - apiGroups: ["vllm-operator.dev"]
   resources: ["vllmdeployments/status"]
   verbs: ["patch"]
-# Children rendered per VLLMDeployment: listed by label to converge, created, patched when their spec hash changed,
-# read back to adopt a same-named orphan, deleted when the plan drops them. Deployments are also watched (status).
+# Children rendered per VLLMDeployment: listed by label to converge, server-side applied when missing or when their
+# spec hash changed (an apply PATCH that creates the object is authorized as create too), deleted when the plan drops
+# them. Deployments are also watched (status) and read by the health loop, PDBs read for the disruption floor.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "prometheusrules"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # The health loop lists engine pods (status, termination messages) and deletes a Stalled one within its budget.
 - apiGroups: [""]
   resources: ["pods"]

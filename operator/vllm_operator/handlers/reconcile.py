@@ -8,10 +8,10 @@ Order of work, and why:
    child*: a bad edit never takes a working deployment down.
 3. Render, list the children, and let `childplan.plan_children` (pure) decide the writes by comparing spec-hash
    annotations (never rewriting an unchanged object): create what is missing, adopt same-named orphans, delete owned
-   children the plan no longer has. `_execute` only carries that ChildPlan out. A changed child is
-   merge-patched with nulls for the fields the operator set before and the new rendering dropped
-   (rendering/applied.py), so removing e.g. every toleration from the spec removes them from the pods too.
-   Replicas of a pool owned by an external autoscaler are written only at creation.
+   children the plan no longer has. `_execute` only carries that ChildPlan out, by server-side apply: the API
+   server removes a field the rendering dropped (every toleration removed from the spec disappears from the pods),
+   keeps what other managers own (an HPA's replicas, the Deployment controller's annotations), and moves the
+   children the release before wrote to the apply manager first (managedfields.py).
 4. Patch status only when it changed, so a no-op resync makes zero writes.
 """
 
@@ -35,6 +35,7 @@ from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
+    FIELD_MANAGER,
     NODES,
     POD_MONITORS,
     PROMETHEUS_RULES,
@@ -46,7 +47,7 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
-from vllm_operator.rendering import RenderOptions, applied, render
+from vllm_operator.rendering import RenderOptions, render
 
 log = logging.getLogger(__name__)
 
@@ -203,35 +204,36 @@ async def _all(steps: list[Awaitable[None]]) -> None:
             raise result
 
 
-async def _execute(kube: KubeApi, namespace: str, child_plan: ChildPlan, autoscaled: set[str],
+async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPlan,
                    outcome: ReconcileOutcome) -> None:
-    """Carry out a ChildPlan: each wave's applies concurrently, then the deletes (the decisions are all made)."""
+    """Carry out a ChildPlan: each wave's applies concurrently, then the deletes (the decisions are all made).
+
+    Every apply is a server-side apply as `FIELD_MANAGER`. It is tried without force first: when another manager
+    holds a field the operator renders with another value (someone edited the Deployment's image by hand), the API
+    server refuses with the contested fields and their managers; the operator, the authority for what it renders,
+    posts a Warning event naming them and applies again with force. Unconflicted applies cost one request.
+    """
+    namespace = parent["metadata"]["namespace"]
 
     async def apply(action: ChildAction) -> None:
         assert action.desired is not None
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
-        desired = applied.annotate(dict(action.desired))
         label = f"{res.kind} {namespace}/{action.name}"
-        have = action.observed
-        if have is None:
-            try:
-                await kube.create(res, namespace, desired)
-                outcome.created.append(label)
-                return
-            except KubeError as err:
-                if not err.conflict:
-                    raise
-                have = await kube.get(res, namespace, action.name)  # an orphan the label selector missed: adopt it
-                if have is None:
-                    raise
-                if is_owned_by(have, desired["metadata"]["ownerReferences"][0]["uid"]) and \
-                        childplan.spec_hash(have) == childplan.spec_hash(desired):
-                    return
-                if action.name in autoscaled and res.kind == DEPLOYMENTS.kind:
-                    desired = {**desired, "spec": {k: v for k, v in desired["spec"].items() if k != "replicas"}}
-        patch = {k: v for k, v in applied.with_removals(applied.recorded(have), desired).items() if k != "status"}
-        await kube.patch(res, namespace, action.name, patch)
-        outcome.updated.append(label)
+        if action.managed_fields is not None and action.observed is not None:
+            await kube.json_patch(res, namespace, action.name, [
+                {"op": "test", "path": "/metadata/resourceVersion",
+                 "value": action.observed["metadata"]["resourceVersion"]},
+                {"op": "replace", "path": "/metadata/managedFields", "value": list(action.managed_fields)}])
+            log.info("Moved the fields of %s for VLLMDeployment %s/%s to the apply manager", label, namespace,
+                     parent["metadata"]["name"])
+        try:
+            await kube.apply(res, namespace, action.name, action.desired)
+        except KubeError as err:
+            if not err.conflict:
+                raise
+            await _emit(kube, parent, "Warning", "FieldsTakenOver", taken_over_message(label, err.causes))
+            await kube.apply(res, namespace, action.name, action.desired, force=True)
+        (outcome.created if action.reason is childplan.Reason.MISSING else outcome.updated).append(label)
 
     for wave in child_plan.applies:
         await _all([apply(a) for a in wave])
@@ -239,6 +241,13 @@ async def _execute(kube: KubeApi, namespace: str, child_plan: ChildPlan, autosca
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         await kube.delete(res, namespace, action.name, uid=action.uid)
         outcome.deleted.append(f"{res.kind} {namespace}/{action.name}")
+
+
+def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
+    """"Took back from other field managers on Deployment ns/x: .spec...image (kubectl-edit)" — the event text."""
+    fields = [f"{c.get('field') or '?'} ({str(c.get('message', '')).removeprefix('conflict with ')})"
+              for c in causes] or ["fields another manager set"]
+    return f"Took back from other field managers on {label}: {', '.join(fields)}"
 
 
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
@@ -272,8 +281,8 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring)
     autoscaled = childplan.autoscaled_deployments(
         manifests, {p.name for p in the_plan.pools.values() if p.external_autoscaler})
-    await _execute(kube, meta["namespace"], childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled),
-                   autoscaled, outcome)
+    await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled,
+                                                      apply_manager=FIELD_MANAGER), outcome)
     order = {f"{m['kind']} {meta['namespace']}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
     outcome.created.sort(key=lambda label: order.get(label, len(order)))
     outcome.updated.sort(key=lambda label: order.get(label, len(order)))

@@ -48,13 +48,22 @@ def _get(obj: Any, path: Path) -> tuple[Any, bool]:
 
 
 def _remove(obj: dict[str, Any], path: Path) -> None:
+    """Remove a leaf, and the maps its removal left empty: a real API server removes a map the manager owned as a
+    whole (`nodeSelector` with its last key dropped is gone, not `{}`)."""
     node: Any = obj
+    parents: list[tuple[dict[str, Any], str]] = []
     for part in path[:-1]:
         if not isinstance(node, dict) or part not in node:
             return
+        parents.append((node, part))
         node = node[part]
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
+    if isinstance(node, dict) and path[-1] in node:
+        node.pop(path[-1])
+        for parent, key in reversed(parents):
+            if parent[key] == {}:
+                del parent[key]
+            else:
+                break
 
 
 def apply(current: dict[str, Any], applied: dict[str, Any], manager: str, owners: Owners, *, force: bool,

@@ -166,8 +166,9 @@ async def test_invalid_edit_keeps_children_and_reports_why(cluster: SimCluster) 
 
 
 async def test_fields_dropped_from_the_spec_are_removed_from_children(cluster: SimCluster) -> None:
-    """A merge patch only adds and changes keys: removing every toleration and the nodeSelector from a pool must
-    still remove them from its Deployment (the applied-fields annotation names what the operator set before)."""
+    """Removing every toleration and the nodeSelector from a pool removes them from its Deployment: the children are
+    server-side applied, and the API server drops what the operator's field manager applied before and no longer
+    does (nodeSelector goes as a whole, not as `{}`)."""
     obj = example("cpu-dev")
     obj["spec"]["pools"]["short"]["tolerations"] = [{"key": "team", "operator": "Exists", "effect": "NoSchedule"}]
     obj["spec"]["pools"]["short"]["nodeSelector"] = {"kubernetes.io/os": "linux"}

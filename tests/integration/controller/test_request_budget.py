@@ -11,7 +11,7 @@ from tests.integration.controller.conftest import example
 from tests.support.operator import running_operator
 from tests.support.waiting import eventually
 from vllm_operator import constants
-from vllm_operator.k8s import VLLM_DEPLOYMENTS
+from vllm_operator.k8s import APPLY_PATCH, FIELD_MANAGER, VLLM_DEPLOYMENTS
 from vllm_operator.sim.cluster import SimCluster
 
 
@@ -33,10 +33,13 @@ async def test_create_to_ready_writes_each_child_once_and_refreshes_status_witho
         await eventually(ready, timeout=90)
         await asyncio.sleep(3)  # a last coalesced refresh, if any, lands
         ours = [r for r in cluster.api.request_log.since(start) if constants.APP_NAME in r.user_agent]
-    creates = Counter(r.resource for r in ours if r.verb == "create" and r.resource != "events")
-    assert creates == Counter({"deployments": 3, "services": 3, "poddisruptionbudgets": 3, "configmaps": 1,
-                               "serviceaccounts": 1, "roles": 1, "rolebindings": 1, "networkpolicies": 1}), creates
-    assert not [r for r in ours if r.verb in ("patch", "update") and r.resource != constants.PLURAL]
+    # Children are created by server-side apply: one apply PATCH each, as the operator's field manager.
+    applies = Counter(r.resource for r in ours if r.verb == "patch" and r.content_type == APPLY_PATCH)
+    assert applies == Counter({"deployments": 3, "services": 3, "poddisruptionbudgets": 3, "configmaps": 1,
+                               "serviceaccounts": 1, "roles": 1, "rolebindings": 1, "networkpolicies": 1}), applies
+    assert {r.field_manager for r in ours if r.content_type == APPLY_PATCH} == {FIELD_MANAGER}
+    assert not [r for r in ours if r.verb in ("create", "patch", "update") and r.resource
+                not in (constants.PLURAL, "events") and r.content_type != APPLY_PATCH]
     assert len([r for r in ours if r.verb == "create" and r.resource == "events"]) == 1, "one 'Created' event"
     parent_gets = [r for r in ours if r.verb == "get" and r.resource == constants.PLURAL]
     deployment_lists = [r for r in ours if r.verb == "list" and r.resource == "deployments"]

@@ -38,7 +38,7 @@ from vllm_operator import constants, names
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.demo import nodes_for
-from vllm_operator.k8s import CHILD_RESOURCES, VLLM_DEPLOYMENTS, Resource
+from vllm_operator.k8s import APPLY_PATCH, CHILD_RESOURCES, VLLM_DEPLOYMENTS, Resource
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.rendering import render as render_children
 from vllm_operator.router.tokens import TokenCounter
@@ -78,9 +78,15 @@ def expand(rules: Iterable[Mapping[str, Any]]) -> set[Triple]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
-def triple(record: RequestRecord) -> Triple:
+def triples(record: RequestRecord) -> set[Triple]:
+    """What a request is authorized as. A server-side apply PATCH is a patch, and a create as well when the object
+    does not exist yet (kube-apiserver checks create for an apply that creates); the operator applies to create and
+    to update, so an apply needs both."""
     resource = f"{record.resource}/{record.subresource}" if record.subresource else record.resource
-    return record.group, resource, record.verb
+    out = {(record.group, resource, record.verb)}
+    if record.verb == "patch" and record.content_type == APPLY_PATCH:
+        out.add((record.group, resource, "create"))
+    return out
 
 
 class Authorizer:
@@ -101,21 +107,24 @@ class Authorizer:
     def __call__(self, record: RequestRecord) -> Fault | None:
         if not self.applies(record):
             return None
-        wanted = triple(record)
-        if wanted in self.cluster or (record.namespace and wanted in self.per_namespace.get(record.namespace, ())):
+        needed = triples(record)
+        missing = needed - self.cluster - (self.per_namespace.get(record.namespace, set()) if record.namespace
+                                           else set())
+        if not missing:
             self.allowed.append(record)
             return None
+        wanted = sorted(missing)[0]
         self.denied.append(record)
         group = f".{record.group}" if record.group else ""
         scope = f' in the namespace "{record.namespace}"' if record.namespace else " at the cluster scope"
         return Fault(status=403, message=f'{record.resource}{group} is forbidden: User "{self.user}" cannot '
-                                         f'{record.verb} resource "{wanted[1]}" in API group "{record.group}"{scope}')
+                                         f'{wanted[2]} resource "{wanted[1]}" in API group "{record.group}"{scope}')
 
     def used(self) -> set[Triple]:
-        return {triple(r) for r in self.allowed}
+        return {t for r in self.allowed for t in triples(r)}
 
     def denied_triples(self) -> set[Triple]:
-        return {triple(r) for r in self.denied}
+        return {t for r in self.denied for t in triples(r)}
 
 
 def chart_rules(tmp_path: Path, values: dict[str, Any]) -> tuple[set[Triple], dict[str, set[Triple]]]:
@@ -392,14 +401,14 @@ async def test_namespaced_mode_works_with_roles_and_the_node_reader(
     async with running_operator(sim, namespaces=("ml", "dev"), prometheus_url=prom.url, **HEALTH):
         await stalled_pod_is_deleted(sim, prom)
     assert auth.denied_triples() == set(), "the Roles and ClusterRoles miss what the operator needs"
-    cluster_scoped = {triple(r) for r in auth.allowed if not r.namespace}
+    cluster_scoped = {t for r in auth.allowed if not r.namespace for t in triples(r)}
     assert cluster_scoped == auth.cluster, "every cluster-wide grant is used, and only at the cluster scope"
     assert cluster_scoped == {("", "nodes", "list"), ("", "namespaces", "list"), ("", "namespaces", "watch"),
                               ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                               ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     # The Role is the same in every watched namespace (test_chart checks); the scenario walks its paths in "ml".
     granted = set().union(*auth.per_namespace.values())
-    used = {triple(r) for r in auth.allowed if r.namespace}
+    used = {t for r in auth.allowed if r.namespace for t in triples(r)}
     assert granted - used == set(GRANT_ONLY), sorted(granted - used - set(GRANT_ONLY))
 
 
@@ -463,7 +472,7 @@ async def test_router_requests_equal_its_rendered_role(tmp_path: Path) -> None:
                 await eventually(synced, timeout=20, interval=0.1)
                 await asyncio.sleep(0.3)  # the watches that follow the initial lists are open now
         assert sim.controller_errors == [] and sim.api.internal_errors == []
-    assert auth.denied == [], [triple(r) for r in auth.denied]
+    assert auth.denied == [], [triples(r) for r in auth.denied]
     used = auth.used()
     assert used == {("discovery.k8s.io", "endpointslices", "list"), ("discovery.k8s.io", "endpointslices", "watch")}
     # The renderer also grants `get`, which the router never sends (it lists and watches by label selector).
