@@ -55,6 +55,17 @@ def evict(paths: list[Path]) -> int:
     return total
 
 
+def resident_mib(path: Path) -> float | None:
+    """Page-cache residency of one file (util-linux `fincore`), to show what the eviction left: pages that running
+    processes map (other vLLM servers on the machine) cannot be dropped."""
+    try:
+        done = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                              capture_output=True, text=True, timeout=30, check=True)
+        return round(int(done.stdout.split()[0]) / 2**20, 1)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def status(port: int) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as resp:
@@ -109,15 +120,19 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="engine-startup-"))
     model = vllm_cpu.make_model("tiny", work / "tiny-llama")
     venv = vllm_cpu.VLLM_VENV.resolve()
+    libtorch = next(venv.glob("lib/python3*/site-packages/torch/lib/libtorch_cpu.so"), venv)
     runs: list[dict[str, Any]] = []
     for i in range(args.runs):
         advised = evict([venv, model])
+        left = resident_mib(libtorch)
         cold = one_start(model, args.eager, work, f"cold-{i}")
-        cold.update(cache="cold", evicted_gib=round(advised / 2**30, 2), load=os.getloadavg()[0])
+        cold.update(cache="cold", evicted_gib=round(advised / 2**30, 2), libtorch_cpu_resident_mib=left,
+                    load=os.getloadavg()[0])
         runs.append(cold)
         print(json.dumps(cold), flush=True)
+        resident = resident_mib(libtorch)
         warm = one_start(model, args.eager, work, f"warm-{i}")
-        warm.update(cache="warm", load=os.getloadavg()[0])
+        warm.update(cache="warm", libtorch_cpu_resident_mib=resident, load=os.getloadavg()[0])
         runs.append(warm)
         print(json.dumps(warm), flush=True)
     phases = sorted({p for r in runs for p in r["durations"]}, key=lambda p: runs[0]["history"].index(p)

@@ -58,7 +58,8 @@ RULES: tuple[Rule, ...] = (
     Rule(Phase.COMPILING, re.compile(r"Dynamo bytecode transform time|Compiling a graph|torch\.compile takes|"
                                      r"Directly load (?:the compiled graph|AOT compilation)|Capturing CUDA graphs|"
                                      r"Graph capturing finished|Warming up model for the compilation|"
-                                     r"Warming up done|Compile and warming up model")),
+                                     r"Warming up done|Compile and warming up model|Compiling model again|"
+                                     r"saved AOT compiled function")),
     Rule(Phase.PROFILING_MEMORY, re.compile(r"Memory profiling takes|Available KV cache memory|"
                                             r"GiB for KV cache on node|Profiling CUDA graph memory")),
     Rule(Phase.LOADING_WEIGHTS, re.compile(r"Starting to load model|Loading (?:safetensors|pt|bin) checkpoint|"
