@@ -16,9 +16,11 @@ $(BIN)/vllm-operator: pyproject.toml
 
 venv: $(BIN)/vllm-operator
 
-## demo: create .venv, install, and run the main job (operator on the simulated cluster).
+## demo: create .venv, install, build the control plane, and run the main job: the chart and the operator on a real
+## kube-apiserver with kwok GPU nodes (testcluster/demo.py; `vllm-operator demo` is the in-process emulator version).
 demo: venv cluster-bin
-	$(BIN)/vllm-operator demo
+	scripts/install-helm.sh
+	$(BIN)/python -m testcluster.demo
 
 ## test: install everything the tests need from scratch, then run all tiers (lint, unit, integration, e2e).
 test: venv test-deps

@@ -85,6 +85,26 @@ def _show_refusals(kube: cluster.Cluster, obj: dict[str, Any]) -> None:
         raise RuntimeError("the refused edit changed the running pods")
 
 
+def model_volumes(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A PersistentVolume and a claim bound to it for every PVC an example loads its model from: the real
+    scheduler does not place a pod whose claim is unbound (the persistentvolume-binder controller binds them)."""
+    objs: list[dict[str, Any]] = []
+    for obj in examples:
+        claim = ((obj["spec"]["model"].get("source") or {}).get("pvc") or {}).get("claimName")
+        if not claim:
+            continue
+        ns = obj["metadata"]["namespace"]
+        pv = f"demo-{ns}-{claim}"
+        objs.append({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+                     "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadOnlyMany"],
+                              "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                              "hostPath": {"path": f"/models/{claim}"}}})
+        objs.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": ns},
+                     "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                              "resources": {"requests": {"storage": "100Gi"}}}})
+    return objs
+
+
 def demo(examples_dir: Path, timeout: float, workdir: Path) -> int:
     started = time.monotonic()
     examples = load_examples(examples_dir)
@@ -114,6 +134,9 @@ def demo(examples_dir: Path, timeout: float, workdir: Path) -> int:
         try:
             for ns in sorted({o["metadata"]["namespace"] for o in examples}):
                 kube.kubectl("create", "namespace", ns)
+            volumes = model_volumes(examples)
+            if volumes:
+                kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(volumes))
             applied = kube.kubectl("apply", "-f", str(examples_dir)).stdout
             print(applied.strip())
             current = _wait_ready(kube, examples, timeout)
