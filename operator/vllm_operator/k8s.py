@@ -71,6 +71,9 @@ NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "Netwo
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 POD_MONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 PROMETHEUS_RULES = Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule")
+SECRETS = Resource("", "v1", "secrets", "Secret")  # the webhook CA's Secret only (handlers/webhook.py)
+VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                               "ValidatingWebhookConfiguration", namespaced=False)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                 namespaced=False)
 

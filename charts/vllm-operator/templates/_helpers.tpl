@@ -124,3 +124,16 @@ start — so the chart grants them instead of relying on the fallback.
   verbs: ["list", "watch"]
 {{- end }}
 {{- end -}}
+
+{{- define "vllm-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "vllm-operator.fullname" .) -}}
+{{- end -}}
+
+{{/* Cluster-scoped: the release namespace keeps two releases in two namespaces apart. */}}
+{{- define "vllm-operator.webhookConfigurationName" -}}
+{{- printf "%s-%s" (include "vllm-operator.fullname" .) .Release.Namespace | trunc 253 -}}
+{{- end -}}
+
+{{- define "vllm-operator.webhookCASecretName" -}}
+{{- printf "%s-webhook-ca" (include "vllm-operator.fullname" .) -}}
+{{- end -}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 
 
@@ -20,4 +21,5 @@ class OperatorConfig:
     api_server: str | None = None  # log kopf in to this URL directly (the simulated cluster); None = kubeconfig
     status_refresh_delay: float = 2.0  # seconds a Deployment change waits for others to join its status write
     images: ImageDefaults = DEFAULT_IMAGES  # where default engine/router images come from (--image-repository)
+    webhook: WebhookConfig | None = None  # serve the validating admission webhook (--webhook-port)
     extra: dict[str, str] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 import signal
@@ -20,10 +21,12 @@ from collections.abc import Callable, Sequence
 import kopf
 from aiohttp import web
 
-from vllm_operator.handlers import health, lifecycle
+from vllm_operator import certs
+from vllm_operator.handlers import admission, health, lifecycle
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
+from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import (
     DEFAULT_IMAGES,
     ENV_PULL_SECRETS,
@@ -82,6 +85,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     if config.health_enabled:
         health.register(registry, config)
+    if config.webhook is not None:
+        admission.register(registry, config)
     return registry
 
 
@@ -194,6 +199,50 @@ def _images_from_environment(parser: argparse.ArgumentParser) -> ImageDefaults:
         parser.error(f"${ENV_REPOSITORY}: {err}")
 
 
+def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("admission webhook", "the planner at `kubectl apply` time (off unless "
+                                      "--webhook-port is set; the chart sets these)")
+    group.add_argument("--webhook-port", type=int, default=0, help="HTTPS port of the webhook (0 = off)")
+    group.add_argument("--webhook-host", default=WebhookConfig.host, help="address to listen on (default %(default)s)")
+    group.add_argument("--webhook-service", default=WebhookConfig.service,
+                       help="the webhook's Service name: the certificate is for <service>.<namespace>.svc")
+    group.add_argument("--webhook-namespace", default=os.environ.get("POD_NAMESPACE", WebhookConfig.namespace),
+                       help="the operator's namespace (Service, CA Secret); default $POD_NAMESPACE or "
+                       "%(default)s")
+    group.add_argument("--webhook-ca-secret", default=WebhookConfig.ca_secret, help="Secret that keeps the CA")
+    group.add_argument("--webhook-configuration", default=WebhookConfig.configuration,
+                       help="ValidatingWebhookConfiguration whose caBundle the operator writes")
+    group.add_argument("--webhook-cert-dir", default=None, help="read tls.crt/tls.key from here (cert-manager); "
+                       "the operator then keeps no CA and writes no caBundle")
+    group.add_argument("--webhook-check-interval", type=float, default=WebhookConfig.check_interval,
+                       metavar="SECONDS", help="seconds between certificate checks (default %(default)s)")
+    for flag, default in (("serving-lifetime", certs.SERVING_LIFETIME), ("serving-renew-before",
+                                                                         certs.SERVING_RENEW_BEFORE),
+                          ("ca-lifetime", certs.CA_LIFETIME), ("ca-renew-before", certs.CA_RENEW_BEFORE)):
+        group.add_argument(f"--webhook-{flag}", type=float, default=default.total_seconds(), metavar="SECONDS",
+                           help=f"certificate {flag.replace('-', ' ')} in seconds (default %(default).0f)")
+    group.add_argument("--webhook-bundle-settle", type=float, default=WebhookConfig.bundle_settle,
+                       metavar="SECONDS", help="wait after a caBundle change before serving a certificate of the "
+                       "new CA (default %(default)s)")
+
+
+def webhook_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> WebhookConfig | None:
+    if not args.webhook_port:
+        return None
+    if not 0 < args.webhook_port < 65536:
+        parser.error(f"--webhook-port {args.webhook_port}: not a TCP port")
+    lifetimes = {k: dt.timedelta(seconds=getattr(args, f"webhook_{k}")) for k in
+                 ("serving_lifetime", "serving_renew_before", "ca_lifetime", "ca_renew_before")}
+    for kind in ("serving", "ca"):
+        if lifetimes[f"{kind}_renew_before"] >= lifetimes[f"{kind}_lifetime"]:
+            parser.error(f"--webhook-{kind}-renew-before must be shorter than --webhook-{kind}-lifetime")
+    return WebhookConfig(port=args.webhook_port, host=args.webhook_host, service=args.webhook_service,
+                         namespace=args.webhook_namespace, ca_secret=args.webhook_ca_secret,
+                         configuration=args.webhook_configuration, cert_dir=args.webhook_cert_dir,
+                         check_interval=args.webhook_check_interval, bundle_settle=args.webhook_bundle_settle,
+                         **lifetimes)
+
+
 def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser = argparse.ArgumentParser(prog=PROG, description="Run the vllm-operator controller.")
     parser.add_argument("--namespace", "-n", action="append", default=[],
@@ -211,6 +260,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     add_image_repository_argument(parser, default=_images_from_environment(parser))
     add_image_pull_secret_argument(parser, default=[n.strip() for n in os.environ.get(ENV_PULL_SECRETS, "").split(",")
                                                     if n.strip()])
+    add_webhook_arguments(parser)
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(list(argv))
     if args.all_namespaces and args.namespace:
@@ -223,7 +273,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
                           health_enabled=not args.no_health, http_port=args.port,
-                          status_refresh_delay=args.status_refresh_delay, images=images)
+                          status_refresh_delay=args.status_refresh_delay, images=images,
+                          webhook=webhook_config(parser, args))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -84,7 +84,10 @@ def test_every_builtin_manifest_validates_strictly(rendered: dict[str, list[dict
     for doc in builtin:
         kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError naming the field
     others = {d["kind"] for d in docs if d["apiVersion"] not in BUILTIN_GROUPS}
-    assert others <= {"ServiceMonitor", "PrometheusRule"}, others
+    assert others <= {"ServiceMonitor", "PrometheusRule", "ValidatingWebhookConfiguration"}, others
+    # matchConditions are GA since Kubernetes 1.30: the webhook configuration validates against the newest schema.
+    for doc in by_kind(docs, "ValidatingWebhookConfiguration"):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
 
 def test_crd_ships_through_helm_crds_dir_unchanged(tmp_path: Path) -> None:
@@ -113,7 +116,8 @@ def test_operator_deployment_is_one_recreated_nonroot_readonly_replica(rendered:
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["resources"]["requests"]["memory"]
     assert container["resources"]["limits"]["memory"]
-    (port,) = container["ports"]
+    port, *webhook = container["ports"]
+    assert [p["name"] for p in webhook] == ["webhook"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
@@ -136,6 +140,8 @@ def test_operator_args_are_accepted_by_the_real_cli(rendered: dict[str, list[dic
     assert config.http_port == container["ports"][0]["containerPort"] == values.get("operator", {}).get("port", 8080)
     assert config.images.repository == (values.get("operator", {}).get("imageRepository") or "ghcr.io/vllm-operator")
     assert config.images.pull_secrets == tuple(values.get("operator", {}).get("workloadImagePullSecrets", []))
+    assert config.webhook is not None and config.webhook.port == container["ports"][1]["containerPort"] == 9443
+    assert config.webhook.service == f"{values.get('fullnameOverride', 'vo-vllm-operator')}-webhook"
 
 
 def test_image_repository_reaches_every_default_image(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -168,19 +174,66 @@ def rules_of(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(doc.get("rules") or [])
 
 
+def is_webhook_rbac(doc: Mapping[str, Any]) -> bool:
+    return doc["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding") and \
+        doc["metadata"]["name"].endswith("-webhook")
+
+
+def without_webhook(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The controller's RBAC (the webhook's own objects are checked by test_webhook_rbac_is_one_secret_...)."""
+    return [d for d in docs if not is_webhook_rbac(d)]
+
+
+@pytest.mark.parametrize("name", ["defaults", "namespaced"])
+def test_webhook_rbac_is_one_secret_and_one_configuration_by_name(rendered: dict[str, list[dict[str, Any]]],
+                                                                  name: str) -> None:
+    docs = rendered[name]
+    (config,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    (role,) = [d for d in by_kind(docs, "Role") if is_webhook_rbac(d)]
+    (cluster_role,) = [d for d in by_kind(docs, "ClusterRole") if is_webhook_rbac(d)]
+    assert role["metadata"]["namespace"] == "vllm-system"
+    assert rules_of(role) == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["vo-vllm-operator-webhook-ca"],
+         "verbs": ["get", "patch"]}]
+    assert rules_of(cluster_role) == [
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+         "resourceNames": [config["metadata"]["name"]], "verbs": ["get", "patch"]}]
+    (webhook,) = config["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore" and webhook["timeoutSeconds"] <= 10
+    assert "caBundle" not in webhook["clientConfig"], "the operator owns the caBundle; helm must not reset it"
+    assert webhook["clientConfig"]["service"]["path"] == "/validate-plan"
+    assert {c["name"] for c in webhook["matchConditions"]} == {"not-being-deleted", "spec-changed"}
+    args = operator_container(docs)["args"]
+    assert f"--webhook-configuration={config['metadata']['name']}" in args
+    assert "--webhook-ca-secret=vo-vllm-operator-webhook-ca" in args
+
+
+def test_cert_manager_mode_mounts_the_certificate_and_holds_no_webhook_rbac(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"webhook": {"certManager": {"enabled": True}, "failurePolicy": "Fail"}})
+    assert not [d for d in docs if is_webhook_rbac(d)]
+    (config,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "vllm-system/vo-vllm-operator-webhook"
+    assert config["webhooks"][0]["failurePolicy"] == "Fail"
+    certificates = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    assert certificates["vo-vllm-operator-webhook"]["spec"]["dnsNames"][0] == "vo-vllm-operator-webhook.vllm-system.svc"
+    assert "--webhook-cert-dir=/etc/vllm-operator/webhook-tls" in operator_container(docs)["args"]
+
+
 @pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
 def test_rbac_has_no_wildcards_and_no_secrets(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
     for doc in rendered[name]:
         for rule in rules_of(doc):
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[key], f"{doc['kind']} {doc['metadata']['name']}: wildcard in {key}"
-            assert "secrets" not in rule["resources"]
+            if not is_webhook_rbac(doc):
+                assert "secrets" not in rule["resources"]
             assert not {"bind", "escalate", "impersonate"} & set(rule["verbs"])
 
 
 def test_cluster_mode_is_one_clusterrole_bound_to_the_service_account(
         rendered: dict[str, list[dict[str, Any]]]) -> None:
-    docs = rendered["defaults"]
+    docs = without_webhook(rendered["defaults"])
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     (role,) = by_kind(docs, "ClusterRole")
     (binding,) = by_kind(docs, "ClusterRoleBinding")
@@ -195,7 +248,7 @@ def test_cluster_mode_is_one_clusterrole_bound_to_the_service_account(
 
 @pytest.mark.parametrize("name", ["namespaced", "namespaced-no-node-reader"])
 def test_namespaced_mode_is_a_role_per_namespace(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
-    docs = rendered[name]
+    docs = without_webhook(rendered[name])
     namespaces = VALUE_SETS[name]["watch"]["namespaces"]
     roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
@@ -212,21 +265,21 @@ def test_namespaced_mode_is_a_role_per_namespace(rendered: dict[str, list[dict[s
     assert not cluster_roles, "no other cluster-wide access"
     assert len(by_kind(docs, "ClusterRoleBinding")) == len(by_kind(docs, "ClusterRole"))
     (role,) = by_kind(docs, "Role")[:1]
-    cluster_rules = [r for r in rules_of(by_kind(rendered["defaults"], "ClusterRole")[0])
+    cluster_rules = [r for r in rules_of(by_kind(without_webhook(rendered["defaults"]), "ClusterRole")[0])
                      if not {"nodes", "customresourcedefinitions"} & set(r["resources"])]
     assert rules_of(role) == cluster_rules, "a namespaced Role grants exactly the cluster mode's namespaced rules"
 
 
 def test_no_rbac_and_existing_service_account(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["no-rbac-no-sa"]
-    assert {d["kind"] for d in docs} == {"Deployment"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "ValidatingWebhookConfiguration"}
     assert by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
 def test_service_monitor_selects_the_metrics_service(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["cluster-monitoring"]
     (monitor,) = by_kind(docs, "ServiceMonitor")
-    (service,) = by_kind(docs, "Service")
+    (service,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics")]
     labels = service["metadata"]["labels"]
     assert monitor["metadata"]["labels"]["release"] == "kps"
     assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
@@ -248,7 +301,7 @@ def test_prometheus_rule_passes_promtool(rendered: dict[str, list[dict[str, Any]
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 4 rules found" in proc.stdout
-    (service,) = by_kind(rendered[name], "Service")
+    (service,) = [s for s in by_kind(rendered[name], "Service") if s["metadata"]["name"].endswith("-metrics")]
     for item in rule["spec"]["groups"][0]["rules"]:
         assert f'job="{service["metadata"]["name"]}"' in item["expr"], item["alert"]
 
