@@ -77,10 +77,10 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
 
 
 class AdmissionLogFilter(logging.Filter):
-    """kopf logs every refusal as "Handler 'validate-plan' failed permanently" at ERROR and every answer as
+    """kopf logs every refusal as "Webhook 'validate-plan' failed permanently" at ERROR and every answer as
     "succeeded" at INFO; a refused spec is the user's mistake, which `review`'s caller logs once as a WARNING."""
 
-    PREFIX = f"Handler {WEBHOOK_ID!r} "
+    PREFIX = f"Webhook {WEBHOOK_ID!r} "
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(self.PREFIX)

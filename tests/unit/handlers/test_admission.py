@@ -7,13 +7,14 @@ against real nodes is tested on the real control plane.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from vllm_operator.handlers.admission import review
+from vllm_operator.handlers.admission import WEBHOOK_ID, AdmissionLogFilter, review
 from vllm_operator.k8s import KubeError
 
 CHAT = yaml.safe_load((ROOT / "examples" / "chat.yaml").read_text())
@@ -85,3 +86,14 @@ async def test_auto_is_allowed_with_a_warning_when_nodes_cannot_be_read() -> Non
     verdict = await review(Forbidden(), "CREATE", obj, None)  # type: ignore[arg-type]
     assert verdict.allowed
     assert verdict.warnings and "spec.accelerator.type" in verdict.warnings[0]
+
+
+def test_kopfs_error_line_for_a_refusal_is_dropped() -> None:
+    """kopf words it so (kopf/_core/actions/execution.py, 1.45): a refusal is logged once by us, as a WARNING."""
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, message, None, None)
+
+    keep = AdmissionLogFilter().filter
+    assert not keep(record(f"Webhook {WEBHOOK_ID!r} failed permanently: spec.pools.long: ..."))
+    assert not keep(record(f"Webhook {WEBHOOK_ID!r} succeeded."))
+    assert keep(record("Handler 'reconcile' failed permanently: boom"))
