@@ -238,7 +238,9 @@ def _policy_refuses(event: h11.Request, head: bytes) -> bool:
     names = [n for n, _ in raw]
     if names.count(b"host") > 1 or names.count(b"content-length") > 1 or names.count(b"transfer-encoding") > 1:
         return True
-    values = dict(raw)
+    values: dict[bytes, bytes] = {}
+    for name, value in raw:  # repeated fields are one comma-separated list (RFC 9110 5.3)
+        values[name] = values[name] + b", " + value if name in values else value
     if any((b < 0x20 and b != 0x09) or b == 0x7F for _, v in raw for b in v):
         return True
     if b"content-length" in values and (b"transfer-encoding" in values or not values[b"content-length"].isdigit()):
