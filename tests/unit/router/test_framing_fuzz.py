@@ -257,6 +257,7 @@ def oracle_outcome(messages: list[Message]) -> Outcome:
     conn.receive_data(b"".join(m.oracle for m in messages))
     out = Outcome()
     current: list[Any] | None = None
+    keep_alive_10 = False
     faults = [f for m in messages for f in ([m.chunk_fault, False] if m.embeds else [m.chunk_fault])]
     index = 0
     while True:
@@ -280,6 +281,8 @@ def oracle_outcome(messages: list[Message]) -> Outcome:
                 out.end = "error"
                 return out
             current = [event.method.decode(), *_target(event.method.decode(), event.target.decode("latin-1")), b""]
+            tokens = b",".join(v for n, v in event.headers.raw_items() if n.lower() == b"connection").lower()
+            keep_alive_10 = event.http_version == b"1.0" and b"keep-alive" in [t.strip() for t in tokens.split(b",")]
         elif isinstance(event, h11.Data):
             assert current is not None
             current[3] += bytes(event.data)
@@ -294,7 +297,13 @@ def oracle_outcome(messages: list[Message]) -> Outcome:
             conn.send(h11.Response(status_code=200, headers=[("Content-Length", "0")]))
             conn.send(h11.EndOfMessage())
             if conn.our_state is h11.MUST_CLOSE:
-                return out
+                if not keep_alive_10:
+                    return out
+                # h11 does not keep HTTP/1.0 connections alive; the router does when asked: go on with a fresh h11
+                rest = conn.trailing_data[0]
+                conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+                conn.receive_data(rest)
+                continue
             conn.start_next_cycle()
         else:  # pragma: no cover - h11 gives nothing else to a server fed bytes only
             raise AssertionError(event)
