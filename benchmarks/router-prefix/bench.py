@@ -338,8 +338,8 @@ def naming_cost(repeats: int = 30) -> dict[str, Any]:
                 balancer.chain(Prompt(tuple(texts[:-2]), chat=True, messages=len(texts) - 2))
             t0 = time.process_time()
             chain = balancer.chain(prompt)
-            chosen, _ = balancer.choose(reps, chain)
-            balancer.record(chosen.claim, chain, {1, 2})
+            chosen, _, credit = balancer.choose(reps, chain)
+            balancer.record(chosen.claim, chain[:credit], {1, 2})
             times.append(time.process_time() - t0)
         out[case] = {"cpu_ms_median": statistics.median(times) * 1e3, "cpu_ms_p90": pct(times, 0.9) * 1e3,
                      "chars": sum(map(len, texts)), "blocks": len(chain)}

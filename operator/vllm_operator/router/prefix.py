@@ -178,9 +178,14 @@ class PrefixBalancer:
             depth[c] = lo
         return depth
 
-    def choose(self, candidates: Sequence[Replica], chain: Sequence[int]) -> tuple[Replica, str]:
-        """The replica for a request with this chain, and the outcome (hit, spill, miss). `candidates` is in the
-        caller's rotation order (ties go to the first), and not empty."""
+    def choose(self, candidates: Sequence[Replica], chain: Sequence[int]) -> tuple[Replica, str, int]:
+        """The replica for a request with this chain, the outcome (hit, spill, miss) and how many of the chain's
+        blocks to `record` for it. `candidates` is in the caller's rotation order (ties go to the first), and not
+        empty.
+
+        A spill credits its replica only with the prefix the busy replica holds: the conversation's next turn then
+        ties between the two and goes by the recent counts, instead of following the momentarily idle replica for
+        good (which let conversations drift to the faster of two unequal replicas)."""
         depth = self.depths(chain, {c.claim for c in candidates}) if chain else {}
         total = sum(c.outstanding for c in candidates) + 1
         bound = math.ceil(self.load_factor * total / len(candidates))
@@ -196,8 +201,10 @@ class PrefixBalancer:
                 best, best_key = c, key
         assert best is not None  # the least loaded replica is always within the bound
         if deepest == 0:
-            return best, OUTCOME_MISS
-        return best, OUTCOME_HIT if best_key[0] == deepest else OUTCOME_SPILL
+            return best, OUTCOME_MISS, len(chain)
+        if best_key[0] == deepest:
+            return best, OUTCOME_HIT, len(chain)
+        return best, OUTCOME_SPILL, deepest
 
     def record(self, claim: int, chain: Sequence[int], live: Collection[int]) -> None:
         """The replica `claim` was sent this chain; owners no longer in `live` are dropped on the way."""

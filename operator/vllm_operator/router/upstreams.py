@@ -128,9 +128,9 @@ class Pool:
         self._turn += 1
         if key is not None and self.balancer is not None:
             rotated = candidates[start:] + candidates[:start]
-            chosen, outcome = self.balancer.choose(rotated, key)
+            chosen, outcome, credit = self.balancer.choose(rotated, key)
             assert isinstance(chosen, Endpoint)
-            self.balancer.record(chosen.claim, key, {e.claim for e in self.endpoints.values()})
+            self.balancer.record(chosen.claim, key[:credit], {e.claim for e in self.endpoints.values()})
             self.metrics.child(self.metrics.prefix_choices, self.name, outcome).inc()
             self.metrics.child(self.metrics.prefix_index_blocks, self.name).set(self.balancer.index_size)
             return chosen
