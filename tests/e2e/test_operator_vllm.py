@@ -248,8 +248,15 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
         ejected = time.monotonic()
         errors_at_ejection = router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool)
         healthy.wait(lambda: container.restart_count > restarts, 60, interval=0.2, what="vLLM exited")
-        healthy.wait(lambda: next((e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed),
-                                  None), READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
+        phases_seen: list[str] = []  # the pool's status.startupPhase as the health loop writes it (every 2 s)
+
+        def ready_again() -> float | None:
+            phase = ((healthy.obj().get("status", {}).get("pools", {}) or {}).get(pool) or {}).get("startupPhase")
+            if phase and (not phases_seen or phases_seen[-1] != phase):
+                phases_seen.append(phase)
+            return next((e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed), None)
+
+        healthy.wait(ready_again, READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
         ready = next(e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed)
         serving = healthy.wait(lambda: traffic.first(killed, pool), 120, interval=0.2, what="short pool serving again")
     answers = list(traffic.results)
@@ -271,8 +278,17 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
     assert "EngineDead" in status["lastState"]["terminated"]["message"]
     healthy.wait(lambda: "ObservedEngineDead" in {e.get("reason") for e in healthy.events()}, 60,
                  what="the operator observed the EngineDead termination")
+    healthy.wait(lambda: ready_again() and phases_seen[-1] == "Serving", 60, what="startupPhase Serving again")
+    restart = phases_seen[1:] if phases_seen[0] == "Serving" else phases_seen  # the old process's Serving first
+    order = [p.value for p in constants.STARTUP_PHASES]
+    assert "Launching" in restart and restart[-1] == "Serving", phases_seen
+    assert [order.index(p) for p in restart] == sorted(order.index(p) for p in restart), \
+        f"the restart's phases in status, in vLLM's order: {phases_seen}"
+    entry = healthy.obj()["status"]["pools"][pool]
+    assert entry["startupPod"] == pod and entry["startupPhaseSince"], entry
     record("engine core SIGKILL", {"health_503_s": unhealthy - killed, "router_ejected_s": ejected - killed,
                                    "ready_again_s": ready - killed, "serving_again_s": serving - killed})
+    print(f"startupPhase in status during the restart: {phases_seen}")
 
 
 def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -> None:
