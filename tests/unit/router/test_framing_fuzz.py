@@ -301,8 +301,10 @@ def oracle_outcome(messages: list[Message]) -> Outcome:
                     return out
                 # h11 does not keep HTTP/1.0 connections alive; the router does when asked: go on with a fresh h11
                 rest = conn.trailing_data[0]
+                if not rest:
+                    return out
                 conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-                conn.receive_data(rest)
+                conn.receive_data(rest)  # (never b"": to h11 that is the end of the connection)
                 continue
             conn.start_next_cycle()
         else:  # pragma: no cover - h11 gives nothing else to a server fed bytes only
