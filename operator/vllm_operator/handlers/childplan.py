@@ -69,6 +69,8 @@ class ChildAction:
     detail: str = ""
     managed_fields: tuple[Mapping[str, Any], ...] | None = None
     """The observed object's managedFields moved to the apply manager: written (conditionally) before the apply."""
+    upgrade_drop: tuple[tuple[str, ...], ...] = ()
+    """Paths the migration leaves unowned (recomputing `managed_fields` for a newer version of the object)."""
 
     @property
     def kind(self) -> str:
@@ -145,9 +147,13 @@ def autoscaled_deployments(manifests: Sequence[Mapping[str, Any]], pools: Collec
             and (m["metadata"].get("labels") or {}).get(constants.LABEL_POOL) in pools}
 
 
-def _upgrade(have: Mapping[str, Any], key: Key, autoscaled: Collection[str],
-             apply_manager: str) -> tuple[Mapping[str, Any], ...] | None:
-    drop = [managedfields.REPLICAS] if key[2] in autoscaled and (key[0], key[1]) == DEPLOYMENT else []
+def _drop(key: Key, autoscaled: Collection[str]) -> tuple[tuple[str, ...], ...]:
+    return (managedfields.REPLICAS,) if key[2] in autoscaled and (key[0], key[1]) == DEPLOYMENT else ()
+
+
+def upgrade(have: Mapping[str, Any], key: Key, drop: Sequence[Sequence[str]],
+            apply_manager: str) -> tuple[Mapping[str, Any], ...] | None:
+    """`have`'s managedFields moved to the apply manager (None: nothing to move)."""
     moved = managedfields.upgraded(have.get("metadata", {}).get("managedFields") or [], apply_manager=apply_manager,
                                    api_version=key[0], drop=drop)
     return tuple(moved) if moved is not None else None
@@ -173,15 +179,16 @@ def plan_children(owner: Mapping[str, Any], manifests: Sequence[Mapping[str, Any
         have = observed.get(key)
         if key[2] in autoscaled and (key[0], key[1]) == DEPLOYMENT:
             desired = _without_replicas(desired)
-        upgrade = _upgrade(have, key, autoscaled, apply_manager) if have is not None else None
+        drop = _drop(key, autoscaled)
+        moved = upgrade(have, key, drop, apply_manager) if have is not None else None
         if have is None:
             action = ChildAction(Verb.APPLY, Reason.MISSING, key, desired)
         elif not is_owned_by(have, uid):
             action = ChildAction(Verb.APPLY, Reason.ADOPT, key, desired, have, "not owned by this VLLMDeployment",
-                                 upgrade)
+                                 moved, drop)
         elif managedfields.needs_upgrade(have, apply_manager):
             action = ChildAction(Verb.APPLY, Reason.MIGRATE, key, desired, have,
-                                 "written by the release before server-side apply", upgrade)
+                                 "written by the release before server-side apply", moved, drop)
         elif spec_hash(have) != spec_hash(rendered):
             action = ChildAction(Verb.APPLY, Reason.CHANGED, key, desired, have,
                                  f"spec-hash {spec_hash(have)} -> {spec_hash(rendered)}")

@@ -220,10 +220,7 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         label = f"{res.kind} {namespace}/{action.name}"
         if action.managed_fields is not None and action.observed is not None:
-            await kube.json_patch(res, namespace, action.name, [
-                {"op": "test", "path": "/metadata/resourceVersion",
-                 "value": action.observed["metadata"]["resourceVersion"]},
-                {"op": "replace", "path": "/metadata/managedFields", "value": list(action.managed_fields)}])
+            await _migrate(kube, res, namespace, action)
             log.info("Moved the fields of %s for VLLMDeployment %s/%s to the apply manager", label, namespace,
                      parent["metadata"]["name"])
         try:
@@ -241,6 +238,25 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         await kube.delete(res, namespace, action.name, uid=action.uid)
         outcome.deleted.append(f"{res.kind} {namespace}/{action.name}")
+
+
+async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAction, attempts: int = 4) -> None:
+    """Write the moved managedFields, conditional on the resourceVersion they were computed from. Controllers write
+    children's status all the time (a failed `test` is a 422), so a lost race re-reads the child and recomputes."""
+    have, moved = action.observed, action.managed_fields
+    for attempt in range(attempts):
+        if have is None or moved is None:
+            return
+        try:
+            await kube.json_patch(res, namespace, action.name, [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": have["metadata"]["resourceVersion"]},
+                {"op": "replace", "path": "/metadata/managedFields", "value": list(moved)}])
+            return
+        except KubeError as err:
+            if err.status not in (409, 422) or attempt == attempts - 1:
+                raise
+        have = await kube.get(res, namespace, action.name)
+        moved = childplan.upgrade(have, action.key, action.upgrade_drop, FIELD_MANAGER) if have else None
 
 
 def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
