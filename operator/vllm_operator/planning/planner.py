@@ -540,9 +540,12 @@ def _timeouts(spec: VLLMDeploymentSpec) -> Timeouts:
 
 PREFIX_INDEX_MIN_BLOCKS = 1024
 PREFIX_INDEX_MAX_BLOCKS = 262_144
-"""Bounds of the router's prefix index per pool (blocks it remembers). The planned value is what the pool's engines
-can hold (KV blocks per replica x replicas); the ceiling keeps a pool of many replicas within the router pod's memory
-(~60 MB at the ceiling, benchmarks/router-prefix/README.md)."""
+PREFIX_INDEX_REPLICAS = 8
+"""Bounds of the router's prefix index per pool (blocks it remembers). The planned value is what
+PREFIX_INDEX_REPLICAS of the pool's engines can hold (KV blocks per replica x 8), not x the pool's current replicas:
+router.json must not change with a replicas edit (or an autoscaler), or every scale step would roll the router pods
+and reset their in-memory index. The ceiling keeps the router pod's memory bounded (~60 MB at the ceiling,
+benchmarks/router-prefix/README.md); GPU pools reach it at one or two replicas anyway."""
 
 
 def _strategy(spec: VLLMDeploymentSpec, pool: str) -> RoutingStrategy:
@@ -557,9 +560,10 @@ def _strategy(spec: VLLMDeploymentSpec, pool: str) -> RoutingStrategy:
 
 def _route(spec: VLLMDeploymentSpec, pool: PoolPlan, acc: AcceleratorFacts, name: str, namespace: str) -> PoolRoute:
     """The router's view of a pool. Prefix blocks are the engine's KV blocks (16 tokens on GPU, 128 on vLLM's CPU
-    build), and the prefix index is sized to what the pool's engines can cache at once."""
+    build), and the prefix index is sized to what several of the pool's engines can cache at once (independent of
+its replicas, so a scale step never rewrites router.json)."""
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
-    engine_blocks = pool.kv.planned_tokens // block * max(pool.replicas, 1)
+    engine_blocks = pool.kv.planned_tokens // block * PREFIX_INDEX_REPLICAS
     index = min(max(engine_blocks, PREFIX_INDEX_MIN_BLOCKS), PREFIX_INDEX_MAX_BLOCKS)
     return PoolRoute(enabled=pool.enabled, max_model_len=pool.max_model_len, max_tokens=pool.max_tokens,
                      service=ServiceRef(namespace=namespace, name=names.pool(name, pool.name),

@@ -195,9 +195,17 @@ def test_routing_strategy_defaults_per_class_and_prefix_blocks_follow_the_engine
         route = getattr(p.router.pools, name)
         assert route.strategy.value == strategy == profiles.profile(WorkloadClass(workload)).pool(name).routing
         assert route.prefix.block_tokens == 16  # the GPU engine's KV block
-        blocks = p.pools[name].kv.planned_tokens // 16 * p.pools[name].replicas
+        blocks = p.pools[name].kv.planned_tokens // 16 * 8  # eight replicas' worth, whatever the pool's replicas
         assert route.prefix.index_blocks == min(max(blocks, 1024), 262_144)
         assert route.prefix.load_factor == 1.25
+
+
+def test_a_replicas_edit_leaves_the_router_config_unchanged() -> None:
+    """router.json is the router pods' rolling hash: sizing the prefix index by replicas rolled the routers (and reset
+    their index) on every scale step."""
+    one, three = make_plan(), make_plan(pools={"short": {"replicas": 3}})
+    assert one.pools["short"].replicas != three.pools["short"].replicas
+    assert one.router == three.router
 
 
 def test_routing_strategy_from_spec_and_cpu_blocks() -> None:
