@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 LOADGEN = HERE / "loadgen.py"
 ENGINE_CMD = HERE / "engine_cmd.py"
 ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-"""What the GPU machine's vLLM needs (../shared/gpu/README.md); PYTHONPATH=/tmp/site comes from --site."""
+"""What the GPU machine's vLLM needs (per the GPU machine's own notes); PYTHONPATH=/tmp/site comes from --site."""
 
 # The mixed workload of issue 12 for one layout (both replicas together); each run sends one replica's share.
 WORKLOAD = [
@@ -54,7 +54,7 @@ WORKLOAD = [
     "--seed", "12",
 ]  # fmt: skip
 START_EST_S = 150.0
-"""Time an engine start may take on the H200 (90-150 s seen, ../shared/gpu/README.md)."""
+"""Time an engine start may take on the H200 (90-150 s seen on the H200)."""
 RUN_EST_S = 80.0
 """Time one share takes: 60 s of arrivals, the last burst's drain, calibration and warm-up."""
 ARCHIVE_RESERVE_S = 20.0

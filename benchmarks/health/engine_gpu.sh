@@ -2,7 +2,7 @@
 # On the H200 machine: the engine wrapper around a REAL vLLM (0.26.0, CUDA) — a CUDA out-of-memory at start-up
 # (a KV cache larger than the GPU, which vLLM allocates without checking) must end as exit code 87 (EngineOOM), and a
 # SIGKILLed engine core as 88 (EngineDead), each with its termination message.
-# Prerequisite (see ../shared/gpu/README.md): .gpu/p1 (+ model), .gpu/p2 and .gpu/unpack.sh from pack.sh.
+# Prerequisite (the workspace's GPU packing scripts, outside this repository): .gpu/p1 (+ model), .gpu/p2 and .gpu/unpack.sh from pack.sh.
 #   call 1: carry [".gpu/p1", ".gpu/unpack.sh"]  command: bash .gpu/unpack.sh .gpu
 #   call 2 (at once): carry [".gpu/p2", ".gpu/unpack.sh"]  command: bash benchmarks/health/engine_gpu.sh
 # Output: $OUT/engine_gpu.tgz (logs, termination messages, summary.txt).
