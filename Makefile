@@ -52,7 +52,10 @@ e2e: venv
 ## crds / schemas: regenerate the generated artifacts (tests fail when they drift).
 crds: venv
 	$(BIN)/vllm-operator crd > crds/vllm-operator.dev_vllmdeployments.yaml
-	cp crds/vllm-operator.dev_vllmdeployments.yaml charts/vllm-operator/crds/ 2>/dev/null || true
+	$(BIN)/vllm-operator crd --workload-class > crds/vllm-operator.dev_vllmworkloadclasses.yaml
+	cp crds/vllm-operator.dev_vllmdeployments.yaml crds/vllm-operator.dev_vllmworkloadclasses.yaml \
+		charts/vllm-operator/crds/ 2>/dev/null || true
+	$(BIN)/vllm-operator crd --builtin-classes > charts/vllm-operator/templates/workloadclasses.yaml
 
 schemas: venv
 	$(BIN)/python -m vllm_operator.api.schemas operator/vllm_operator/api/schemas

@@ -12,7 +12,7 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "crd": ("vllm_operator.api.crdgen", "print the CustomResourceDefinition generated from the API models"),
+    "crd": ("vllm_operator.crds", "print the CustomResourceDefinition generated from the API models"),
     "plan": ("vllm_operator.planning.cli", "plan a VLLMDeployment: engine args, KV budget, capacity, warnings"),
     "render": ("vllm_operator.rendering.cli", "render a VLLMDeployment to the manifests the operator would apply"),
     "run": ("vllm_operator.handlers.run", "run the operator (kopf) against the current kubeconfig"),

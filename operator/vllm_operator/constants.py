@@ -22,6 +22,11 @@ PLURAL: Final = "vllmdeployments"
 SINGULAR: Final = "vllmdeployment"
 SHORT_NAME: Final = "vllmd"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+CLASS_KIND: Final = "VLLMWorkloadClass"
+CLASS_PLURAL: Final = "vllmworkloadclasses"
+CLASS_SINGULAR: Final = "vllmworkloadclass"
+CLASS_SHORT_NAME: Final = "vllmwc"
+CLASS_CRD_NAME: Final = f"{CLASS_PLURAL}.{GROUP}"
 
 # The label contract (docs/architecture.md, Labels).
 LABEL_NAME: Final = "app.kubernetes.io/name"

@@ -64,6 +64,8 @@ SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 PODS = Resource("", "v1", "pods", "Pod")
 EVENTS = Resource("", "v1", "events", "Event")
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+WORKLOAD_CLASSES = Resource(constants.GROUP, constants.VERSION, constants.CLASS_PLURAL, constants.CLASS_KIND,
+                            namespaced=False)
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")

@@ -109,6 +109,15 @@ README section "RBAC" explains every line.
 {{- end -}}
 
 {{/*
+VLLMWorkloadClasses are cluster-scoped: read (listed once, then watched for edits), never written.
+*/}}
+{{- define "vllm-operator.classRules" -}}
+- apiGroups: ["vllm-operator.dev"]
+  resources: ["vllmworkloadclasses"]
+  verbs: ["list", "watch"]
+{{- end -}}
+
+{{/*
 kopf's own observers (read-only, cluster-scoped): it watches CustomResourceDefinitions to notice resources that
 appear or go, and in namespaced mode lists/watches Namespaces to learn which watched namespaces exist. Denied, kopf
 retries each request for ~54 s (its error backoffs) before falling back — for Namespaces that delays the whole

@@ -94,6 +94,9 @@ class Plan(ApiModel):
     name: Text = Field(description="VLLMDeployment name.")
     namespace: Text = Field(description="VLLMDeployment namespace.")
     workload_class: Text = Field(description="The workload class.")
+    workload_class_generation: int | None = Field(
+        default=None, description="metadata.generation of the VLLMWorkloadClass used (none for the built-in table); "
+                                  "left out of the hash, so a class edit that changes no number rolls nothing.")
     engine_version: Text = Field(description="vLLM version the arguments are valid for.")
     accelerator: AcceleratorFacts = Field(description="The accelerator planned for.")
     pools: dict[str, PoolPlan] = Field(description="short and long.")

@@ -513,7 +513,11 @@ class VLLMDeploymentSpec(ApiModel):
     """A model served by a short-text and a long-text vLLM pool behind a length-aware router."""
 
     model: ModelSpec = Field(description="The model to serve.")
-    workload_class: WorkloadClass = Field(description="chat, multi-turn, rag or long-doc; sets pool defaults.")
+    workload_class: Annotated[str, StringConstraints(
+        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] | None = Field(
+        default=None,
+        description="Name of the VLLMWorkloadClass that sets pool defaults (built-ins: chat, multi-turn, rag, "
+                    "long-doc); unset: the class marked default.")
     accelerator: AcceleratorSpec = Field(description="What each engine pod runs on.")
     engine: EngineSpec | None = Field(default=None, description="Engine images and vLLM versions.")
     pools: PoolsSpec | None = Field(default=None, description="Per-pool overrides of the class profile.")

@@ -149,6 +149,14 @@ class ResolvedAccelerator(ApiModel):
         default=None, description="GPU feature discovery product string it was resolved from.")
 
 
+class WorkloadClassRef(ApiModel):
+    """The workload class the plan in effect was made from."""
+
+    name: Annotated[str, StringConstraints(max_length=63)] = Field(description="VLLMWorkloadClass name.")
+    generation: int | None = Field(
+        default=None, ge=0, description="Its metadata.generation (absent: the operator's built-in table).")
+
+
 class VLLMDeploymentStatus(ApiModel):
     """Observed state of a VLLMDeployment."""
 
@@ -160,6 +168,8 @@ class VLLMDeploymentStatus(ApiModel):
     pools: PoolsStatus | None = Field(default=None, description="Per-pool state.")
     plan: PlanSummary | None = Field(default=None, description="Summary of the plan in effect.")
     accelerator: ResolvedAccelerator | None = Field(default=None, description="The accelerator planned for.")
+    workload_class: WorkloadClassRef | None = Field(
+        default=None, description="The workload class (and its generation) the plan in effect used.")
     last_reset_token: Annotated[str, StringConstraints(max_length=128)] | None = Field(
         default=None, description="The remediation.resetToken last acted on.")
     step_down_level: int = Field(default=0, ge=0, description="Highest step-down rung across pools (printer column).")

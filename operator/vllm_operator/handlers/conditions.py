@@ -19,6 +19,7 @@ from vllm_operator.api.status import (
     PoolStatus,
     ResolvedAccelerator,
     VLLMDeploymentStatus,
+    WorkloadClassRef,
 )
 
 
@@ -84,6 +85,7 @@ def with_plan(prev: VLLMDeploymentStatus | None, plan: Plan, deployments: Mappin
     status.plan = plan_summary(plan)
     status.accelerator = ResolvedAccelerator(type=plan.accelerator.type, count=plan.accelerator.count,
                                              product=plan.accelerator.product)
+    status.workload_class = WorkloadClassRef(name=plan.workload_class, generation=plan.workload_class_generation)
     status.ready = f"{ready_total}/{desired_total}"
     status.short_replicas, status.long_replicas = columns[constants.POOL_SHORT], columns[constants.POOL_LONG]
     levels = [p.step_down.level + p.step_down.kv_level for p in (pools.short, pools.long) if p]

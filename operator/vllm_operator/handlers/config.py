@@ -22,4 +22,6 @@ class OperatorConfig:
     status_refresh_delay: float = 2.0  # seconds a Deployment change waits for others to join its status write
     images: ImageDefaults = DEFAULT_IMAGES  # where default engine/router images come from (--image-repository)
     webhook: WebhookConfig | None = None  # serve the validating admission webhook (--webhook-port)
+    workload_classes: bool = True  # read VLLMWorkloadClasses (False: --no-workload-classes, built-ins only)
+    class_rollout_timeout: float = 600.0  # seconds a class roll-out waits for one dependent before the next
     extra: dict[str, str] = field(default_factory=dict)

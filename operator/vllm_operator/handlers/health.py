@@ -50,10 +50,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             fresh = await memo.kube.get(VLLM_DEPLOYMENTS, meta.get("namespace"), meta.get("name"))
             if fresh is None:
                 return
-            result = await loop.check(memo.kube, source, fresh, interval_override=config.health_interval_override)
+            key = (meta.get("namespace"), meta.get("name"))
+            result = await loop.check(memo.kube, source, fresh, interval_override=config.health_interval_override,
+                                      resolve_class=functools.partial(memo.classes.resolve, memo.kube, key))
             if result is not None:
                 await loop.execute(memo.kube, fresh, result, counters=memo.metrics,
-                                   reconcile=functools.partial(reconcile, images=config.images))
+                                   reconcile=functools.partial(reconcile, images=config.images,
+                                                               classes=memo.classes))
         except KubeError as err:
             logger.warning("Health check of VLLMDeployment %s/%s failed on an API call (retried next interval): %s",
                            meta.get("namespace"), meta.get("name"), err)

@@ -18,11 +18,12 @@ from typing import Any
 import kopf
 
 from vllm_operator import constants, names
-from vllm_operator.handlers import refresh
+from vllm_operator.handlers import classes, refresh
 from vllm_operator.handlers.childplan import is_owned_by
+from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
-from vllm_operator.handlers.reconcile import reconcile, refresh_status
+from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
 
@@ -50,9 +51,10 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
 
 
 async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
-                        images: ImageDefaults = DEFAULT_IMAGES) -> None:
+                        images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> bool:
+    """Reconcile one VLLMDeployment for a handler; True when children were written."""
     try:
-        outcome = await reconcile(kube, body, images=images)
+        outcome = await reconcile(kube, body, images=images, classes=classes)
     except KubeError as err:
         metrics.reconcile_errors.inc()
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
@@ -62,11 +64,12 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
         # A kopf.PermanentError here made kopf log "ERROR ... failed permanently" (and post an Error event) for
         # what is the user's mistake, not the operator's; returning also stops retries until the spec changes.
         metrics.reconciles.labels("refused").inc()
-        return
+        return False
     metrics.reconciles.labels("changed" if outcome.changed else "unchanged").inc()
     for verb, items in (("create", outcome.created), ("update", outcome.updated), ("delete", outcome.deleted)):
         for item in items:
             metrics.child_writes.labels(verb, item.split(" ", 1)[0]).inc()
+    return outcome.changed
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -80,7 +83,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await run_reconcile(memo.kube, memo.metrics, body, config.images)
+        await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes)
+
+    if config.workload_classes:
+        register_classes(registry, config)
 
     deployment_labels: dict[str, Any] = {constants.LABEL_NAME: constants.APP_NAME,
                                          constants.LABEL_DEPLOYMENT: kopf.PRESENT}
@@ -100,6 +106,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.refresher.close()
+        await memo.classes.close()
 
     @kopf.on.event("apps", "v1", "deployments", labels=deployment_labels, id=CHILD_EVENT_ID, registry=registry)
     async def _child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: Any,
@@ -116,10 +123,46 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 if is_owned_by(body, parent["metadata"]["uid"]) and not parent["metadata"].get("deletionTimestamp"):
                     logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
                                 body["metadata"]["name"])
-                    await run_reconcile(memo.kube, memo.metrics, parent, config.images)
+                    await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes)
             return
         memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments,
-                                                      config.images))
+                                                      config.images, memo.classes))
+
+
+CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)
+
+
+def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Watch VLLMWorkloadClasses: keep the index current and roll a changed class out to its dependents."""
+
+    @kopf.on.event(*CLASS_RESOURCE, registry=registry)
+    async def _class_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        index: ClassIndex = memo.classes
+        await index.load(memo.kube)
+        name = body["metadata"]["name"]
+        before = index.snapshot()
+        if event.get("type") == "DELETED":
+            old, new = index.forget(name), None
+        else:
+            old = index.observe(body)
+            new = index.snapshot().get(name)
+        if old is not None and new is not None and (old.generation, old.default) == (new.generation, new.default):
+            return  # a resync or a metadata-only change: nothing to re-plan
+        default_changed = bool((old and old.default) or (new and new.default))
+        targets = await classes.dependents(memo.kube, config.namespaces, {name}, default_changed)
+        if not targets:
+            return
+        what = "deleted" if event.get("type") == "DELETED" else (
+            "created" if old is None else f"changed to generation {new.generation if new else '?'}")
+        logging.getLogger(__name__).info("VLLMWorkloadClass %s was %s; re-planning %d VLLMDeployment(s) one at a "
+                                         "time", name, what, len(targets))
+
+        async def changed(obj: Mapping[str, Any]) -> bool:
+            return await run_reconcile(memo.kube, memo.metrics, obj, config.images, index)
+
+        index.start_rollout(name, targets, before, functools.partial(
+            classes.roll_out, index, memo.kube, name, targets, changed, child_selector,
+            config.class_rollout_timeout))
 
 
 def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,10 +175,11 @@ def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _refresh_from_indexes(kube: KubeApi, key: refresh.Key, parents: Mapping[refresh.Key, Any],
-                                deployments: Mapping[refresh.Key, Any], images: ImageDefaults) -> None:
+                                deployments: Mapping[refresh.Key, Any], images: ImageDefaults,
+                                classes: ClassIndex | None = None) -> None:
     for parent in list(parents.get(key, ())):
         meta = parent["metadata"]
         if meta.get("deletionTimestamp"):
             continue
         owned = [d for d in deployments.get(key, ()) if is_owned_by(d, meta["uid"])]
-        await refresh_status(kube, parent, deployments=owned, images=images)
+        await refresh_status(kube, parent, deployments=owned, images=images, classes=classes)

@@ -31,6 +31,7 @@ from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.handlers import childplan, conditions
 from vllm_operator.handlers.childplan import ChildAction, ChildPlan, is_owned_by
+from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
@@ -126,14 +127,15 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
 
 
 async def plan_resource(kube: KubeApi, resource: VLLMDeployment, status: VLLMDeploymentStatus | None,
-                        images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+                        images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> Plan:
     """The plan for a VLLMDeployment as its status reports it: `auto` resolved from the nodes, and its explanation
     ("auto matched …; planned for …, the smallest") among the warnings. Reconcile and the status refresh both plan
     through here; the refresh planning without the note dropped it from status ~2 s after every reconcile."""
     accelerator, note = await resolve_accelerator(kube, resource.spec)
     meta = resource.metadata
+    klass = await classes.resolve(kube, (meta.namespace, meta.name), resource.spec) if classes else None
     the_plan = plan(resource.spec, accelerator, RemediationState.from_status(status), name=meta.name,
-                    namespace=meta.namespace, images=images)
+                    namespace=meta.namespace, images=images, workload_class=klass)
     if note:
         the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, note]})
     return the_plan
@@ -267,9 +269,9 @@ def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
 
 
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
-                    images: ImageDefaults = DEFAULT_IMAGES) -> ReconcileOutcome:
+                    images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> ReconcileOutcome:
     """Bring one VLLMDeployment's children and status in line with its spec (see module docstring); `images`: the
-    operator's --image-repository."""
+    operator's --image-repository; `classes`: the cluster's VLLMWorkloadClasses (None: the built-in table)."""
     meta = obj["metadata"]
     generation = meta.get("generation")
     now = now_rfc3339()
@@ -278,7 +280,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     base_status = status if status is not None else prev_status
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
-        the_plan = await plan_resource(kube, resource, base_status, images)
+        the_plan = await plan_resource(kube, resource, base_status, images, classes)
     except SpecError as err:
         outcome.spec_error = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
@@ -358,7 +360,7 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
                          deployments: Sequence[Mapping[str, Any]] | None = None, attempts: int = 3,
-                         images: ImageDefaults = DEFAULT_IMAGES) -> bool:
+                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
     `obj` and `deployments` may come from the operator's watch caches (handlers/refresh.py), so that the only
@@ -367,7 +369,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
     """
     for _ in range(attempts - 1):
         try:
-            return await _refresh_status_once(kube, obj, deployments, images)
+            return await _refresh_status_once(kube, obj, deployments, images, classes)
         except KubeError as err:
             if not err.conflict:
                 raise
@@ -375,15 +377,16 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
             if fresh is None:
                 return False
             obj = fresh
-    return await _refresh_status_once(kube, obj, deployments, images)
+    return await _refresh_status_once(kube, obj, deployments, images, classes)
 
 
 async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any],
-                               deployments: Sequence[Mapping[str, Any]] | None, images: ImageDefaults) -> bool:
+                               deployments: Sequence[Mapping[str, Any]] | None, images: ImageDefaults,
+                               classes: ClassIndex | None = None) -> bool:
     meta = obj["metadata"]
     prev = _current_status(obj)
     try:
-        the_plan = await plan_resource(kube, parse_resource(dict(obj)), prev, images)
+        the_plan = await plan_resource(kube, parse_resource(dict(obj)), prev, images, classes)
     except SpecError:
         return False  # the spec is refused; the lifecycle handler owns that status
     if deployments is None:

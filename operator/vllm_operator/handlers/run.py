@@ -23,6 +23,7 @@ from aiohttp import web
 
 from vllm_operator import certs
 from vllm_operator.handlers import admission, health, lifecycle
+from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
@@ -128,7 +129,8 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
         forwarder = asyncio.create_task(_signal_ready(ready_flag))
     runner: web.AppRunner | None = None
     memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
-                     refresher=Coalescer(delay=config.status_refresh_delay))
+                     refresher=Coalescer(delay=config.status_refresh_delay),
+                     classes=ClassIndex(enabled=config.workload_classes))
     try:
         if config.http_port:
             runner = await serve_http(config, metrics, ready)
@@ -253,6 +255,9 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser.add_argument("--prometheus-url", default=None,
                         help="Prometheus base URL for metric-based diagnoses; unset turns them off")
     parser.add_argument("--no-health", action="store_true", help="disable the health loop (lifecycle only)")
+    parser.add_argument("--no-workload-classes", action="store_true",
+                        help="do not read VLLMWorkloadClasses (no cluster-scoped grant): built-in class names plan "
+                             "from the operator's table, other names are refused")
     parser.add_argument("--port", type=int, default=8080, help="port for /healthz and /metrics (0 = off)")
     parser.add_argument("--status-refresh-delay", type=float, default=OperatorConfig.status_refresh_delay,
                         metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
@@ -274,7 +279,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
                           health_enabled=not args.no_health, http_port=args.port,
                           status_refresh_delay=args.status_refresh_delay, images=images,
-                          webhook=webhook_config(parser, args))
+                          webhook=webhook_config(parser, args),
+                          workload_classes=not args.no_workload_classes)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -13,7 +13,7 @@ caller should therefore hand in a freshly read object, not a cached one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from vllm_operator.health.source import MetricsSource, take_snapshot
 from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError
 from vllm_operator.planning import RemediationState, ladder, plan
 from vllm_operator.planning.catalog import gpu_facts, gpu_type
+from vllm_operator.planning.profiles import ClassProfile
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +90,19 @@ def ladder_views(the_plan: Plan, allow_lower_max_model_len: bool) -> dict[str, p
 
 
 async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,
-                interval_override: float | None = None) -> CheckResult | None:
-    """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that)."""
+                interval_override: float | None = None,
+                resolve_class: Callable[[VLLMDeploymentSpec], Awaitable[ClassProfile]] | None = None,
+                ) -> CheckResult | None:
+    """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that).
+    `resolve_class`: the operator's VLLMWorkloadClass lookup (None: the built-in table)."""
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     status = current_status(obj)
     try:
         resource = parse_resource(dict(obj))
+        klass = await resolve_class(resource.spec) if resolve_class is not None else None
         the_plan = plan(resource.spec, accelerator_in_effect(resource.spec, status),
-                        RemediationState.from_status(status), name=name, namespace=namespace)
+                        RemediationState.from_status(status), name=name, namespace=namespace, workload_class=klass)
     except SpecError as err:
         log.info("Skipped the health check of VLLMDeployment %s/%s: %s", namespace, name, err)
         return None

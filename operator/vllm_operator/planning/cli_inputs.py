@@ -12,19 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from pydantic import ValidationError
 
+from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.spec import ModelFacts, VLLMDeploymentSpec
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults, add_image_repository_argument
-from vllm_operator.planning import catalog
-from vllm_operator.planning.planner import RemediationState, plan
+from vllm_operator.planning import catalog, classfile, profiles
+from vllm_operator.planning.planner import RemediationState, plan, resolve_class
 
 STDIN = "-"
 
@@ -53,6 +56,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                              "needs the same numbers as spec.model.facts; `plan` prints that block)")
     parser.add_argument("--weights-gib", type=float, metavar="GIB",
                         help="weight size for --model-config (default: estimated from the shape)")
+    parser.add_argument("--class", dest="class_files", action="append", default=[], metavar="FILE",
+                        help="a file of VLLMWorkloadClass objects the spec's workloadClass is resolved among "
+                             "(repeatable; classes inside the -f file count too; built-ins need none)")
     add_image_repository_argument(parser)
 
 
@@ -150,18 +156,42 @@ class Planned:
     plan: Plan
 
 
-def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
-                   facts: ModelFacts | None = None, images: ImageDefaults = DEFAULT_IMAGES) -> list[Planned]:
-    """Plan every document (`facts`: --model-config's, in place of the spec's); SpecError for the first refused."""
-    out: list[Planned] = []
+def _is_class(doc: Any) -> bool:
+    return isinstance(doc, dict) and doc.get("kind") == constants.CLASS_KIND
+
+
+def _inline_classes(docs: Sequence[Any]) -> dict[str, profiles.ClassProfile]:
+    found: dict[str, profiles.ClassProfile] = {}
     for doc in docs:
+        if _is_class(doc):
+            name = str((doc.get("metadata") or {}).get("name") or "")
+            try:
+                found[name] = profiles.parse_class(doc)
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise SpecError(f"VLLMWorkloadClass {name}: spec.{where}", first["msg"]) from None
+    return found
+
+
+def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
+                   facts: ModelFacts | None = None, images: ImageDefaults = DEFAULT_IMAGES,
+                   classes: Mapping[str, profiles.ClassProfile] | None = None) -> list[Planned]:
+    """Plan every VLLMDeployment document (`facts`: --model-config's, in place of the spec's; `classes`: the
+    --class files' VLLMWorkloadClasses, joined by those among `docs`); SpecError for the first refused."""
+    out: list[Planned] = []
+    known = {**(classes or {}), **_inline_classes(docs)}
+    specs = [doc for doc in docs if not _is_class(doc)]
+    if not specs:
+        raise SpecError("", "no VLLMDeployment among the documents (only VLLMWorkloadClasses)")
+    for doc in specs:
         resource = parse_resource(doc)
         spec = resource.spec
         if facts is not None:
             spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
         the_plan = plan(spec, accelerator_for_gpu(resource, gpu), RemediationState.from_status(resource.status),
                         name=resource.metadata.name, namespace=resource.metadata.namespace,
-                        engine_version=engine_version, images=images)
+                        engine_version=engine_version, images=images, workload_class=resolve_class(spec, known))
         out.append(Planned(resource, spec, the_plan))
     return out
 
@@ -169,8 +199,9 @@ def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_versio
 def plan_input(path: str, args: argparse.Namespace) -> list[Planned]:
     """Read `path` and plan each document with the shared flags of `add_input_arguments`."""
     facts = model_facts(args.model_config, args.weights_gib) if args.model_config else None
+    classes = classfile.load_classes(Path(p) for p in args.class_files)
     return plan_documents(load_documents(path), gpu=args.gpu, engine_version=args.engine_version, facts=facts,
-                          images=args.images)
+                          images=args.images, classes=classes)
 
 
 def facts_block(facts: ModelFacts) -> str:

@@ -167,6 +167,7 @@ class _PoolDraft:
     max_model_len: int
     max_tokens: int
     warnings: list[str]
+    class_name: str
 
 
 def _pool_spec(spec: VLLMDeploymentSpec, name: str) -> PoolSpec:
@@ -175,8 +176,8 @@ def _pool_spec(spec: VLLMDeploymentSpec, name: str) -> PoolSpec:
     return got if got is not None else PoolSpec()
 
 
-def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo) -> _PoolDraft:
-    prof = profiles.profile(spec.workload_class).pool(name)
+def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo, klass: profiles.ClassProfile) -> _PoolDraft:
+    prof = klass.pool(name)
     ps = _pool_spec(spec, name)
     path = f"spec.pools.{name}"
     warnings: list[str] = []
@@ -189,7 +190,7 @@ def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo) -> _PoolDraft:
     else:
         mml = prof.max_model_len
         if mml > native:
-            warnings.append(f"pools.{name}: the {spec.workload_class.value} profile's maxModelLen {mml} is above "
+            warnings.append(f"pools.{name}: the {klass.name} class's maxModelLen {mml} is above "
                             f"{model.name}'s native context; planned with {native}")
             mml = native
     if ps.max_tokens is not None:
@@ -199,7 +200,7 @@ def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo) -> _PoolDraft:
     else:
         mt = min(prof.max_tokens, mml // 2)
     enabled = ps.enabled if ps.enabled is not None else True
-    return _PoolDraft(name, ps, prof, enabled, mml, mt, warnings)
+    return _PoolDraft(name, ps, prof, enabled, mml, mt, warnings, klass.name)
 
 
 def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts,
@@ -431,7 +432,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     typical = min(prof.typical_sequence_tokens, s.max_model_len)
     if draft.enabled and full < prof.required_concurrency:
         warnings.append(f"pools.{name}: {full:.2f} sequences of {s.max_model_len} tokens fit in the KV cache "
-                        f"({tokens} tokens) on {acc.type}; the {spec.workload_class.value} class expects at least "
+                        f"({tokens} tokens) on {acc.type}; the {draft.class_name} class expects at least "
                         f"{prof.required_concurrency:g} (more GPUs, FP8 KV, or a shorter maxModelLen)")
     if acc.is_gpu:
         assert s.gpu_memory_utilization is not None
@@ -474,16 +475,19 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
 # --- router ---------------------------------------------------------------------------------------------------------
 
 def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan,
-           warnings: list[str]) -> list[TierConfig]:
+           warnings: list[str], klass: profiles.ClassProfile) -> list[TierConfig]:
+    """The spec's tiers, else the class's default tiers, else one tier capped at the long pool's maxTokens."""
     routing = spec.routing
-    if routing is None or not routing.tiers:
+    given = list(routing.tiers) if routing is not None and routing.tiers else list(klass.tiers)
+    where = "spec.routing.tiers" if routing is not None and routing.tiers else f"workload class {klass.name}: tiers"
+    if not given:
         default = short.max_tokens if short.enabled else long.max_tokens
         return [TierConfig(name=DEFAULT_TIER, default_max_tokens=min(default, long.max_tokens),
                            max_tokens=long.max_tokens)]
     tiers = []
-    for i, tier in enumerate(routing.tiers):
+    for i, tier in enumerate(given):
         if tier.max_tokens > long.max_tokens:
-            raise SpecError(f"spec.routing.tiers[{i}].maxTokens",
+            raise SpecError(f"{where}[{i}].maxTokens",
                             f"tier {tier.name} caps max_tokens at {tier.max_tokens}, above pools.long.maxTokens "
                             f"({long.max_tokens}): the long pool's engine would cut answers the tier allows")
         default = tier.default_max_tokens or tier.max_tokens
@@ -548,17 +552,18 @@ and reset their in-memory index. The ceiling keeps the router pod's memory bound
 benchmarks/router-prefix/README.md); GPU pools reach it at one or two replicas anyway."""
 
 
-def _strategy(spec: VLLMDeploymentSpec, pool: str) -> RoutingStrategy:
+def _strategy(spec: VLLMDeploymentSpec, pool: str, klass: profiles.ClassProfile) -> RoutingStrategy:
     """routing.pools.<pool>.strategy, else the workload class's default (profiles.py)."""
     pools = spec.routing.pools if spec.routing else None
     if pools is not None:
         chosen = pools.short if pool == constants.POOL_SHORT else pools.long
         if chosen is not None and chosen.strategy is not None:
             return chosen.strategy
-    return profiles.profile(spec.workload_class).pool(pool).routing
+    return klass.pool(pool).routing
 
 
-def _route(spec: VLLMDeploymentSpec, pool: PoolPlan, acc: AcceleratorFacts, name: str, namespace: str) -> PoolRoute:
+def _route(spec: VLLMDeploymentSpec, pool: PoolPlan, acc: AcceleratorFacts, name: str, namespace: str,
+           klass: profiles.ClassProfile) -> PoolRoute:
     """The router's view of a pool. Prefix blocks are the engine's KV blocks (16 tokens on GPU, 128 on vLLM's CPU
     build), and the prefix index is sized to what several of the pool's engines can cache at once (independent of
 its replicas, so a scale step never rewrites router.json)."""
@@ -568,13 +573,14 @@ its replicas, so a scale step never rewrites router.json)."""
     return PoolRoute(enabled=pool.enabled, max_model_len=pool.max_model_len, max_tokens=pool.max_tokens,
                      service=ServiceRef(namespace=namespace, name=names.pool(name, pool.name),
                                         port=constants.ENGINE_PORT),
-                     strategy=_strategy(spec, pool.name), prefix=PrefixRouting(block_tokens=block, index_blocks=index))
+                     strategy=_strategy(spec, pool.name, klass),
+                     prefix=PrefixRouting(block_tokens=block, index_blocks=index))
 
 
 # --- the whole plan -------------------------------------------------------------------------------------------------
 
 def plan_hash(p: Plan) -> str:
-    body = p.model_dump(mode="json", by_alias=True, exclude={"hash"})
+    body = p.model_dump(mode="json", by_alias=True, exclude={"hash", "workload_class_generation"})
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -596,19 +602,46 @@ def check_name(name: str) -> None:
                     f"digit); e.g. {suggestion!r}")
 
 
+def resolve_class(spec: VLLMDeploymentSpec, classes: Mapping[str, profiles.ClassProfile] | None = None,
+                  ) -> profiles.ClassProfile:
+    """The workload class a spec names, or the one marked default, among `classes` (the VLLMWorkloadClass objects
+    read from the cluster or given beside the spec, by name; their `default` flags in `defaults`). A built-in name
+    that is not among them resolves to the table in profiles.py, so a spec naming chat plans the same with or
+    without the chart's class objects. Raises SpecError naming spec.workloadClass."""
+    given = dict(classes or {})
+    name = spec.workload_class
+    if name is None:
+        marked = sorted(n for n, c in given.items() if c.default)
+        if len(marked) > 1:
+            raise SpecError("spec.workloadClass", f"unset, and {len(marked)} VLLMWorkloadClasses are marked default "
+                            f"({', '.join(marked)}); mark one, or name the class")
+        if not marked:
+            raise SpecError("spec.workloadClass", "unset, and no VLLMWorkloadClass is marked default; name one "
+                            f"(built-ins: {', '.join(c.value for c in profiles.PROFILES)})")
+        return given[marked[0]]
+    if name in given:
+        return given[name]
+    if profiles.is_builtin(name):
+        return profiles.profile(name)
+    known = sorted({*given, *(c.value for c in profiles.PROFILES)})
+    raise SpecError("spec.workloadClass", f"VLLMWorkloadClass {name!r} does not exist (known: {', '.join(known)})")
+
+
 def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
          name: str, namespace: str, engine_version: str | None = None,
-         images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+         images: ImageDefaults = DEFAULT_IMAGES, workload_class: profiles.ClassProfile | None = None) -> Plan:
     """Plan a VLLMDeployment (see the module docstring); raises SpecError. `images`: where default engine images
-    come from (the operator's --image-repository). A spec whose KV cache does not fit is
+    come from (the operator's --image-repository); `workload_class`: the class resolved by `resolve_class` (default:
+    resolved among the built-ins). A spec whose KV cache does not fit is
     refused with what would: the longest maxModelLen (and with FP8 KV) for the pool, and the fewest GPUs per pod
     (or the pod memory, on CPU) that make the whole spec plan — found by planning it again with them."""
+    klass = workload_class if workload_class is not None else resolve_class(spec)
     try:
         return _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version,
-                     images=images)
+                     images=images, klass=klass)
     except _NoFit as err:
         options = [err.lengths] if err.lengths else []
-        resource = _fitting_accelerator(spec, accelerator, remediation, name, namespace, engine_version, err)
+        resource = _fitting_accelerator(spec, accelerator, remediation, name, namespace, engine_version, err, klass)
         if resource:
             options.append(resource)
         what = f"; what fits: {', or '.join(options)}" if options else ""
@@ -617,36 +650,38 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
 
 def _fitting_accelerator(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None,
                          remediation: RemediationState, name: str, namespace: str, engine_version: str | None,
-                         err: _NoFit) -> str | None:
+                         err: _NoFit, klass: profiles.ClassProfile) -> str | None:
     """The smallest accelerator.count (GPU) or memoryGiB (CPU) with which the whole spec plans, as text."""
     acc = spec.accelerator
     if acc.type is AcceleratorType.CPU:
         start = err.cpu_memory_gib or int(acc.memory_gib or 1)
         for memory in range(start, start + 16):
             trial = spec.model_copy(update={"accelerator": acc.model_copy(update={"memory_gib": float(memory)})})
-            if _plans(trial, None, remediation, name, namespace, engine_version):
+            if _plans(trial, None, remediation, name, namespace, engine_version, klass):
                 return f"accelerator.memoryGiB {memory}"
         return None
     for count in range(acc.count + 1, MAX_GPU_COUNT + 1):
         trial = spec.model_copy(update={"accelerator": acc.model_copy(update={"count": count})})
         given = accelerator.model_copy(update={"count": count}) if accelerator is not None else None
-        if _plans(trial, given, remediation, name, namespace, engine_version):
+        if _plans(trial, given, remediation, name, namespace, engine_version, klass):
             return f"accelerator.count {count}"
     where = accelerator.type if accelerator is not None else acc.type.value
     return f"no accelerator.count up to {MAX_GPU_COUNT} on {where} (a larger GPU or a quantized checkpoint)"
 
 
 def _plans(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState,
-           name: str, namespace: str, engine_version: str | None) -> bool:
+           name: str, namespace: str, engine_version: str | None, klass: profiles.ClassProfile) -> bool:
     try:
-        _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version)
+        _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version,
+              klass=klass)
     except SpecError:
         return False
     return True
 
 
 def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
-          name: str, namespace: str, engine_version: str | None, images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+          name: str, namespace: str, engine_version: str | None, klass: profiles.ClassProfile,
+          images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
     check_name(name)
     model = resolve_model(spec)
     acc = resolve_accelerator(spec, accelerator)
@@ -658,7 +693,8 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
         engine_args.DEFAULT_GPU_VERSION if acc.is_gpu else engine_args.DEFAULT_CPU_VERSION)
     version, warnings = engine_args.engine_version(version_text, "--engine-version" if engine_version
                                                    else version_path)
-    short_d, long_d = _draft(spec, constants.POOL_SHORT, model), _draft(spec, constants.POOL_LONG, model)
+    short_d = _draft(spec, constants.POOL_SHORT, model, klass)
+    long_d = _draft(spec, constants.POOL_LONG, model, klass)
     if not short_d.enabled and not long_d.enabled:
         raise SpecError("spec.pools", "both pools are disabled; enable at least one")
     if short_d.max_model_len > long_d.max_model_len:
@@ -669,8 +705,12 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     long = _plan_pool(spec, long_d, model, acc, version, version_text, remediation.pool(constants.POOL_LONG),
                       short.max_model_len if short.enabled else None, images)
     routing = spec.routing
+    # The class's threshold holds for the class's short pool; a spec that changes that pool's lengths gets the
+    # derived one (maxModelLen - maxTokens), as it always did.
+    class_short = klass.short
     threshold = routing.prompt_length_threshold if routing and routing.prompt_length_threshold else (
-        short.max_model_len - short.max_tokens)
+        klass.prompt_length_threshold if (short.max_model_len, short.max_tokens) == (
+            class_short.max_model_len, class_short.max_tokens) else short.max_model_len - short.max_tokens)
     if threshold > long.max_model_len:
         raise SpecError("spec.routing.promptLengthThreshold", f"{threshold} is above pools.long.maxModelLen "
                         f"({long.max_model_len}): no prompt at the threshold fits the long pool")
@@ -685,18 +725,19 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     if short.enabled and long.enabled:
         short = short.model_copy(update={"prompt_range": (0, threshold)})
         long = long.model_copy(update={"prompt_range": (threshold, long.max_model_len)})
-    tiers = _tiers(spec, short, long, warnings)
+    tiers = _tiers(spec, short, long, warnings, klass)
     router = RouterConfig(
         model=short.served_model_name, deployment=name, namespace=namespace, prompt_length_threshold=threshold,
         over_limit=(routing.over_limit if routing and routing.over_limit else OverLimit.CLAMP), tiers=tiers,
-        pools=PoolRoutes(short=_route(spec, short, acc, name, namespace),
-                         long=_route(spec, long, acc, name, namespace)),
+        pools=PoolRoutes(short=_route(spec, short, acc, name, namespace, klass),
+                         long=_route(spec, long, acc, name, namespace, klass)),
         tokenizer=_tokenizer(spec), timeouts=_timeouts(spec),
         api_keys_dir=API_KEYS_DIR if routing and routing.api_key_secret_ref else None,
         max_body_bytes=(routing.max_body_bytes if routing and routing.max_body_bytes else DEFAULT_MAX_BODY_BYTES),
         health=HealthCheckConfig(), port=constants.ROUTER_PORT,
         access_log=spec.router.access_log is not False if spec.router else True)
-    result = Plan(name=name, namespace=namespace, workload_class=spec.workload_class.value,
+    result = Plan(name=name, namespace=namespace, workload_class=klass.name,
+                  workload_class_generation=klass.generation,
                   engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},
                   router=router, warnings=warnings, hash="")
     return result.model_copy(update={"hash": plan_hash(result)})

@@ -38,13 +38,21 @@ Rules behind the numbers:
 * gpu_memory_utilization 0.90 for every GPU pool (vLLM's default is 0.92; the margin covers CUDA graphs, which vLLM
   captures outside the budget).
 Every value can be overridden per pool in the spec; overrides go through the same checks.
+
+This table is the one source of the four built-in VLLMWorkloadClass objects the chart installs (`builtin_classes`,
+written by `make crds`); a class read from the cluster becomes a ClassProfile through `from_class`, so the planner
+sees one shape whichever way a class arrives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from vllm_operator.api.spec import RoutingStrategy, WorkloadClass
+from vllm_operator import constants
+from vllm_operator.api.spec import RoutingStrategy, Tier, WorkloadClass
+from vllm_operator.api.workload_class import ClassPool, ClassPools, KVCachePolicy, VLLMWorkloadClassSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
 
@@ -69,11 +77,16 @@ class PoolProfile:
 class ClassProfile:
     """A workload class: both pools and the prompt-length threshold between them."""
 
-    name: WorkloadClass
+    name: str
     short: PoolProfile
     long: PoolProfile
     prompt_length_threshold: int
     description: str
+    tiers: tuple[Tier, ...] = ()
+    generation: int | None = None
+    """metadata.generation of the VLLMWorkloadClass this came from; None for a built-in from this table."""
+    default: bool = False
+    """Marked default: applies to VLLMDeployments that name no class."""
 
     def pool(self, name: str) -> PoolProfile:
         return self.short if name == "short" else self.long
@@ -81,26 +94,26 @@ class ClassProfile:
 
 PROFILES: dict[WorkloadClass, ClassProfile] = {
     WorkloadClass.CHAT: ClassProfile(
-        WorkloadClass.CHAT,
+        WorkloadClass.CHAT.value,
         short=PoolProfile(4096, 512, 128, 4096, False, False, 1024, 16,
                           routing=RoutingStrategy.LEAST_OUTSTANDING),
         long=PoolProfile(16384, 1024, 32, 8192, True, False, 6144, 2, routing=RoutingStrategy.LEAST_OUTSTANDING),
         prompt_length_threshold=3584,
         description="interactive chat: short prompts, short answers, many users; long pool for overflow"),
     WorkloadClass.MULTI_TURN: ClassProfile(
-        WorkloadClass.MULTI_TURN,
+        WorkloadClass.MULTI_TURN.value,
         short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8),
         long=PoolProfile(32768, 2048, 16, 8192, True, False, 12288, 2),
         prompt_length_threshold=7168,
         description="agent / multi-turn conversations: the history grows with every turn"),
     WorkloadClass.RAG: ClassProfile(
-        WorkloadClass.RAG,
+        WorkloadClass.RAG.value,
         short=PoolProfile(16384, 2048, 32, 8192, True, False, 6144, 4),
         long=PoolProfile(32768, 2048, 16, 8192, True, False, 20480, 2),
         prompt_length_threshold=14336,
         description="retrieval-augmented answers: retrieved context makes prompts long by nature"),
     WorkloadClass.LONG_DOC: ClassProfile(
-        WorkloadClass.LONG_DOC,
+        WorkloadClass.LONG_DOC.value,
         short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8),
         long=PoolProfile(32768, 4096, 8, 8192, True, True, 24576, 2),
         prompt_length_threshold=7168,
@@ -108,5 +121,58 @@ PROFILES: dict[WorkloadClass, ClassProfile] = {
 }
 
 
-def profile(workload_class: WorkloadClass) -> ClassProfile:
-    return PROFILES[workload_class]
+def profile(workload_class: str) -> ClassProfile:
+    """The built-in profile of that name (KeyError for any other name)."""
+    return PROFILES[WorkloadClass(workload_class)]
+
+
+def is_builtin(name: str) -> bool:
+    return name in {c.value for c in WorkloadClass}
+
+
+def _pool_to_class(p: PoolProfile) -> ClassPool:
+    return ClassPool(max_model_len=p.max_model_len, max_tokens=p.max_tokens, max_num_seqs=p.max_num_seqs,
+                     max_num_batched_tokens=p.max_num_batched_tokens, chunked_prefill=p.chunked_prefill,
+                     kv_cache_policy=KVCachePolicy.FP8_IF_NATIVE if p.prefer_fp8_kv else KVCachePolicy.MODEL,
+                     typical_sequence_tokens=p.typical_sequence_tokens, required_concurrency=p.required_concurrency,
+                     gpu_memory_utilization=p.gpu_memory_utilization, routing=p.routing)
+
+
+def _pool_from_class(p: ClassPool) -> PoolProfile:
+    return PoolProfile(p.max_model_len, p.max_tokens, p.max_num_seqs, p.max_num_batched_tokens, p.chunked_prefill,
+                       p.kv_cache_policy is KVCachePolicy.FP8_IF_NATIVE, p.typical_sequence_tokens,
+                       p.required_concurrency, p.gpu_memory_utilization, p.routing)
+
+
+def to_class_spec(prof: ClassProfile) -> VLLMWorkloadClassSpec:
+    """A profile as a VLLMWorkloadClass spec (the built-ins the chart installs)."""
+    return VLLMWorkloadClassSpec(
+        description=prof.description, prompt_length_threshold=prof.prompt_length_threshold,
+        pools=ClassPools(short=_pool_to_class(prof.short), long=_pool_to_class(prof.long)),
+        tiers=list(prof.tiers) or None)
+
+
+def from_class(name: str, spec: VLLMWorkloadClassSpec, generation: int | None = None) -> ClassProfile:
+    """A VLLMWorkloadClass (read from the cluster or from a file) as the profile the planner uses."""
+    return ClassProfile(name, short=_pool_from_class(spec.pools.short), long=_pool_from_class(spec.pools.long),
+                        prompt_length_threshold=spec.prompt_length_threshold, description=spec.description or "",
+                        tiers=tuple(spec.tiers or ()), generation=generation, default=bool(spec.default))
+
+
+def class_object(prof: ClassProfile) -> dict[str, Any]:
+    """A VLLMWorkloadClass object for a profile (apiVersion, kind, metadata, spec)."""
+    return {"apiVersion": constants.API_VERSION, "kind": constants.CLASS_KIND,
+            "metadata": {"name": prof.name, "labels": {constants.LABEL_NAME: constants.APP_NAME}},
+            "spec": to_class_spec(prof).to_wire()}
+
+
+def builtin_classes() -> list[dict[str, Any]]:
+    """The four built-in VLLMWorkloadClass objects, in table order."""
+    return [class_object(prof) for prof in PROFILES.values()]
+
+
+def parse_class(obj: Mapping[str, Any]) -> ClassProfile:
+    """A VLLMWorkloadClass object as a profile; pydantic's ValidationError for a malformed spec."""
+    meta = obj.get("metadata") or {}
+    spec = VLLMWorkloadClassSpec.model_validate(obj.get("spec") or {})
+    return from_class(str(meta.get("name", "")), spec, meta.get("generation"))

@@ -26,6 +26,7 @@ from tests.support.paths import CRD_FILE, ROOT
 from vllm_operator import constants
 from vllm_operator.api import crdgen
 from vllm_operator.handlers.reconcile import child_selector
+from vllm_operator.planning import profiles
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +78,19 @@ def test_every_example_passes_strict_server_validation(kube: Cluster, release: R
             proc = kube.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
                                 input=yaml.safe_dump(doc), check=False)
             assert proc.returncode == 0, f"{example.name}: {proc.stderr}"
+
+
+def test_chart_installs_the_builtin_classes_equal_to_the_profiles(kube: Cluster, release: Release) -> None:
+    kube.kubectl("wait", "--for=condition=Established", f"crd/{constants.CLASS_CRD_NAME}", "--timeout=60s")
+    for prof in profiles.PROFILES.values():
+        obj = json.loads(kube.kubectl("get", "vllmwc", prof.name, "-o", "json").stdout)
+        assert profiles.parse_class(obj).short == prof.short and profiles.parse_class(obj).long == prof.long
+        assert obj["spec"] == profiles.to_class_spec(prof).to_wire(), prof.name
+    table = kube.kubectl("get", "vllmwc").stdout.splitlines()
+    shown = [c["name"].upper() for c in crdgen.CLASS_PRINTER_COLUMNS if not c.get("priority")]
+    assert table[0].split() == ["NAME", *shown], table
+    chat = next(line.split() for line in table[1:] if line.split()[0] == "chat")
+    assert chat[2:7] == ["3584", "4096", "512", "16384", "1024"], table
 
 
 def test_helm_upgrade_succeeds(kube: Cluster, release: Release) -> None:

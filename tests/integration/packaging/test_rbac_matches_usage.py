@@ -30,7 +30,7 @@ import yaml
 from tests.support.health_harness import engines
 from tests.support.helm import by_kind, render
 from tests.support.operator import running_operator
-from tests.support.paths import CRD_FILE, EXAMPLE_FILES
+from tests.support.paths import CLASS_CRD_FILE, CRD_FILE, EXAMPLE_FILES
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.router import running_router
 from tests.support.waiting import eventually
@@ -153,7 +153,8 @@ MONITORING_CRDS = [
 def crd_files(tmp_path: Path) -> tuple[Path, ...]:
     monitoring = tmp_path / "monitoring-crds.yaml"
     monitoring.write_text(yaml.safe_dump_all(MONITORING_CRDS))
-    return CRD_FILE, monitoring
+    # The class CRD too: the operator lists and watches VLLMWorkloadClasses (cluster-scoped) where they exist.
+    return CRD_FILE, CLASS_CRD_FILE, monitoring
 
 
 def example(name: str, **spec: Any) -> dict[str, Any]:

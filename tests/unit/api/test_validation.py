@@ -95,7 +95,7 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("zero-max-num-seqs", with_spec(pools__short__maxNumSeqs=0), "schema", "maxNumSeqs"),
     ("zero-batched-tokens", with_spec(pools__short__maxNumBatchedTokens=0), "schema", "maxNumBatchedTokens"),
     ("unknown-field", with_spec(pools__short__maxModelLength=4096), "schema", "unknown field"),
-    ("unknown-class", with_spec(workloadClass="batch"), "schema", "spec.workloadClass"),
+    ("bad-class-name", with_spec(workloadClass="Batch_1"), "schema", "spec.workloadClass"),
     ("unknown-gpu", with_spec(accelerator={"type": "nvidia-v100"}), "schema", "spec.accelerator.type"),
     ("unknown-kv-dtype", with_spec(pools__long__kvCacheDtype="int8"), "schema", "kvCacheDtype"),
     ("tokens-not-below-len", with_spec(pools__long={"maxModelLen": 4096, "maxTokens": 4096}), "cel",
@@ -165,7 +165,7 @@ def test_wrong_shapes_name_the_field(obj: dict[str, Any], field: str) -> None:
 
 
 def test_several_problems_are_all_reported() -> None:
-    obj = with_spec(pools__short__replicas=-1, workloadClass="batch")
+    obj = with_spec(pools__short__replicas=-1, workloadClass="Batch_1")
     with pytest.raises(SpecError) as err:
         parse_resource(obj)
     assert "spec.pools.short.replicas" in str(err.value) and "spec.workloadClass" in str(err.value)
