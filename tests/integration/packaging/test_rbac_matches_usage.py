@@ -408,7 +408,10 @@ async def test_namespaced_mode_works_with_roles_and_the_node_reader(
     assert cluster_scoped == auth.cluster, "every cluster-wide grant is used, and only at the cluster scope"
     assert cluster_scoped == {("", "nodes", "list"), ("", "namespaces", "list"), ("", "namespaces", "watch"),
                               ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-                              ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+                              ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+                              # rbac.workloadClassReader: classes are cluster-scoped, no Role can grant them
+                              (constants.GROUP, constants.CLASS_PLURAL, "list"),
+                              (constants.GROUP, constants.CLASS_PLURAL, "watch")}
     # The Role is the same in every watched namespace (test_chart checks); the scenario walks its paths in "ml".
     granted = set().union(*auth.per_namespace.values())
     used = {t for r in auth.allowed if r.namespace for t in triples(r)}
