@@ -27,6 +27,7 @@ from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import AcceleratorType
 from vllm_operator.handlers import webhook
+from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.reconcile import plan_resource
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
@@ -54,8 +55,10 @@ def _spec_unchanged(operation: str, obj: Mapping[str, Any], old: Mapping[str, An
 
 
 async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None,
-                 images: ImageDefaults = DEFAULT_IMAGES) -> Verdict:
-    """Plan the object as reconcile would and say whether the API server may store it."""
+                 images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> Verdict:
+    """Plan the object as reconcile would and say whether the API server may store it. A workload class that
+    cannot be resolved now is not a refusal: classes are separate objects that may be applied after (or with) the
+    VLLMDeployment, and the dependent says so in its SpecValid condition until they exist."""
     if (obj.get("metadata") or {}).get("deletionTimestamp") or _spec_unchanged(operation, obj, old):
         return Verdict(True)
     try:
@@ -63,8 +66,11 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
     except SpecError as err:
         return Verdict(False, str(err))
     try:
-        the_plan = await plan_resource(kube, resource, resource.status, images)
+        the_plan = await plan_resource(kube, resource, resource.status, images, classes)
     except SpecError as err:
+        if err.field == "spec.workloadClass":
+            return Verdict(True, warnings=[f"{err}; not judged at admission: the operator plans it once the class "
+                                           "resolves (see status.conditions SpecValid)"])
         if resource.spec.accelerator.type is AcceleratorType.AUTO and err.field == "spec.accelerator.type":
             return Verdict(True, warnings=[f"{err}; not judged at admission: the operator decides once it "
                                            "reconciles (see status.conditions SpecValid)"])
@@ -108,7 +114,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         operation: str = kwargs["operation"]
         old = kwargs.get("old")
         verdict = await review(memo.kube, operation, dict(body), dict(old) if old is not None else None,
-                               config.images)
+                               config.images, memo.classes)
         warnings.extend(verdict.warnings)
         if not verdict.allowed:
             meta = body.get("metadata", {})
