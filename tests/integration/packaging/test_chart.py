@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.support.helm import CHART_DIR, by_kind, render, run_helm, template, values_file
-from tests.support.paths import CRD_FILE
+from tests.support.paths import CLASS_CRD_FILE, CRD_FILE
 
 MONITORING_ON: dict[str, Any] = {
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
@@ -84,7 +84,7 @@ def test_every_builtin_manifest_validates_strictly(rendered: dict[str, list[dict
     for doc in builtin:
         kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError naming the field
     others = {d["kind"] for d in docs if d["apiVersion"] not in BUILTIN_GROUPS}
-    assert others <= {"ServiceMonitor", "PrometheusRule", "ValidatingWebhookConfiguration"}, others
+    assert others <= {"ServiceMonitor", "PrometheusRule", "ValidatingWebhookConfiguration", "VLLMWorkloadClass"}, others
     # matchConditions are GA since Kubernetes 1.30: the webhook configuration validates against the newest schema.
     for doc in by_kind(docs, "ValidatingWebhookConfiguration"):
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
@@ -92,10 +92,13 @@ def test_every_builtin_manifest_validates_strictly(rendered: dict[str, list[dict
 
 def test_crd_ships_through_helm_crds_dir_unchanged(tmp_path: Path) -> None:
     shown = run_helm(["show", "crds", str(CHART_DIR)]).stdout
-    assert yaml.safe_load(shown) == yaml.safe_load(CRD_FILE.read_text())
+    assert [d for d in yaml.safe_load_all(shown) if d] == [yaml.safe_load(CRD_FILE.read_text()),
+                                                          yaml.safe_load(CLASS_CRD_FILE.read_text())]
     docs = render(tmp_path, {}, include_crds=True)
-    (crd,) = by_kind(docs, "CustomResourceDefinition")
-    kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
+    crds = by_kind(docs, "CustomResourceDefinition")
+    assert len(crds) == 2
+    for crd in crds:
+        kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
     assert not by_kind(render(tmp_path, {}), "CustomResourceDefinition"), "the CRD must come only from crds/"
 
 
@@ -262,17 +265,33 @@ def test_namespaced_mode_is_a_role_per_namespace(rendered: dict[str, list[dict[s
     if VALUE_SETS[name].get("rbac", {}).get("nodeReader", True):
         assert rules_of(cluster_roles.pop("node-reader")) == [{"apiGroups": [""], "resources": ["nodes"],
                                                                "verbs": ["list"]}]
+    assert rules_of(cluster_roles.pop("class-reader")) == [{"apiGroups": ["vllm-operator.dev"],
+                                                            "resources": ["vllmworkloadclasses"],
+                                                            "verbs": ["list", "watch"]}]
     assert not cluster_roles, "no other cluster-wide access"
     assert len(by_kind(docs, "ClusterRoleBinding")) == len(by_kind(docs, "ClusterRole"))
     (role,) = by_kind(docs, "Role")[:1]
     cluster_rules = [r for r in rules_of(by_kind(without_webhook(rendered["defaults"]), "ClusterRole")[0])
-                     if not {"nodes", "customresourcedefinitions"} & set(r["resources"])]
+                     if not {"nodes", "customresourcedefinitions", "vllmworkloadclasses"} & set(r["resources"])]
     assert rules_of(role) == cluster_rules, "a namespaced Role grants exactly the cluster mode's namespaced rules"
+
+
+def test_without_the_class_reader_the_operator_is_told_so(tmp_path: Path) -> None:
+    values = {"watch": {"mode": "namespaced", "namespaces": ["team-a"]}, "rbac": {"workloadClassReader": False},
+              "workloadClasses": {"builtins": False}}
+    docs = render(tmp_path, values)
+    assert not [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"].endswith("-class-reader")]
+    assert not by_kind(docs, "VLLMWorkloadClass")
+    (deployment,) = by_kind(docs, "Deployment")
+    assert "--no-workload-classes" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    builtins = by_kind(render(tmp_path, {}), "VLLMWorkloadClass")
+    assert sorted(d["metadata"]["name"] for d in builtins) == ["chat", "long-doc", "multi-turn", "rag"]
 
 
 def test_no_rbac_and_existing_service_account(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["no-rbac-no-sa"]
-    assert {d["kind"] for d in docs} == {"Deployment", "Service", "ValidatingWebhookConfiguration"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "ValidatingWebhookConfiguration",
+                                         "VLLMWorkloadClass"}
     assert by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
