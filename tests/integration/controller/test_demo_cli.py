@@ -50,7 +50,7 @@ def test_auto_refused_and_bad_files_together(tmp_path: Path) -> None:
     (tmp_path / "a-auto.yaml").write_text(chat("chat-auto", accelerator={"type": "auto"}))
     (tmp_path / "b-refused.yaml").write_text(chat("chat-refused", pools={"long": {"maxModelLen": 262144}}))
     (tmp_path / "c-bad.yaml").write_text("kind: [\n")
-    (tmp_path / "d-invalid.yaml").write_text(chat("chat-invalid", workloadClass="batch"))
+    (tmp_path / "d-invalid.yaml").write_text(chat("chat-invalid", workloadClass="Batch_1"))
     res = demo(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "Traceback" not in res.stderr
