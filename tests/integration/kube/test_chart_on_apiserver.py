@@ -116,7 +116,14 @@ def _children(kube: Cluster, namespace: str, name: str) -> list[str]:
 def test_operator_with_chart_rbac_runs_chat_to_ready_and_gc_removes_children(kube: Cluster, release: Release,
                                                                              tmp_path: Path) -> None:
     label = {"vllm-operator.dev/test-node": release.watched}
-    add_gpu_nodes(kube, release.watched, 2, label=label)
+    nodes = add_gpu_nodes(kube, release.watched, 2, label=label)
+    try:
+        _run_chat_under_chart_rbac(kube, release, tmp_path, label)
+    finally:  # Nodes are cluster-scoped: other tests' planners and webhooks must not see these L4s
+        kube.kubectl("delete", "node", *nodes, "--wait=false", check=False)
+
+
+def _run_chat_under_chart_rbac(kube: Cluster, release: Release, tmp_path: Path, label: dict[str, str]) -> None:
     token = kube.token_kubeconfig(release.namespace, release.service_account, tmp_path / "operator.kubeconfig")
     log = tmp_path / "operator.log"
     with operator_process(kube, token, log, f"--namespace={release.watched}", "--no-health"):
