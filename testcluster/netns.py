@@ -165,6 +165,13 @@ def create() -> Netns:
             continue
         try:
             _check_ranges_free(ns)
+        except NetnsError as err:
+            # the slot's previous owner removed its namespace but its veth is still going away: try the next slot,
+            # touching nothing of theirs (only the namespace this call just added is removed)
+            _ip("netns", "del", ns.name, check=False)
+            last_error = str(err)
+            continue
+        try:
             _ip("-n", ns.name, "link", "set", "lo", "up")
             _ip("link", "add", ns.host_link, "type", "veth", "peer", "name", ns.ns_link, "netns", ns.name)
             _ip("addr", "add", f"{ns.host_address}/30", "dev", ns.host_link)
