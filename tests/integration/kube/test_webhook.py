@@ -82,7 +82,11 @@ def _route_service_to_host(kube: Cluster, rel: Release) -> None:
 
 
 def install(kube: Cluster, prefix: str, *sets: str) -> Release:
-    """`helm install` namespaced to a watched namespace of its own, the webhook Service routed to the host."""
+    """`helm install` namespaced to a watched namespace of its own, the webhook Service routed to the host.
+
+    Without the built-in VLLMWorkloadClass objects: they are cluster-scoped and owned by whichever release installed
+    them first, so a second release in the shared test cluster could not be installed with them (the webhook plans
+    the built-in class names from the table either way)."""
     name, namespace = unique(prefix), unique(f"{prefix}-sys")
     full = f"{name}-vllm-operator"
     host = kube.netns.host_address
@@ -91,7 +95,8 @@ def install(kube: Cluster, prefix: str, *sets: str) -> Release:
                   host=host)
     kube.kubectl("create", "namespace", rel.watched)
     helm(kube, "install", rel.name, str(CHART_DIR), "--namespace", rel.namespace, "--create-namespace",
-         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{rel.watched}}}", *sets)
+         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{rel.watched}}}",
+         "--set", "workloadClasses.builtins=false", *sets)
     _route_service_to_host(kube, rel)
     return rel
 
