@@ -310,7 +310,10 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
             def gone() -> bool:
                 return pod not in {p["metadata"]["name"] for p in healthy.pods(pool)}
 
-            healthy.wait(gone, window + 30, interval=0.25, what=f"Stalled pod {pod} deleted")
+            # Allowance beyond the window: a scrape, the health loop's tick and the delete, plus the restarted
+            # process's own start (its stall clock starts when it began serving); 30 s was missed in two
+            # fresh-clone runs on 2 cores, so 120 s (the recovery figure itself is measured in benchmarks/e2e).
+            healthy.wait(gone, window + 120, interval=0.25, what=f"Stalled pod {pod} deleted")
             deleted = time.monotonic()
         finally:
             with contextlib.suppress(ProcessLookupError):
