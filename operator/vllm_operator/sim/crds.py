@@ -135,20 +135,6 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _check_root_metadata(schema: dict[str, Any], problem: Any) -> None:
-    """The API server owns metadata's schema: at the root a CRD may say `type: object` and constrain name and
-    generateName, nothing else (a description included)."""
-    meta = (schema.get("properties") or {}).get("metadata")
-    if not isinstance(meta, dict):
-        return
-    rest = {k: v for k, v in meta.items() if k not in {"type", "default"}}
-    props = rest.pop("properties", None) or {}
-    if rest or set(props) - {"name", "generateName"}:
-        problem("spec.validation.openAPIV3Schema.properties[metadata]",
-                "Forbidden: must not specify anything other than name and generateName, but metadata is "
-                "implicitly specified", "FieldValueForbidden")
-
-
 def parse_crd(body: dict[str, Any]) -> CustomResourceDefinition:
     """Validate a CRD as the apiextensions API server does; raises a 422 ApiError listing every problem."""
     name = str((body.get("metadata") or {}).get("name") or "")
@@ -195,7 +181,6 @@ def parse_crd(body: dict[str, Any]) -> CustomResourceDefinition:
             problem(f"{where}.schema.openAPIV3Schema", "Required value: schemas are required",
                     "FieldValueRequired")
             continue
-        _check_root_metadata(raw_schema, problem)
         structural, problems = Structural.build(raw_schema)
         for path, message in problems:
             problem(f"{where}.schema.{path}", message)
