@@ -62,6 +62,7 @@ _FINISH = re.compile(rb'"finish_reason":\s*"(\w+)"')
 _USAGE = re.compile(rb'"usage":\s*\{')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_DONE: Final = b"data: [DONE]"
 _FORWARD_HEADERS: Final = ("x-request-id", "traceparent", "tracestate")
 _decode: Final = msgspec.json.Decoder().decode
 """The body is decoded and re-encoded (the engine gets the canonical body the router decided on, never duplicate
@@ -120,15 +121,20 @@ class _Prepared:
 
 
 class _Note:
-    """What the access log line says about a request, filled in as the request goes."""
+    """What the access log line says about a request, filled in as the request goes.
 
-    __slots__ = ("count", "requested", "tier", "upstream")
+    `answered`: the whole answer was handed to the client (a stream's `data: [DONE]` written). A client that closes
+    its connection right after `[DONE]` (the OpenAI clients do) cancels the handler while it still waits for the
+    engine's end of stream; that request was served, not aborted, and is counted with its status, not as 499."""
+
+    __slots__ = ("answered", "count", "requested", "tier", "upstream")
 
     def __init__(self) -> None:
         self.tier = "-"
         self.requested: int | None = None
         self.count: Count | None = None
         self.upstream = "-"
+        self.answered = False
 
 
 class _Outcome:
@@ -297,8 +303,11 @@ class Router:
             status = response.status
             return response
         except asyncio.CancelledError:
-            status = 499
-            self.metrics.child(self.metrics.client_disconnects, pool_name).inc()
+            if note.answered:
+                status = 200
+            else:
+                status = 499
+                self.metrics.child(self.metrics.client_disconnects, pool_name).inc()
             raise
         finally:
             in_flight.dec()
@@ -337,7 +346,7 @@ class Router:
             endpoint.outstanding += 1
             try:
                 return await self._attempt(request, prepared, pool, endpoint, headers, upstream_headers, start,
-                                           deadline)
+                                           deadline, note)
             except _Retry as retry:
                 last = retry
                 self.metrics.child(self.metrics.upstream_errors, pool.name, retry.kind).inc()
@@ -363,7 +372,7 @@ class Router:
 
     async def _attempt(self, request: Request, prepared: _Prepared, pool: Pool, endpoint: Endpoint,
                        headers: dict[str, str], upstream_headers: dict[str, str], start: float,
-                       deadline: float) -> Response | StreamResponse:
+                       deadline: float, note: _Note) -> Response | StreamResponse:
         loop = asyncio.get_running_loop()
         first_byte_deadline = min(deadline, loop.time() + self.first_byte_s) if prepared.stream else deadline
         try:
@@ -388,7 +397,7 @@ class Router:
                 raise _Retry("status_5xx", upstream.status, body, upstream.content_type or _JSON)
             if prepared.stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
                 return await self._relay_stream(request, prepared, pool, upstream, headers, start,
-                                                first_byte_deadline, deadline)
+                                                first_byte_deadline, deadline, note)
             return await self._relay_whole(prepared, pool, upstream, headers, start, deadline)
         finally:
             upstream.close()
@@ -412,7 +421,7 @@ class Router:
 
     async def _relay_stream(self, request: Request, prepared: _Prepared, pool: Pool,
                             upstream: http1.Response, headers: dict[str, str], start: float,
-                            first_byte_deadline: float, deadline: float) -> Response | StreamResponse:
+                            first_byte_deadline: float, deadline: float, note: _Note) -> Response | StreamResponse:
         """Relay SSE events as they complete. The client's response starts with the engine's first body chunk, so
         a first-byte timeout (or an engine that drops before answering) is still a proper 504/502 status."""
         loop = asyncio.get_running_loop()
@@ -450,6 +459,8 @@ class Router:
                                 await response.write(events)
                         else:
                             await response.write(events)
+                        if _DONE in events:
+                            note.answered = True
                 upstream.deadline = min(deadline, loop.time() + idle_s)
                 data = await upstream.readany()
         except TimeoutError:
@@ -464,14 +475,17 @@ class Router:
             ended_by = "error"
             await _write_quietly(response, b"data: " + json.dumps(_UPSTREAM_CUT.body()).encode() + b"\n\n")
         except (ConnectionError, RuntimeError):  # the client went away while we wrote
-            self.metrics.child(self.metrics.client_disconnects, pool.name).inc()
-            ended_by = "abort"
-        except asyncio.CancelledError:
-            self._account(pool.name, prepared, outcome, "abort")
+            if not note.answered:
+                self.metrics.child(self.metrics.client_disconnects, pool.name).inc()
+                ended_by = "abort"
+        except asyncio.CancelledError:  # the client went away (server.py cancels the handler)
+            self._account(pool.name, prepared, outcome, None if note.answered else "abort")
             raise
         if pending and ended_by is None:
             outcome.scan(pending)
             await _write_quietly(response, pending)
+            if _DONE in pending:
+                note.answered = True
         self._account(pool.name, prepared, outcome, ended_by)
         await _write_eof_quietly(response)
         return response

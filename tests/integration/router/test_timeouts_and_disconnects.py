@@ -8,6 +8,7 @@ turn a pass into a failure or the other way round; only lower bounds on elapsed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -168,3 +169,64 @@ async def test_engine_dropping_before_answering_fails_over(short_engine: FakeVll
     assert statuses == [200, 200]
     assert len(short_engine.requests()) == 2
     assert sample(metrics, "vllm_operator_router_failovers_total", pool="short") == 1
+
+
+async def test_client_closing_right_after_done_is_served_not_aborted(long_engine: FakeVllm,
+                                                                     counter: TokenCounter) -> None:
+    """A client that closes as soon as it has read `data: [DONE]` (the OpenAI clients do) while the engine has not
+    yet sent the stream's last chunk cancels the router's handler; the request was answered whole, so it counts as
+    200 with its finish reason, not as a 499 client abort (issue 28: 5 of 24 long streams were false 499s)."""
+    events = (
+        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
+        b'"finish_reason":"length"}]}\n\n'
+        b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
+        b'"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}\n\n'
+        b"data: [DONE]\n\n")
+    closed = asyncio.Event()
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        while head.startswith(b"GET /health "):  # the router's health polls
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                head = await reader.readuntil(b"\r\n\r\n")
+                continue
+            return
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                     + f"{len(events):x}\r\n".encode() + events + b"\r\n")
+        await writer.drain()
+        await reader.read()  # holds the last chunk back until the router closes this connection
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(engine, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = router_config([f"http://127.0.0.1:{port}"], [long_engine.url])
+    try:
+        async with running_router(config, counter) as (url, metrics):
+            host, router_port = url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(router_port))
+            body = json.dumps(chat(stream=True, max_tokens=1)).encode()
+            writer.write(f"POST {CHAT} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            received = b""
+            while b"data: [DONE]" not in received:
+                chunk = await asyncio.wait_for(reader.read(65536), 10)
+                assert chunk, received
+                received += chunk
+            writer.close()  # the client leaves right after [DONE]; the engine's stream has not ended yet
+            await asyncio.wait_for(closed.wait(), 10)  # the router dropped the handler (and the engine connection)
+            await eventually(lambda: asyncio.sleep(0, sample(
+                metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat", status="200") == 1))
+            assert sample(metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat",
+                          status="499") == 0
+            assert sample(metrics, "vllm_operator_router_client_disconnects_total", pool="short") == 0
+            assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="length") == 1
+            assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="abort") == 0
+            assert sample(metrics, "vllm_operator_router_completion_tokens_total", pool="short") == 1
+    finally:
+        server.close()
+        await server.wait_closed()
