@@ -29,7 +29,7 @@ from vllm_operator.api import remediation as settings_mod
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.health import diagnose, policy
-from vllm_operator.health.loop import ladder_views
+from vllm_operator.health.rungs import ladder_views
 from vllm_operator.health.snapshot import ENGINE_CONTAINER, PodFacts, PoolFacts, Snapshot, format_time, pod_facts
 from vllm_operator.planning.cli_inputs import load_documents
 from vllm_operator.planning.planner import RemediationState, plan

@@ -26,10 +26,11 @@ from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.health import diagnose as diagnose_mod
 from vllm_operator.health import policy
+from vllm_operator.health.rungs import ladder_views
 from vllm_operator.health.snapshot import Snapshot
 from vllm_operator.health.source import MetricsSource, take_snapshot
 from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError
-from vllm_operator.planning import RemediationState, ladder, plan
+from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import gpu_facts, gpu_type
 from vllm_operator.planning.profiles import ClassProfile
 
@@ -72,21 +73,6 @@ def accelerator_in_effect(spec: VLLMDeploymentSpec, status: VLLMDeploymentStatus
     if status is None or status.accelerator is None:
         raise SpecError("spec.accelerator.type", "auto is not resolved yet (status.accelerator is empty)")
     return gpu_facts(gpu_type(status.accelerator.type), status.accelerator.count, status.accelerator.product)
-
-
-def ladder_views(the_plan: Plan, allow_lower_max_model_len: bool) -> dict[str, policy.LadderView]:
-    views = {}
-    for name, pool in the_plan.pools.items():
-        if not pool.enabled:
-            continue
-        mem = ladder.next_step_down_level(the_plan, name)
-        kv = ladder.next_kv_level(the_plan, name, allow_lower_max_model_len)
-        views[name] = policy.LadderView(
-            next_memory=(mem, ladder.describe_rung(the_plan, name, mem)) if mem is not None else None,
-            next_kv=(kv, ladder.describe_kv_rung(the_plan, name, kv, allow_lower_max_model_len))
-            if kv is not None else None,
-            host_memory=not the_plan.accelerator.is_gpu)
-    return views
 
 
 async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,

@@ -12,7 +12,8 @@ from vllm_operator.api import remediation
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import RemediationSpec
 from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
-from vllm_operator.health.loop import accelerator_in_effect, ladder_views, merge_patch
+from vllm_operator.health.loop import accelerator_in_effect, merge_patch
+from vllm_operator.health.rungs import ladder_views
 from vllm_operator.planning import RemediationState, plan
 
 
