@@ -49,6 +49,8 @@ EXAMPLE = yaml.safe_load((EXAMPLES / "cpu-dev.yaml").read_text())
 NS, NAME = EXAMPLE["metadata"]["namespace"], EXAMPLE["metadata"]["name"]
 TOKENIZER_CONFIGMAP = EXAMPLE["spec"]["model"]["tokenizer"]["configMap"]["name"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+ACCESS_LINE = re.compile(r'"GET /(health|metrics|status|startup) HTTP/1\.1" 200')
+"""Probe and scrape lines of a pod's access log, left out of a failure's log tails."""
 READY_TIMEOUT_S = 420.0
 """Two engines starting together on a busy 2-core machine: 50-100 s measured, up to ~4 min seen under load."""
 
@@ -187,10 +189,22 @@ class Stack:
         self.wait(self.ready, timeout, interval=1.0, what="both pools and the router Ready")
 
     def diagnostics(self) -> str:
+        """What a failed wait shows: the VLLMDeployment's status and recent events (the operator's decisions), then
+        each pod's log tail without the probe and scrape access lines that would fill it."""
         parts = []
+        with contextlib.suppress(Exception):
+            status = self.obj().get("status", {})
+            parts.append(f"\n--- {NAME} status.conditions: {status.get('conditions')}\n"
+                         f"--- {NAME} status.pools: {status.get('pools')}")
+        with contextlib.suppress(Exception):
+            events = sorted(self.events(), key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+            parts.append("\n--- events (newest 15):\n" + "\n".join(
+                f"{e.get('lastTimestamp') or e.get('eventTime')} {e.get('reason')}: {e.get('message')}"
+                for e in events[-15:]))
         for c in list(self.runtime.containers.values()):
+            lines = [ln for ln in c.log_tail(20000).splitlines() if not ACCESS_LINE.search(ln)]
             parts.append(f"\n--- {c.pod} ({c.ip}, restarts {c.restart_count}, last {c.last_terminated}) log tail:\n"
-                         f"{c.log_tail(1500)}")
+                         + "\n".join(lines[-25:]))
         return "".join(parts)
 
 
