@@ -92,6 +92,14 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 MODELS_MOUNT: Final = "/models"
 ENGINE_PORT: Final = 8000
 ENGINE_STATUS_PORT: Final = 8001
+ENV_RUNTIME_LORA_UPDATING: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM's switch for its runtime LoRA endpoints (`True`/`1`); the engine wrapper loads adapters through them."""
+ADAPTERS_MOUNT: Final = "/etc/vllm-operator/adapters"
+"""Where engine pods mount the adapters ConfigMap (whole directory: the kubelet updates it in place)."""
+ADAPTERS_PVC_ROOT: Final = "/adapters"
+"""PVC-sourced adapters are mounted read-only at /adapters/<claimName>."""
+LORA_ENDPOINTS: Final = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+"""vLLM's unauthenticated adapter endpoints: only the engine wrapper calls them; the router never forwards them."""
 """The engine wrapper's own endpoint (start-up phases: /startup, /status, /metrics), next to vLLM's port."""
 ENGINE_STATUS_PORT_NAME: Final = "status"
 ROUTER_PORT: Final = 8080

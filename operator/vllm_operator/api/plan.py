@@ -27,6 +27,8 @@ class KVBreakdown(ApiModel):
     non_torch_bytes: int = Field(ge=0, description="CUDA context, NCCL, allocator slack outside torch.")
     cuda_graph_bytes: int = Field(ge=0, description="CUDA graph memory, where the engine version subtracts it.")
     margin_bytes: int = Field(ge=0, description="Explicit safety margin of the overhead model.")
+    lora_bytes: int = Field(
+        default=0, ge=0, description="LoRA adapter slots vLLM allocates at start-up (--max-loras x --max-lora-rank).")
 
 
 class KVPlan(ApiModel):
@@ -75,6 +77,8 @@ class PoolPlan(ApiModel):
     step_down_level: int = Field(ge=0, description="Step-down rung applied.")
     kv_level: int = Field(default=0, ge=0, description="KVCacheTooSmall-path rung applied.")
     warnings: list[Text] = Field(default_factory=list, description="Warnings for this pool.")
+    adapters: list[Text] = Field(
+        default_factory=list, description="LoRA adapters this pool serves (loaded at run time by the engine wrapper).")
 
 
 class AcceleratorFacts(ApiModel):

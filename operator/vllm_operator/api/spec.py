@@ -509,8 +509,102 @@ class MonitoringSpec(ApiModel):
         default=None, max_length=16, description="Extra labels so a Prometheus selector picks the objects up.")
 
 
+LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM accepts (vllm/config/lora.py `MaxLoRARanks`, 0.32 and 0.33)."""
+AdapterName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.:/]*$")]
+
+
+class AdapterHuggingFace(ApiModel):
+    """An adapter repository on the Hugging Face Hub, downloaded by the engine pod when the adapter is loaded."""
+
+    repo: ShortText = Field(description="Repository id of the adapter (holds adapter_config.json).")
+    revision: ShortText | None = Field(default=None, description="Branch, tag or commit to pin (recommended).")
+
+
+class AdapterSource(ApiModel):
+    """Where an adapter's files come from; exactly one of huggingFace or pvc."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        ("has(self.huggingFace) != has(self.pvc)", "set exactly one of source.huggingFace and source.pvc"),
+    ))
+
+    hugging_face: AdapterHuggingFace | None = Field(default=None, description="Hugging Face Hub source.")
+    pvc: PVCSource | None = Field(
+        default=None, description="A directory on a PersistentVolumeClaim, mounted read-only in the engine pods "
+                                  "(a claim no other adapter uses yet is a new volume: adding it rolls the engines).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.hugging_face is None) == (self.pvc is None):
+            raise ValueError("set exactly one of huggingFace and pvc")
+        return self
+
+
+class AdapterSpec(ApiModel):
+    """A LoRA adapter of the model, served by name beside the base model and loaded without restarting engines."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        (f"!has(self.maxRank) || self.maxRank in {list(LORA_RANKS)}",
+         f"maxRank must be one of vLLM's LoRA ranks {', '.join(map(str, LORA_RANKS))}"),
+        ("!has(self.pools) || self.pools.all(p, self.pools.exists_one(q, q == p))", "pools must not repeat"),
+    ))
+
+    name: AdapterName = Field(description="Model name clients send for this adapter (`model` in a request).")
+    source: AdapterSource = Field(description="Where the adapter's files come from.")
+    max_rank: int | None = Field(
+        default=None, ge=1, le=512,
+        description="The adapter's LoRA rank rounded up to one vLLM supports (1, 8, 16, 32, 64, 128, 256, 320, "
+                    "512; default 16): sizes the engines' --max-lora-rank and the memory of their LoRA slots.")
+    pools: list[Literal["short", "long"]] | None = Field(
+        default=None, max_length=2, description="Pools that serve the adapter (default: every enabled pool).")
+
+    @model_validator(mode="after")
+    def _rank_supported(self) -> Self:
+        if self.max_rank is not None and self.max_rank not in LORA_RANKS:
+            up = next(r for r in LORA_RANKS if r >= self.max_rank)
+            raise ValueError(f"maxRank {self.max_rank} of adapter {self.name} is not a LoRA rank vLLM supports "
+                             f"({', '.join(map(str, LORA_RANKS))}); use {up}")
+        if self.pools is not None and len(set(self.pools)) != len(self.pools):
+            raise ValueError(f"pools of adapter {self.name} repeat a pool ({', '.join(self.pools)})")
+        return self
+
+
+class LoraSpec(ApiModel):
+    """The engines' LoRA capacity. Changing it restarts the engines; adapters within it are loaded at run time."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        (f"!has(self.maxRank) || self.maxRank in {list(LORA_RANKS)}",
+         f"maxRank must be one of vLLM's LoRA ranks {', '.join(map(str, LORA_RANKS))}"),
+    ))
+
+    max_loras: int | None = Field(
+        default=None, ge=1, le=256,
+        description="Adapters one batch may mix (vLLM --max-loras; default 4). Each is a slot of LoRA weights "
+                    "allocated at start-up and taken from the KV cache budget; more adapters than slots are served "
+                    "in turn.")
+    max_rank: int | None = Field(
+        default=None, ge=1, le=512,
+        description="vLLM --max-lora-rank (default: the highest adapter maxRank); an adapter above it is refused.")
+    enabled: bool | None = Field(
+        default=None, description="Keep LoRA enabled on every pool even with no adapters listed (default: on where "
+                                  "an adapter is served), so that emptying the list does not restart engines.")
+
+    @model_validator(mode="after")
+    def _rank_supported(self) -> Self:
+        if self.max_rank is not None and self.max_rank not in LORA_RANKS:
+            up = next(r for r in LORA_RANKS if r >= self.max_rank)
+            raise ValueError(f"maxRank {self.max_rank} is not a LoRA rank vLLM supports "
+                             f"({', '.join(map(str, LORA_RANKS))}); use {up}")
+        return self
+
+
 class VLLMDeploymentSpec(ApiModel):
     """A model served by a short-text and a long-text vLLM pool behind a length-aware router."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        ("!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+         "adapter names must be unique"),
+    ))
 
     model: ModelSpec = Field(description="The model to serve.")
     workload_class: Annotated[str, StringConstraints(
@@ -525,3 +619,16 @@ class VLLMDeploymentSpec(ApiModel):
     router: RouterSpec | None = Field(default=None, description="The router Deployment.")
     remediation: RemediationSpec | None = Field(default=None, description="The health loop's permissions.")
     monitoring: MonitoringSpec | None = Field(default=None, description="PodMonitor and PrometheusRule.")
+    adapters: list[AdapterSpec] | None = Field(
+        default=None, max_length=64,
+        description="LoRA adapters served by name beside the model; adding or removing one loads or unloads it in "
+                    "the running engines (no restart).")
+    lora: LoraSpec | None = Field(default=None, description="The engines' LoRA capacity (slots and rank).")
+
+    @model_validator(mode="after")
+    def _unique_adapters(self) -> Self:
+        names = [a.name for a in self.adapters or []]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"adapter names must be unique (repeated: {', '.join(dup)})")
+        return self

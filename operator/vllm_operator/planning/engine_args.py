@@ -27,7 +27,8 @@ MANAGED_FLAGS: frozenset[str] = frozenset({
     "max-num-batched-tokens", "enable-chunked-prefill", "kv-cache-dtype", "gpu-memory-utilization",
     "kv-cache-memory-bytes", "kv-cache-memory", "tensor-parallel-size", "quantization", "revision",
     "tokenizer-revision", "override-generation-config", "block-size", "num-gpu-blocks-override", "cpu-offload-gb",
-    "swap-space", "pipeline-parallel-size", "data-parallel-size",
+    "swap-space", "pipeline-parallel-size", "data-parallel-size", "enable-lora", "max-loras", "max-lora-rank",
+    "max-cpu-loras", "lora-modules",
 })
 # Short options vLLM's parser maps to managed flags.
 SHORT_ALIASES: dict[str, str] = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
@@ -37,7 +38,7 @@ _COMMON_FLAGS = frozenset({
     "host", "port", "served-model-name", "max-model-len", "max-num-seqs", "max-num-batched-tokens",
     "enable-chunked-prefill", "kv-cache-dtype", "gpu-memory-utilization", "kv-cache-memory-bytes",
     "tensor-parallel-size", "quantization", "revision", "tokenizer-revision", "override-generation-config",
-    "attention-backend",
+    "attention-backend", "enable-lora", "max-loras", "max-lora-rank",
 })
 
 
@@ -167,6 +168,8 @@ class PoolArgs:
     quantization: str | None
     revision: str | None
     port: int
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
 
 
 def build_args(values: PoolArgs, version: EngineVersion, extra: list[str]) -> list[str]:
@@ -194,6 +197,11 @@ def build_args(values: PoolArgs, version: EngineVersion, extra: list[str]) -> li
     if values.revision:  # pin the tokenizer too: vLLM would otherwise read it from the repo's default branch
         items["revision"] = values.revision
         items["tokenizer-revision"] = values.revision
+    if values.max_loras is not None and values.max_lora_rank is not None:
+        # Only the capacity: the adapters themselves are loaded at run time (--lora-modules would mean a restart).
+        items["enable-lora"] = None
+        items["max-loras"] = values.max_loras
+        items["max-lora-rank"] = values.max_lora_rank
     missing = sorted(set(items) - version.flags)
     if missing:  # a table bug, not a user error: every managed flag must exist in every supported version
         raise SpecError("spec.engine", f"vLLM {version.version} has no --{', --'.join(missing)}")

@@ -129,8 +129,9 @@ def cuda_graph_estimate_bytes(model: ModelInfo, overhead: OverheadModel) -> int:
 
 
 def overhead_bytes(b: KVBreakdown) -> int:
-    """Everything but weights that comes off the usable memory."""
-    return b.activation_bytes + b.non_torch_bytes + b.cuda_graph_bytes + b.margin_bytes
+    """Everything but weights that comes off the usable memory (LoRA slots included: vLLM allocates them with the
+    model, before it sizes the KV cache)."""
+    return b.activation_bytes + b.non_torch_bytes + b.cuda_graph_bytes + b.margin_bytes + b.lora_bytes
 
 
 def budget_bytes(b: KVBreakdown) -> int:

@@ -51,7 +51,7 @@ from vllm_operator.api.spec import (
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, profiles
+from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, lora, profiles
 from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
 
 HF_HOME = f"{constants.MODELS_MOUNT}/.hf-cache"
@@ -241,6 +241,7 @@ class _FitInputs:
     overhead: kvcache.OverheadModel
     block: int
     fp8_allowed: bool
+    lora_bytes: int = 0
 
     def budget(self, count: int) -> int:
         s = self.settings
@@ -248,7 +249,7 @@ class _FitInputs:
         b = kvcache.gpu_breakdown(device_bytes=self.acc.memory_bytes, utilization=s.gpu_memory_utilization,
                                   model=self.model, tp=count, max_num_batched_tokens=s.max_num_batched_tokens,
                                   max_num_seqs=s.max_num_seqs, overhead=self.overhead, weights_bytes=self.weights)
-        return kvcache.budget_bytes(b)
+        return kvcache.budget_bytes(b) - self.lora_bytes
 
     def longest(self, budget: int, dtype: str, count: int) -> int:
         """The longest sequence whose whole blocks fit the budget (vLLM needs ceil(L / block) blocks for one)."""
@@ -262,7 +263,8 @@ class _FitInputs:
                                   max_num_seqs=s.max_num_seqs, overhead=self.overhead, weights_bytes=self.weights)
         per_token = kvcache.bytes_per_token(self.model, s.kv_cache_dtype)
         kv = -(-s.max_model_len // self.block) * self.block * per_token
-        fixed = b.weights_bytes + b.activation_bytes + b.non_torch_bytes + kv + MIB  # budgets round down to MiB
+        # budgets round down to MiB
+        fixed = b.weights_bytes + b.activation_bytes + b.non_torch_bytes + self.lora_bytes + kv + MIB
         return -(-int(fixed / (1 - self.overhead.cpu_margin_fraction)) // GIB)
 
 
@@ -324,8 +326,11 @@ def _model_path(spec: VLLMDeploymentSpec) -> str:
     return spec.model.name
 
 
-def _env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, pool: str) -> dict[str, str]:
+def _env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, pool: str, *,
+         lora_on: bool = False) -> dict[str, str]:
     env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HOME": HF_HOME}
+    if lora_on:  # vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set
+        env[constants.ENV_RUNTIME_LORA_UPDATING] = "True"
     src = spec.model.source
     if src is not None and src.pvc is not None:
         env["HF_HUB_OFFLINE"] = "1"
@@ -373,7 +378,7 @@ def _attention_backend(extra: list[str], field_path: str) -> constants.Attention
 
 def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, acc: AcceleratorFacts,
                version: engine_args.EngineVersion, version_text: str, remedy: PoolRemediation,
-               short_len: int | None, images: ImageDefaults) -> PoolPlan:
+               short_len: int | None, images: ImageDefaults, pool_lora: lora.PoolLora | None = None) -> PoolPlan:
     ps, prof, name = draft.spec, draft.profile, draft.name
     path = f"spec.pools.{name}"
     warnings = list(draft.warnings)
@@ -407,17 +412,20 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
                         f"{remedy.kv_level}): {ladder.describe_change(base, s)}")
     tp = acc.count if acc.is_gpu else 1
     weights = _weights_bytes(spec, model)
+    lora_bytes = pool_lora.slot_bytes if pool_lora is not None else 0
     if acc.is_gpu:
         assert s.gpu_memory_utilization is not None
         b = kvcache.gpu_breakdown(device_bytes=acc.memory_bytes, utilization=s.gpu_memory_utilization, model=model,
                                   tp=tp, max_num_batched_tokens=s.max_num_batched_tokens,
                                   max_num_seqs=s.max_num_seqs, overhead=version.overhead, weights_bytes=weights)
+        b = b.model_copy(update={"lora_bytes": lora_bytes})
         budget = kvcache.budget_bytes(b)
         kv_memory_bytes = None
     else:
         b = kvcache.cpu_breakdown(memory_bytes=acc.memory_bytes, model=model,
                                   max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
                                   overhead=version.overhead, weights_bytes=weights)
+        b = b.model_copy(update={"lora_bytes": lora_bytes})
         budget = int(kvcache.budget_bytes(b) * s.cpu_kv_fraction) // MIB * MIB
         kv_memory_bytes = max(budget, 0)
     per_token = kvcache.bytes_per_token(model, s.kv_cache_dtype, tp)
@@ -425,7 +433,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
     capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
     if draft.enabled and (budget < need or capacity.max_concurrency < 1):  # vLLM: ceil(L / block) whole blocks
-        fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok)
+        fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok, lora_bytes)
         raise _fit_error(name, s.max_model_len, acc, b, need, budget, fits)
     tokens = capacity.tokens
     full = round(capacity.max_concurrency, 2)
@@ -451,7 +459,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
         kv_cache_memory_bytes=kv_memory_bytes, tensor_parallel_size=tp,
         quantization=spec.model.quantization.value if spec.model.quantization else None,
-        revision=hf.revision if hf is not None else None, port=constants.ENGINE_PORT)
+        revision=hf.revision if hf is not None else None, port=constants.ENGINE_PORT,
+        max_loras=pool_lora.max_loras if pool_lora else None, max_lora_rank=pool_lora.max_rank if pool_lora else None)
     args = engine_args.build_args(values, version, extra)
     node_selector = dict(ps.node_selector or {})
     products = catalog.gpu_products(acc.type, acc.product) if acc.is_gpu and acc.type in catalog.GPUS_BY_NAME \
@@ -464,12 +473,13 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
         prompt_range=(0, s.max_model_len), model=_model_path(spec), served_model_name=served, engine_args=args,
-        env=_env(spec, ps, acc, name), resources=_resources(ps, acc, spec, weights),
+        env=_env(spec, ps, acc, name, lora_on=pool_lora is not None), resources=_resources(ps, acc, spec, weights),
         node_selector=dict(sorted(node_selector.items())), gpu_products=products, image=image,
         kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
-        step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings)
+        step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings,
+        adapters=list(pool_lora.adapters) if pool_lora else [])
 
 
 # --- router ---------------------------------------------------------------------------------------------------------
@@ -700,10 +710,14 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     if short_d.max_model_len > long_d.max_model_len:
         raise SpecError("spec.pools.short.maxModelLen", f"{short_d.max_model_len} exceeds pools.long.maxModelLen "
                         f"({long_d.max_model_len}); the short pool must not be the longer one")
+    enabled = tuple(d.name for d in (short_d, long_d) if d.enabled)
+    lora.check_adapters(spec, spec.model.served_model_name or spec.model.name, enabled)
+    tp = acc.count if acc.is_gpu else 1
     short = _plan_pool(spec, short_d, model, acc, version, version_text, remediation.pool(constants.POOL_SHORT),
-                       None, images)
+                       None, images, lora.pool_lora(spec, constants.POOL_SHORT, enabled, model, tp))
     long = _plan_pool(spec, long_d, model, acc, version, version_text, remediation.pool(constants.POOL_LONG),
-                      short.max_model_len if short.enabled else None, images)
+                      short.max_model_len if short.enabled else None, images,
+                      lora.pool_lora(spec, constants.POOL_LONG, enabled, model, tp))
     routing = spec.routing
     # The class's threshold holds for the class's short pool; a spec that changes that pool's lengths gets the
     # derived one (maxModelLen - maxTokens), as it always did.

@@ -72,6 +72,9 @@ def test_issue_example_is_accepted() -> None:
     parse_resource(obj)
 
 
+PVC_ADAPTER = {"pvc": {"claimName": "adapters", "path": "a"}}
+
+
 def with_spec(**patch: Any) -> dict[str, Any]:
     obj = copy.deepcopy(BASE)
     for dotted, value in patch.items():
@@ -124,6 +127,21 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("bad-tier-name", with_spec(routing={"tiers": [{"name": "Gold Tier", "maxTokens": 5}]}), "schema",
      "spec.routing.tiers[0].name"),
     ("too-many-extra-args", with_spec(pools__short__extraArgs=["--x"] * 65), "schema", "extraArgs"),
+    ("adapter-rank-unsupported", with_spec(adapters=[{"name": "a", "source": PVC_ADAPTER, "maxRank": 24}]), "cel",
+     "maxRank 24 of adapter a is not a LoRA rank vLLM supports (1, 8, 16, 32, 64, 128, 256, 320, 512); use 32"),
+    ("lora-rank-unsupported", with_spec(lora={"maxRank": 100}), "cel", "use 128"),
+    ("adapter-names-repeat", with_spec(adapters=[{"name": "a", "source": PVC_ADAPTER}] * 2), "cel",
+     "adapter names must be unique (repeated: a)"),
+    ("adapter-two-sources", with_spec(adapters=[{"name": "a", "source": {**PVC_ADAPTER, "huggingFace": {
+        "repo": "o/r"}}}]), "cel", "set exactly one of huggingFace and pvc"),
+    ("adapter-no-source", with_spec(adapters=[{"name": "a", "source": {}}]), "cel",
+     "set exactly one of huggingFace and pvc"),
+    ("adapter-pools-repeat", with_spec(adapters=[{"name": "a", "source": PVC_ADAPTER, "pools": ["short", "short"]}]),
+     "cel", "pools of adapter a repeat a pool"),
+    ("adapter-unknown-pool", with_spec(adapters=[{"name": "a", "source": PVC_ADAPTER, "pools": ["medium"]}]),
+     "schema", "spec.adapters[0].pools[0]: Input should be 'short' or 'long'"),
+    ("adapter-bad-name", with_spec(adapters=[{"name": "my adapter", "source": PVC_ADAPTER}]), "schema",
+     "spec.adapters[0].name"),
 ]
 
 

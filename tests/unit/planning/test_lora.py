@@ -1,0 +1,98 @@
+"""LoRA in the plan: engine arguments, slot memory out of the KV budget, refusals, and no restart for a new adapter."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.paths import EXAMPLES
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import Plan
+from vllm_operator.api.resource import parse_spec
+from vllm_operator.planning import RemediationState, catalog, lora, plan
+
+CPU_DEV = yaml.safe_load((EXAMPLES / "cpu-dev.yaml").read_text())["spec"]
+PVC = {"pvc": {"claimName": "models", "path": "adapters/a"}}
+
+
+def planned(**patch: Any) -> Plan:
+    spec = copy.deepcopy(CPU_DEV)
+    spec.update(patch)
+    return plan(parse_spec(spec), None, RemediationState(pools={}), name="cpu-dev", namespace="dev")
+
+
+def lora_args(p: Plan, pool: str) -> list[str]:
+    return [a for a in p.pools[pool].engine_args if "lora" in a]
+
+
+def test_formula_counts_every_llama_projection() -> None:
+    # Llama-3.1-8B: 32 layers x (7 x 4096 + 2 x 4096 + 2 x 1024 + 3 x 14336) = 2,621,440 elements per rank
+    model = catalog.catalog_model("meta-llama/Llama-3.1-8B-Instruct")
+    assert model is not None
+    assert lora.per_rank_elements(model) == 2_621_440
+    assert lora.lora_slot_bytes(model, max_loras=1, max_rank=16) == 83_886_080
+    assert lora.lora_slot_bytes(model, max_loras=4, max_rank=64) == 1_342_177_280
+    # tensor parallelism shards half of each pair: 32 x (7 x 4096 + (8192 + 2048 + 43008) / 2)
+    assert lora.per_rank_elements(model, tp=2) == 32 * (7 * 4096 + 26_624)
+
+
+def test_no_adapters_no_lora() -> None:
+    p = planned()
+    assert lora_args(p, "short") == [] and lora_args(p, "long") == []
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in p.pools["short"].env
+    assert p.pools["short"].kv.breakdown.lora_bytes == 0
+
+
+def test_adapters_enable_lora_and_take_their_slots_from_the_kv_budget() -> None:
+    base = planned()
+    p = planned(adapters=[{"name": "a", "source": PVC, "maxRank": 8}])
+    for pool in ("short", "long"):
+        assert lora_args(p, pool) == ["--enable-lora", "--max-lora-rank=8", "--max-loras=4"]
+        assert p.pools[pool].env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+        assert p.pools[pool].adapters == ["a"]
+        slots = p.pools[pool].kv.breakdown.lora_bytes
+        # cpu-dev's facts: 2 layers, hidden 4 x 64, 2 KV heads; MLP estimated 3.5 x hidden = 896
+        assert slots == 4 * 8 * 2 * (7 * 256 + 2 * 256 + 2 * 128 + 3 * 896) * 2
+        # CPU pools: --kv-cache-memory-bytes is the budget in whole MiB, so it shrinks by the slots, rounded
+        assert base.pools[pool].kv.budget_bytes - p.pools[pool].kv.budget_bytes == -(-slots // (1 << 20)) * (1 << 20)
+
+
+def test_adding_or_removing_an_adapter_of_the_same_rank_changes_no_engine_argument() -> None:
+    one = planned(adapters=[{"name": "a", "source": PVC}])
+    two = planned(adapters=[{"name": "a", "source": PVC}, {"name": "b", "source": PVC}])
+    for pool in ("short", "long"):
+        assert one.pools[pool].engine_args == two.pools[pool].engine_args
+        assert one.pools[pool].env == two.pools[pool].env
+        assert two.pools[pool].adapters == ["a", "b"]
+    # with spec.lora.enabled the capacity stays when the list empties
+    kept = planned(lora={"enabled": True, "maxRank": 16}, adapters=[])
+    assert kept.pools["short"].engine_args == one.pools["short"].engine_args
+
+
+def test_adapter_pools_and_capacity() -> None:
+    p = planned(lora={"maxLoras": 2, "maxRank": 64}, adapters=[{"name": "a", "source": PVC, "pools": ["long"]}])
+    assert lora_args(p, "short") == []
+    assert lora_args(p, "long") == ["--enable-lora", "--max-lora-rank=64", "--max-loras=2"]
+    assert p.pools["long"].adapters == ["a"] and p.pools["short"].adapters == []
+    high = planned(adapters=[{"name": "a", "source": PVC, "maxRank": 8}, {"name": "b", "source": PVC, "maxRank": 32}])
+    assert lora_args(high, "short") == ["--enable-lora", "--max-lora-rank=32", "--max-loras=4"]
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"adapters": [{"name": "vllm-operator/tiny-llama", "source": PVC}]},
+     "spec.adapters[0].name: 'vllm-operator/tiny-llama' is the served model name; requests for it would reach the "
+     "base model (name the adapter differently)"),
+    ({"adapters": [{"name": "a", "source": PVC, "pools": ["short"]}],
+      "pools": {"short": {"enabled": False}, "long": {"replicas": 1, "maxModelLen": 4096, "maxTokens": 256}}},
+     "spec.adapters[0].pools: pool short of adapter a is disabled (enabled: long)"),
+    ({"adapters": [{"name": "a", "source": PVC, "maxRank": 64}], "lora": {"maxRank": 32}},
+     "spec.adapters[0].maxRank: 64 is above spec.lora.maxRank (32); vLLM would refuse to load adapter a (raise "
+     "spec.lora.maxRank to 64)"),
+], ids=["served-name", "disabled-pool", "rank-above-capacity"])
+def test_refusals_name_the_adapter_field(patch: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        planned(**patch)
+    assert str(err.value) == message
