@@ -24,4 +24,5 @@ class OperatorConfig:
     webhook: WebhookConfig | None = None  # serve the validating admission webhook (--webhook-port)
     workload_classes: bool = True  # read VLLMWorkloadClasses (False: --no-workload-classes, built-ins only)
     class_rollout_timeout: float = 600.0  # seconds a class roll-out waits for one dependent before the next
+    max_concurrent_reconciles: int = 4  # reconciles in flight at once; the rest wait in arrival order (lifecycle.py)
     extra: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from vllm_operator import constants
 
@@ -17,6 +17,13 @@ class OperatorMetrics:
         self.reconciles = Counter("vllm_operator_reconciles", "Reconciles by result (changed, unchanged, refused).",
                                   ["result"], registry=self.registry)
         self.reconcile_errors = Counter("vllm_operator_reconcile_errors", "Reconciles that raised.",
+                                        registry=self.registry)
+        self.reconcile_wait = Histogram(
+            "vllm_operator_reconcile_wait_seconds", "Time a reconcile waited for a slot (--max-concurrent-reconciles).",
+            buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=self.registry)
+        self.reconciles_waiting = Gauge("vllm_operator_reconciles_waiting", "Reconciles waiting for a slot.",
+                                        registry=self.registry)
+        self.reconciles_running = Gauge("vllm_operator_reconciles_running", "Reconciles in flight.",
                                         registry=self.registry)
         self.child_writes = Counter("vllm_operator_child_writes", "Child objects created, updated or deleted.",
                                     ["verb", "kind"], registry=self.registry)

@@ -25,6 +25,7 @@ from vllm_operator import certs
 from vllm_operator.handlers import admission, health, lifecycle
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
+from vllm_operator.handlers.lifecycle import ReconcileSlots
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
 from vllm_operator.handlers.webhook import WebhookConfig
@@ -128,9 +129,13 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             flag.set()
         forwarder = asyncio.create_task(_signal_ready(ready_flag))
     runner: web.AppRunner | None = None
+    slots = ReconcileSlots(config.max_concurrent_reconciles)
+    metrics.reconciles_waiting.set_function(lambda: slots.waiting)
+    metrics.reconciles_running.set_function(lambda: slots.running)
     memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
                      refresher=Coalescer(delay=config.status_refresh_delay),
-                     classes=ClassIndex(enabled=config.workload_classes))
+                     classes=ClassIndex(enabled=config.workload_classes),
+                     slots=slots)
     try:
         if config.http_port:
             runner = await serve_http(config, metrics, ready)
@@ -262,6 +267,9 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser.add_argument("--status-refresh-delay", type=float, default=OperatorConfig.status_refresh_delay,
                         metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
                         "one status write (default %(default)s)")
+    parser.add_argument("--max-concurrent-reconciles", type=int, default=OperatorConfig.max_concurrent_reconciles,
+                        metavar="N", help="reconciles in flight at once; the others wait in arrival order "
+                        "(default %(default)s)")
     add_image_repository_argument(parser, default=_images_from_environment(parser))
     add_image_pull_secret_argument(parser, default=[n.strip() for n in os.environ.get(ENV_PULL_SECRETS, "").split(",")
                                                     if n.strip()])
@@ -270,6 +278,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     args = parser.parse_args(list(argv))
     if args.all_namespaces and args.namespace:
         parser.error("--all-namespaces and --namespace are exclusive")
+    if args.max_concurrent_reconciles < 1:
+        parser.error(f"--max-concurrent-reconciles {args.max_concurrent_reconciles}: must be at least 1")
     try:
         images = with_pull_secrets(args)
     except ValueError as err:
@@ -280,7 +290,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                           health_enabled=not args.no_health, http_port=args.port,
                           status_refresh_delay=args.status_refresh_delay, images=images,
                           webhook=webhook_config(parser, args),
-                          workload_classes=not args.no_workload_classes)
+                          workload_classes=not args.no_workload_classes,
+                          max_concurrent_reconciles=args.max_concurrent_reconciles)
 
 
 def main(argv: Sequence[str]) -> int:
