@@ -13,6 +13,7 @@ from pydantic import Field, StringConstraints
 
 from vllm_operator.api.base import ApiModel
 from vllm_operator.api.router_config import RouterConfig
+from vllm_operator.api.spec import RemediationThresholds
 
 Text = Annotated[str, StringConstraints(max_length=32768)]
 
@@ -106,4 +107,8 @@ class Plan(ApiModel):
     pools: dict[str, PoolPlan] = Field(description="short and long.")
     router: RouterConfig = Field(description="The router's configuration (router.json).")
     warnings: list[Text] = Field(default_factory=list, description="Deployment-wide warnings.")
+    thresholds: RemediationThresholds | None = Field(
+        default=None, description="Detection thresholds in effect: spec.remediation.thresholds over the workload "
+                                  "class's, field by field (unset: the operator's defaults). The health loop and "
+                                  "the alert rules both read these.")
     hash: Text = Field(description="Stable hash of everything above.")

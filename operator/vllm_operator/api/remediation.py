@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_operator.api.spec import RemediationSpec
+from vllm_operator.api.spec import RemediationSpec, RemediationThresholds
 from vllm_operator.constants import (
     DEFAULT_BUDGET_WINDOW_S,
     DEFAULT_INTERVAL_S,
@@ -54,10 +54,29 @@ class HealthSettings:
         return max(15.0, 2.0 * self.interval_s)
 
 
-def resolve(spec: RemediationSpec | None, *, interval_override: float | None = None) -> HealthSettings:
-    """Defaults filled in; `interval_override` (operator flag, tests) replaces every deployment's interval."""
+def default_thresholds() -> RemediationThresholds:
+    """The operator's detection thresholds with every field set (what the built-in workload classes show)."""
+    return RemediationThresholds(
+        length_share_warn=DEFAULT_LENGTH_SHARE_WATCH, length_share_alert=DEFAULT_LENGTH_SHARE_ALERT,
+        kv_usage_pressure=DEFAULT_KV_PRESSURE, stall_seconds=DEFAULT_STALL_S, window_seconds=DEFAULT_WINDOW_S,
+        oom_count=DEFAULT_OOM_COUNT, oom_window_seconds=DEFAULT_OOM_WINDOW_S)
+
+
+def merge_thresholds(own: RemediationThresholds | None, klass: RemediationThresholds | None
+                     ) -> RemediationThresholds | None:
+    """The thresholds in effect: the VLLMDeployment's own fields over its workload class's, field by field (a
+    deployment that sets only stallSeconds keeps the class's windowSeconds). None when neither sets any."""
+    if own is None or klass is None:
+        return own if own is not None else klass
+    return klass.model_copy(update=own.model_dump(exclude_none=True))
+
+
+def resolve(spec: RemediationSpec | None, *, thresholds: RemediationThresholds | None = None,
+            interval_override: float | None = None) -> HealthSettings:
+    """Defaults filled in; `thresholds` (the plan's, class merged in) replaces the spec's own when given;
+    `interval_override` (operator flag, tests) replaces every deployment's interval."""
     r = spec or RemediationSpec()
-    t = r.thresholds
+    t = thresholds if thresholds is not None else r.thresholds
     interval = interval_override if interval_override is not None else (r.interval_seconds or DEFAULT_INTERVAL_S)
 
     def pick(value: float | int | None, default: float | int) -> float:

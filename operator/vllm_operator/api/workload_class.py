@@ -18,7 +18,7 @@ from typing import Annotated, Self
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from vllm_operator.api.base import ApiModel
-from vllm_operator.api.spec import RoutingStrategy, Tier, x_validations
+from vllm_operator.api.spec import RemediationThresholds, RoutingStrategy, Tier, x_validations
 
 CLASS_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=CLASS_NAME_PATTERN)]
@@ -106,6 +106,11 @@ class VLLMWorkloadClassSpec(ApiModel):
         default=None, min_length=1, max_length=16,
         description="Client tiers for VLLMDeployments that list none (default: one tier capped at the long pool's "
                     "maxTokens).")
+    remediation_thresholds: RemediationThresholds | None = Field(
+        default=None,
+        description="The health loop's detection thresholds (and the alert rules') for VLLMDeployments of this class; "
+                    "a VLLMDeployment's own spec.remediation.thresholds win field by field, unset fields take the "
+                    "operator's defaults.")
 
     @model_validator(mode="after")
     def _threshold_fits(self) -> Self:

@@ -92,7 +92,8 @@ async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, A
     except SpecError as err:
         log.info("Skipped the health check of VLLMDeployment %s/%s: %s", namespace, name, err)
         return None
-    settings = remediation.resolve(resource.spec.remediation, interval_override=interval_override)
+    settings = remediation.resolve(resource.spec.remediation, thresholds=the_plan.thresholds,
+                                  interval_override=interval_override)
     enabled = {p: pool.replicas for p, pool in the_plan.pools.items() if pool.enabled}
     snap = await take_snapshot(kube, source, namespace, name, settings, enabled)
     diag = diagnose_mod.diagnose(snap, settings)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from vllm_operator import constants, names
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, KVBreakdown, KVPlan, Plan, PoolPlan, Resources
+from vllm_operator.api.remediation import merge_thresholds
 from vllm_operator.api.router_config import (
     HealthCheckConfig,
     PoolRoute,
@@ -753,5 +754,7 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     result = Plan(name=name, namespace=namespace, workload_class=klass.name,
                   workload_class_generation=klass.generation,
                   engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},
-                  router=router, warnings=warnings, hash="")
+                  router=router, warnings=warnings, hash="",
+                  thresholds=merge_thresholds(spec.remediation.thresholds if spec.remediation else None,
+                                              klass.thresholds))
     return result.model_copy(update={"hash": plan_hash(result)})

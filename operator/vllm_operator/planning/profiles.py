@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_operator import constants
-from vllm_operator.api.spec import RoutingStrategy, Tier, WorkloadClass
+from vllm_operator.api.remediation import default_thresholds
+from vllm_operator.api.spec import RemediationThresholds, RoutingStrategy, Tier, WorkloadClass
 from vllm_operator.api.workload_class import ClassPool, ClassPools, KVCachePolicy, VLLMWorkloadClassSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
@@ -87,10 +88,15 @@ class ClassProfile:
     """metadata.generation of the VLLMWorkloadClass this came from; None for a built-in from this table."""
     default: bool = False
     """Marked default: applies to VLLMDeployments that name no class."""
+    thresholds: RemediationThresholds | None = None
+    """The class's remediation thresholds (None: the operator's defaults); a deployment's own win field by field."""
 
     def pool(self, name: str) -> PoolProfile:
         return self.short if name == "short" else self.long
 
+
+BUILTIN_THRESHOLDS = default_thresholds()
+"""The built-ins state the operator's default thresholds, so `kubectl get vllmwc -o yaml` shows every number."""
 
 PROFILES: dict[WorkloadClass, ClassProfile] = {
     WorkloadClass.CHAT: ClassProfile(
@@ -99,25 +105,29 @@ PROFILES: dict[WorkloadClass, ClassProfile] = {
                           routing=RoutingStrategy.LEAST_OUTSTANDING),
         long=PoolProfile(16384, 1024, 32, 8192, True, False, 6144, 2, routing=RoutingStrategy.LEAST_OUTSTANDING),
         prompt_length_threshold=3584,
-        description="interactive chat: short prompts, short answers, many users; long pool for overflow"),
+        description="interactive chat: short prompts, short answers, many users; long pool for overflow",
+        thresholds=BUILTIN_THRESHOLDS),
     WorkloadClass.MULTI_TURN: ClassProfile(
         WorkloadClass.MULTI_TURN.value,
         short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8),
         long=PoolProfile(32768, 2048, 16, 8192, True, False, 12288, 2),
         prompt_length_threshold=7168,
-        description="agent / multi-turn conversations: the history grows with every turn"),
+        description="agent / multi-turn conversations: the history grows with every turn",
+        thresholds=BUILTIN_THRESHOLDS),
     WorkloadClass.RAG: ClassProfile(
         WorkloadClass.RAG.value,
         short=PoolProfile(16384, 2048, 32, 8192, True, False, 6144, 4),
         long=PoolProfile(32768, 2048, 16, 8192, True, False, 20480, 2),
         prompt_length_threshold=14336,
-        description="retrieval-augmented answers: retrieved context makes prompts long by nature"),
+        description="retrieval-augmented answers: retrieved context makes prompts long by nature",
+        thresholds=BUILTIN_THRESHOLDS),
     WorkloadClass.LONG_DOC: ClassProfile(
         WorkloadClass.LONG_DOC.value,
         short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8),
         long=PoolProfile(32768, 4096, 8, 8192, True, True, 24576, 2),
         prompt_length_threshold=7168,
-        description="long documents: 32K prompts with chunked prefill and FP8 KV; short pool for follow-ups"),
+        description="long documents: 32K prompts with chunked prefill and FP8 KV; short pool for follow-ups",
+        thresholds=BUILTIN_THRESHOLDS),
 }
 
 
@@ -149,14 +159,15 @@ def to_class_spec(prof: ClassProfile) -> VLLMWorkloadClassSpec:
     return VLLMWorkloadClassSpec(
         description=prof.description, prompt_length_threshold=prof.prompt_length_threshold,
         pools=ClassPools(short=_pool_to_class(prof.short), long=_pool_to_class(prof.long)),
-        tiers=list(prof.tiers) or None)
+        tiers=list(prof.tiers) or None, remediation_thresholds=prof.thresholds)
 
 
 def from_class(name: str, spec: VLLMWorkloadClassSpec, generation: int | None = None) -> ClassProfile:
     """A VLLMWorkloadClass (read from the cluster or from a file) as the profile the planner uses."""
     return ClassProfile(name, short=_pool_from_class(spec.pools.short), long=_pool_from_class(spec.pools.long),
                         prompt_length_threshold=spec.prompt_length_threshold, description=spec.description or "",
-                        tiers=tuple(spec.tiers or ()), generation=generation, default=bool(spec.default))
+                        tiers=tuple(spec.tiers or ()), generation=generation, default=bool(spec.default),
+                        thresholds=spec.remediation_thresholds)
 
 
 def class_object(prof: ClassProfile) -> dict[str, Any]:

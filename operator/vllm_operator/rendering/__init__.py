@@ -47,5 +47,6 @@ def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | Non
     if mon is None or mon.pod_monitor is not False:
         objects.append(monitoring.pod_monitor(plan, extra_labels))
     if mon is None or mon.prometheus_rule is not False:
-        objects.append(monitoring.prometheus_rule(plan, extra_labels, remediation.resolve(spec.remediation)))
+        settings = remediation.resolve(spec.remediation, thresholds=plan.thresholds)
+        objects.append(monitoring.prometheus_rule(plan, extra_labels, settings))
     return sorted((common.finalize(obj) for obj in objects), key=common.sort_key)

@@ -14,12 +14,14 @@ from pydantic import ValidationError
 
 from tests.support.paths import ROOT
 from vllm_operator import constants
-from vllm_operator.api import crdgen
+from vllm_operator.api import crdgen, remediation
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
+from vllm_operator.api.spec import RemediationSpec
 from vllm_operator.api.workload_class import VLLMWorkloadClassSpec
 from vllm_operator.planning import RemediationState, classfile, plan, profiles, resolve_class
 from vllm_operator.planning import cli as plan_cli
+from vllm_operator.rendering import render
 
 CLASS_CRD = ROOT / "crds" / "vllm-operator.dev_vllmworkloadclasses.yaml"
 CHART_CLASS_CRD = ROOT / "charts" / "vllm-operator" / "crds" / "vllm-operator.dev_vllmworkloadclasses.yaml"
@@ -163,3 +165,28 @@ def test_class_tiers_apply_when_the_spec_lists_none(tmp_path: Path) -> None:
     spec = resource.spec.model_copy(update={"routing": None})
     p = plan(spec, None, RemediationState(), name="c", namespace="n", workload_class=agent)
     assert [(t.name, t.default_max_tokens, t.max_tokens) for t in p.router.tiers] == [("default", 1024, 2048)]
+
+
+def test_class_thresholds_reach_the_plan_the_alerts_and_the_health_loop(tmp_path: Path) -> None:
+    """A class's remediationThresholds apply to its deployments; the deployment's own win field by field; the alert
+    rules and the health loop's settings read the same merged numbers from the plan."""
+    agent = profiles.parse_class(yaml.safe_load(AGENT.read_text()))
+    resource = parse_resource(yaml.safe_load(chat_as(tmp_path, "agent").read_text()))
+    bare = resource.spec.model_copy(update={"remediation": None})
+    p = plan(bare, None, RemediationState(), name="c", namespace="n", workload_class=agent)
+    assert p.thresholds is not None and (p.thresholds.stall_seconds, p.thresholds.window_seconds) == (60, 300)
+    settings = remediation.resolve(bare.remediation, thresholds=p.thresholds)
+    assert (settings.stall_s, settings.window_s, settings.oom_count) == (60, 300, constants.DEFAULT_OOM_COUNT)
+    rule = next(o for o in render(p, bare) if o["kind"] == "PrometheusRule")
+    assert "[1m]" in yaml.safe_dump(rule) and "[2m]" not in yaml.safe_dump(rule)
+
+    own = bare.model_copy(update={"remediation": RemediationSpec.model_validate({"thresholds": {"stallSeconds": 30}})})
+    q = plan(own, None, RemediationState(), name="c", namespace="n", workload_class=agent)
+    assert q.thresholds is not None and (q.thresholds.stall_seconds, q.thresholds.window_seconds) == (30, 300)
+
+
+def test_builtins_state_the_operator_default_thresholds() -> None:
+    for obj in profiles.builtin_classes():
+        t = obj["spec"]["remediationThresholds"]
+        assert t == remediation.default_thresholds().to_wire(), obj["metadata"]["name"]
+    assert remediation.resolve(None, thresholds=remediation.default_thresholds()) == remediation.resolve(None)

@@ -10,7 +10,7 @@ import yaml
 from tests.support.paths import EXAMPLES
 from vllm_operator.api import remediation
 from vllm_operator.api.resource import parse_resource
-from vllm_operator.api.spec import RemediationSpec
+from vllm_operator.api.spec import RemediationSpec, RemediationThresholds
 from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
 from vllm_operator.health.loop import accelerator_in_effect, merge_patch
 from vllm_operator.health.rungs import ladder_views
@@ -75,3 +75,14 @@ def test_settings_defaults_and_overrides() -> None:
     s = remediation.resolve(spec, interval_override=1)
     assert (s.interval_s, s.restart_budget, s.step_down, s.stall_s, s.oom_count) == (1, 0, False, 30, 3)
     assert s.stale_after_s == 15
+
+
+def test_thresholds_merge_field_by_field() -> None:
+    klass = RemediationThresholds(stall_seconds=60, window_seconds=300)
+    own = RemediationThresholds(stall_seconds=30)
+    merged = remediation.merge_thresholds(own, klass)
+    assert merged is not None and (merged.stall_seconds, merged.window_seconds, merged.oom_count) == (30, 300, None)
+    assert remediation.merge_thresholds(None, klass) == klass and remediation.merge_thresholds(own, None) == own
+    assert remediation.merge_thresholds(None, None) is None
+    s = remediation.resolve(RemediationSpec.model_validate({"thresholds": {"stallSeconds": 5}}), thresholds=merged)
+    assert (s.stall_s, s.window_s) == (30, 300), "the plan's merged thresholds replace the spec's own"
