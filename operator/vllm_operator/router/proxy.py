@@ -45,7 +45,7 @@ from vllm_operator.router.auth import Auth
 from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.server import BodyError, Request, Response, StreamResponse
-from vllm_operator.router.tokens import SLICE_CHARS, Count, Prompt, TokenCounter, extract_prompt
+from vllm_operator.router.tokens import Count, Prompt, TokenCounter, extract_prompt
 from vllm_operator.router.upstreams import CAUSE_5XX, CAUSE_CONNECT, Endpoint, Pool
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,12 @@ HEADER_COUNT_METHOD: Final = "x-vllm-operator-prompt-tokens-method"
 HEADER_POOL: Final = "x-vllm-operator-pool"
 HEADER_MAX_TOKENS: Final = "x-vllm-operator-max-tokens"
 MAX_ATTEMPTS: Final = 3
+THREAD_COUNT_CHARS: Final = 4096
+"""Prompts longer than this that need a count are tokenized in a worker thread (the tokenizer releases the GIL), so a
+long prompt does not hold the event loop; a shorter one costs the loop a few milliseconds at most. It was 32 KiB:
+a 30,000-character prompt then held the loop for 56-80 ms (benchmarks/router/loop_stall.py). Counting in slices
+with an early stop was tried and dropped: the worker thread's GIL hand-offs between slices doubled the loop's p99
+lateness against one whole count in the thread."""
 _JSON: Final = "application/json"
 _FINISH = re.compile(rb'"finish_reason":\s*"(\w+)"')
 _USAGE = re.compile(rb'"usage":\s*\{')
@@ -229,13 +235,10 @@ class Router:
         def decide_at(n: int) -> Decision:
             return decide(n, requested, tier, limits, prompt_param=param)
 
-        settled = self.counter.by_bounds(prompt, decide_at)
-        if settled is None:  # near a limit: a count, a slice at a time; a long one off the loop (tokens.py)
-            if sum(map(len, prompt.texts)) > SLICE_CHARS:
-                settled = await asyncio.to_thread(self.counter.settle_sliced, prompt, decide_at)
-            else:
-                settled = self.counter.settle_sliced(prompt, decide_at)
-        decision, count = settled
+        if self.counter.has_tokenizer and sum(map(len, prompt.texts)) > THREAD_COUNT_CHARS:
+            decision, count = await asyncio.to_thread(self.counter.settle, prompt, decide_at)
+        else:
+            decision, count = self.counter.settle(prompt, decide_at)
         self.metrics.child(self.metrics.token_counts, count.method).inc()
         note.count = count
         if isinstance(decision, Refusal):

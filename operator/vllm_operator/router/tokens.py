@@ -25,23 +25,11 @@ fixed + per_message × messages + the content tokens of every message (text part
 
 Without any tokenizer the router uses the upper bound as the count (conservative: a prompt is never counted
 shorter than it is, so the short pool never gets a prompt that does not fit), and says so in a metric.
-
-Counting without holding the event loop (`settle_sliced`): an exact count costs about a microsecond per character
-(a 24k-token prompt: 25-80 ms). The router counts prompts of more than SLICE_CHARS characters in a worker thread
-(the tokenizer releases the GIL) and shorter ones on the loop (a few milliseconds at most); before, prompts up to
-32 KiB were counted on the loop, and a 30,000-character one held it for 30-70 ms (benchmarks/router/loop_stall.py).
-The count goes a slice of at most SLICE_CHARS characters at a time and stops as soon as the counted part plus the
-bounds of the rest decide, so a prompt that clearly fits is decided before it is all tokenized. The slices are cut
-only before a space that follows a letter or digit and precedes a letter — a pre-tokenizer boundary of byte-level
-BPE, tiktoken-style and Metaspace tokenizers alike, so the slices' counts add up to the whole text's count; at
-start-up the counter checks that on a probe text (`slices_add_up`) and, for a tokenizer where they do not, counts
-texts whole. Even so each cut is given a token of slack: a count within that slack of a limit is recounted whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
 import math
@@ -49,7 +37,7 @@ import os
 import pathlib
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import jinja2.sandbox
@@ -73,13 +61,6 @@ METHOD_EXACT: Final = "exact"
 METHOD_BOUND: Final = "bound"
 METHOD_IDS: Final = "ids"
 METHOD_NO_TOKENIZER: Final = "no-tokenizer"
-
-SLICE_CHARS: Final = 4096
-"""Most characters tokenized in one go; also the longest prompt counted on the event loop (a few milliseconds)."""
-_SLICE_PROBE: Final = (
-    "The quick brown fox, aged 12, jumps over 3 lazy dogs; it's 4.5 km to the café (naïve, isn't it?) and "
-    "back.\n\nThen:  two  spaces, tabs\tand 日本語 text, URLs like https://example.com/a_b?c=1, code x+=y*2; "
-    "CamelCaseWords and ALLCAPS, emoji \U0001f600 and accents: Ærøskøbing, ÷ ± § ¶.\n")
 
 D = TypeVar("D")
 
@@ -187,14 +168,9 @@ class TokenCounter:
         self.chat = chat
         self.max_token_bytes: int | None = None
         self.specials = 0
-        self.sliceable = False
         if tokenizer is not None:
             self.max_token_bytes = _max_token_bytes(tokenizer)
             self.specials = len(tokenizer.encode("a").ids) - len(tokenizer.encode("a", add_special_tokens=False).ids)
-            self.sliceable = slices_add_up(tokenizer)
-            if not self.sliceable:
-                log.info("Found that the tokenizer's counts of text slices do not add up; long prompts are counted "
-                         "whole in a worker thread")
 
     @property
     def has_tokenizer(self) -> bool:
@@ -226,64 +202,6 @@ class TokenCounter:
         counts = [len(e.ids) for e in tok.encode_batch(list(prompt.texts))] if prompt.texts else []
         return max([*counts, prompt.ids or 0])
 
-    def by_bounds(self, prompt: Prompt, decide_at: Callable[[int], D]) -> tuple[D, Count] | None:
-        """`settle` when the bounds (or the missing tokenizer) decide; None when only a count would."""
-        lower, upper = self.bounds(prompt)
-        high = decide_at(upper)
-        if lower == upper:
-            return high, Count(upper, METHOD_IDS if prompt.ids is not None and not prompt.texts else METHOD_EXACT)
-        if self.tokenizer is None:
-            return high, Count(upper, METHOD_NO_TOKENIZER)
-        if not isinstance(high, Refusal) and decide_at(lower) == high:
-            return high, Count(upper, METHOD_BOUND)
-        return None
-
-    def settle_sliced(self, prompt: Prompt, decide_at: Callable[[int], D]) -> tuple[D, Count]:
-        """`settle`, counting a slice at a time and stopping as soon as the counted part and the bounds of the rest
-        decide (see the module docstring). Chat prompts and single completion prompts are sliced; a batch of
-        prompts, a tokenizer whose slices do not add up, a text with no safe cut within a slice's reach, or a count
-        within the cuts' slack of a limit is counted whole. Touches no state, so it may run in a worker thread."""
-        settled = self.by_bounds(prompt, decide_at)
-        if settled is not None:
-            return settled
-        tok = self.tokenizer
-        assert tok is not None  # by_bounds decided every prompt without one
-        if not self.sliceable or (not prompt.chat and len(prompt.texts) != 1):
-            return self.settle(prompt, decide_at)
-        texts = prompt.texts
-        fixed = (self.chat.fixed + self.chat.per_message * prompt.messages) if prompt.chat else self.specials
-        rest_bytes = [len(t.encode()) for t in texts]
-        counted = cuts = 0
-        for i, text in enumerate(texts):
-            start = 0
-            while start < len(text):
-                end = _cut(text, start)
-                if end is None:  # no safe cut within reach (one long word, text without spaces)
-                    return self.settle(prompt, decide_at)
-                piece = text[start:end]
-                counted += len(tok.encode(piece, add_special_tokens=False))
-                rest_bytes[i] -= len(piece.encode())
-                if end < len(text):
-                    cuts += 1
-                start = end
-                if start < len(text) or i + 1 < len(texts):
-                    lower, upper = self._rest_bounds(rest_bytes[i], rest_bytes[i + 1:])
-                    low, high = decide_at(fixed + counted + lower - cuts), decide_at(fixed + counted + upper + cuts)
-                    if not isinstance(high, Refusal) and low == high:
-                        return high, Count(fixed + counted + upper, METHOD_BOUND)
-        n = fixed + counted
-        if cuts and _outcome(decide_at(n - cuts)) != _outcome(decide_at(n + cuts)):
-            return self.settle(prompt, decide_at)  # within the slack of a limit: count it whole
-        return decide_at(n), Count(n, METHOD_EXACT)
-
-    def _rest_bounds(self, partial: int, whole: Sequence[int]) -> tuple[int, int]:
-        """Token bounds of what is not counted yet: the rest of the current text (it starts at a cut, so no prefix
-        token) and the texts after it (+1 each, as in `bounds`)."""
-        per = self.max_token_bytes
-        upper = partial + sum(whole) + len(whole)
-        lower = (math.ceil(partial / per) + sum(math.ceil(b / per) for b in whole)) if per else 0
-        return lower, upper
-
     def settle(self, prompt: Prompt, decide_at: Callable[[int], D]) -> tuple[D, Count]:
         """Decide with the bounds when they agree, else with the exact count (or, with no tokenizer, the upper bound).
 
@@ -299,41 +217,6 @@ class TokenCounter:
             return high, Count(upper, METHOD_BOUND)
         n = self.exact(prompt)
         return decide_at(n), Count(n, METHOD_EXACT)
-
-
-def _cut(text: str, start: int) -> int | None:
-    """Where the slice from `start` ends: the text's end if it is near, else the last safe cut (before a space that
-    follows a letter or digit and precedes a letter) in the second half of the slice's reach; None when there is
-    none."""
-    limit = start + SLICE_CHARS
-    if limit >= len(text):
-        return len(text)
-    floor = start + SLICE_CHARS // 2
-    i = text.rfind(" ", floor, limit)
-    while i > floor:
-        if text[i - 1].isalnum() and text[i + 1].isalpha():
-            return i
-        i = text.rfind(" ", floor, i)
-    return None
-
-
-def _outcome(decision: object) -> object:
-    """What a decision does, not the numbers its message names: two refusals of one kind are the same outcome."""
-    if isinstance(decision, Refusal):
-        return (decision.status, decision.reason, decision.param)
-    return decision
-
-
-def slices_add_up(tok: tokenizers.Tokenizer) -> bool:
-    """Whether counting a text in slices cut as `_cut` cuts gives the count of the whole text, on a probe text of
-    prose, digits, punctuation, runs of spaces, tabs, newlines, non-Latin scripts and an emoji."""
-    text = _SLICE_PROBE * 4
-    cuts = [i for i in range(1, len(text) - 1)
-            if text[i] == " " and text[i - 1].isalnum() and text[i + 1].isalpha()]
-    whole = len(tok.encode(text, add_special_tokens=False))
-    edges = [0, *cuts, len(text)]
-    pieces = sum(len(tok.encode(text[a:b], add_special_tokens=False)) for a, b in itertools.pairwise(edges))
-    return pieces == whole
 
 
 def _max_token_bytes(tok: tokenizers.Tokenizer) -> int | None:
