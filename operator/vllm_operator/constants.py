@@ -66,6 +66,8 @@ COND_METRICS_AVAILABLE: Final = "MetricsAvailable"
 COND_RUNAWAY: Final = "RunawayGeneration"
 COND_KV_PRESSURE: Final = "KVPressure"
 COND_REMEDIATING: Final = "Remediating"
+COND_AUTOSCALING: Final = "Autoscaling"
+"""Only on VLLMDeployments with a pool that sets `autoscaling`: whether its KEDA ScaledObjects are in place."""
 CONDITION_TYPES: Final = (
     COND_READY,
     COND_PROGRESSING,
@@ -75,6 +77,7 @@ CONDITION_TYPES: Final = (
     COND_RUNAWAY,
     COND_KV_PRESSURE,
     COND_REMEDIATING,
+    COND_AUTOSCALING,
 )
 
 # GPU feature discovery node labels.
@@ -119,6 +122,9 @@ METRIC_CACHE_CONFIG_INFO: Final = "cache_config_info"
 # The operator's and the router's own metrics (prometheus_client appends `_total` to counters).
 METRIC_ENGINE_RESTARTS: Final = "vllm_operator_engine_restarts"
 METRIC_ROUTER_PREFIX: Final = "vllm_operator_router"
+METRIC_ROUTER_HELD: Final = f"{METRIC_ROUTER_PREFIX}_held_requests"
+"""Requests the router holds for a pool that has no ready endpoint (a pool at zero waking up), by `pool`: the signal
+that exists while the pool has no pods, so KEDA's activation trigger wakes it (docs/architecture.md, Autoscaling)."""
 
 
 def metric_name(metric: str) -> str:

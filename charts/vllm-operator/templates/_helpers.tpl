@@ -86,6 +86,10 @@ README section "RBAC" explains every line.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "prometheusrules"]
   verbs: ["list", "create", "patch", "delete"]
+# KEDA ScaledObjects of pools with autoscaling (only when KEDA's CRD is installed; KEDA's HPA then owns replicas).
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["list", "create", "patch", "delete"]
 # The health loop lists engine pods (status, termination messages) and deletes a Stalled one within its budget.
 - apiGroups: [""]
   resources: ["pods"]

@@ -49,6 +49,17 @@ class Resources(ApiModel):
     limits: dict[str, str] = Field(default_factory=dict, description="Container resource limits.")
 
 
+class AutoscalingPlan(ApiModel):
+    """A pool's resolved autoscaling (spec over workload class), rendered as its KEDA ScaledObject."""
+
+    min_replicas: int = Field(ge=0, description="Fewest replicas (0: the pool sleeps when idle).")
+    max_replicas: int = Field(ge=1, description="Most replicas.")
+    metric: Text = Field(description="num-requests-waiting, kv-cache-usage or num-requests-running.")
+    target: float = Field(gt=0, description="Target value of the metric per replica.")
+    scale_down_stabilization_seconds: int = Field(ge=0, description="HPA scale-down stabilization window.")
+    idle_seconds: int = Field(ge=1, description="Idle time before a minReplicas-0 pool sleeps (KEDA cooldown).")
+
+
 class PoolPlan(ApiModel):
     """One pool's plan."""
 
@@ -56,6 +67,9 @@ class PoolPlan(ApiModel):
     enabled: bool = Field(description="Whether the pool is deployed.")
     replicas: int = Field(ge=0, description="Engine pods.")
     external_autoscaler: bool = Field(description="Replicas are owned by an external autoscaler.")
+    autoscaling: AutoscalingPlan | None = Field(
+        default=None, description="The operator's own autoscaling (a KEDA ScaledObject); replicas is then the "
+                                  "starting count, max(minReplicas, 1), and KEDA's HPA owns it after.")
     max_model_len: int = Field(ge=1, description="--max-model-len.")
     max_tokens: int = Field(ge=1, description="Engine-side max_tokens fuse.")
     max_num_seqs: int = Field(ge=1, description="--max-num-seqs.")

@@ -302,19 +302,87 @@ class EnvVar(ApiModel):
         return self
 
 
+class AutoscalingMetric(enum.StrEnum):
+    """The vLLM signal a pool scales on; each is summed over the pool's pods and compared with `target` per replica."""
+
+    NUM_REQUESTS_WAITING = "num-requests-waiting"
+    """vllm:num_requests_waiting: requests queued for lack of KV cache or batch slots (the queue users feel)."""
+    KV_CACHE_USAGE = "kv-cache-usage"
+    """vllm:kv_cache_usage_perc: the fraction of KV cache blocks in use (0-1); target is that fraction."""
+    NUM_REQUESTS_RUNNING = "num-requests-running"
+    """vllm:num_requests_running: requests in the running batch."""
+
+
+class PoolAutoscaling(ApiModel):
+    """Scale this pool on vLLM's own signals through a KEDA ScaledObject (KEDA's HPA owns the Deployment's replicas).
+
+    The query sums the metric over the pool and KEDA divides by the replica count, so `target` is per replica:
+    num-requests-waiting 4 means "add a replica when more than 4 requests per replica wait". Scaling N -> 1 follows
+    the HPA with `scaleDownStabilizationSeconds`; 1 -> 0 (long pool only, minReplicas 0) follows KEDA once the pool has
+    had no held, waiting or running request for `idleSeconds`. Unset fields come from the workload class."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        ("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+         "autoscaling.minReplicas must not exceed maxReplicas"),
+        ("!has(self.metric) || !has(self.target) || self.metric != 'kv-cache-usage' || double(self.target) <= 1.0",
+         "autoscaling.target for kv-cache-usage is a fraction of the KV cache (at most 1)"),
+    ))
+
+    min_replicas: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="Fewest replicas (0 lets the long pool sleep; the short pool needs at least 1); default: from "
+                    "the workload class.")
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas (what the pool may spend).")
+    metric: AutoscalingMetric | None = Field(
+        default=None, description="num-requests-waiting, kv-cache-usage or num-requests-running; default: from the "
+                                  "workload class.")
+    target: float | None = Field(
+        default=None, gt=0, le=65_536,
+        description="Target value of the metric per replica (kv-cache-usage: a fraction, e.g. 0.8); default: from "
+                    "the workload class.")
+    scale_down_stabilization_seconds: int | None = Field(
+        default=None, ge=0, le=3600,
+        description="How long the HPA waits on lower recommendations before scaling down (N -> 1); default: from "
+                    "the workload class.")
+    idle_seconds: int | None = Field(
+        default=None, ge=1, le=86_400,
+        description="With minReplicas 0: how long the pool must be idle (nothing held, waiting or running) before it "
+                    "sleeps at 0 (KEDA's cooldownPeriod); default: from the workload class.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"autoscaling.minReplicas ({self.min_replicas}) must not exceed maxReplicas "
+                             f"({self.max_replicas})")
+        if self.metric is AutoscalingMetric.KV_CACHE_USAGE and self.target is not None and self.target > 1:
+            raise ValueError(f"autoscaling.target ({self.target:g}) for kv-cache-usage is a fraction of the KV cache "
+                             "(at most 1, e.g. 0.8)")
+        return self
+
+
 class PoolSpec(ApiModel):
     """Overrides for one pool; anything unset comes from the workload class profile."""
 
     model_config = ConfigDict(json_schema_extra=x_validations(
         ("!has(self.maxTokens) || !has(self.maxModelLen) || self.maxTokens < self.maxModelLen",
          "maxTokens must be below maxModelLen (the prompt needs room)"),
+        ("!has(self.autoscaling) || !has(self.replicas)",
+         "set replicas or autoscaling, not both (with autoscaling the autoscaler decides the replica count)"),
+        ("!has(self.autoscaling) || !has(self.externalAutoscaler) || !self.externalAutoscaler",
+         "set autoscaling or externalAutoscaler, not both"),
     ))
 
     enabled: bool | None = Field(default=None, description="Run this pool (default true).")
-    replicas: int | None = Field(default=None, ge=0, le=1000, description="Engine pods in this pool (default 1).")
+    replicas: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="Engine pods in this pool (default 1); refused together with autoscaling.")
     external_autoscaler: bool | None = Field(
         default=None,
         description="An HPA/KEDA owns spec.replicas: the operator sets it only at creation, never after.")
+    autoscaling: PoolAutoscaling | None = Field(
+        default=None,
+        description="Scale this pool on vLLM's signals with a KEDA ScaledObject the operator renders; a new pool "
+                    "starts with max(minReplicas, 1) replica and, with minReplicas 0, sleeps after idleSeconds.")
     max_model_len: int | None = Field(default=None, ge=1, le=10_485_760, description="vLLM --max-model-len.")
     max_tokens: int | None = Field(
         default=None, ge=1, le=10_485_760,
@@ -341,6 +409,13 @@ class PoolSpec(ApiModel):
             raise ValueError(
                 f"maxTokens ({self.max_tokens}) must be below maxModelLen ({self.max_model_len}): "
                 "the prompt needs room")
+        if self.autoscaling is not None and self.replicas is not None:
+            raise ValueError(f"set replicas ({self.replicas}) or autoscaling, not both: with autoscaling the "
+                             f"autoscaler decides the replica count (between minReplicas and maxReplicas "
+                             f"{self.autoscaling.max_replicas})")
+        if self.autoscaling is not None and self.external_autoscaler:
+            raise ValueError("set autoscaling or externalAutoscaler, not both (autoscaling renders the operator's "
+                             "own ScaledObject; externalAutoscaler leaves replicas to one you run)")
         return self
 
 
@@ -351,6 +426,15 @@ class PoolsSpec(ApiModel):
         ("!has(self.short) || !has(self.long) || !has(self.short.maxModelLen) || !has(self.long.maxModelLen)"
          " || self.short.maxModelLen <= self.long.maxModelLen",
          "pools.short.maxModelLen must not exceed pools.long.maxModelLen"),
+        ("!has(self.short) || !has(self.short.autoscaling) || !has(self.short.autoscaling.minReplicas)"
+         " || self.short.autoscaling.minReplicas >= 1",
+         "pools.short.autoscaling.minReplicas must be at least 1 (only the long pool may sleep at 0)"),
+        ("!has(self.long) || !has(self.long.autoscaling) || !has(self.long.autoscaling.minReplicas)"
+         " || self.long.autoscaling.minReplicas > 0 || !has(self.short)"
+         " || ((!has(self.short.enabled) || self.short.enabled)"
+         " && (!has(self.short.replicas) || self.short.replicas >= 1))",
+         "pools.long.autoscaling.minReplicas 0 needs a running short pool (enabled, replicas or minReplicas at least "
+         "1), so a sleeping long pool never makes short requests fail"),
     ))
 
     short: PoolSpec | None = Field(default=None, description="The short-text pool (interactive traffic).")
@@ -362,6 +446,15 @@ class PoolsSpec(ApiModel):
         lg = self.long.max_model_len if self.long else None
         if s is not None and lg is not None and s > lg:
             raise ValueError(f"short.maxModelLen ({s}) must not exceed long.maxModelLen ({lg})")
+        short_min = self.short.autoscaling.min_replicas if self.short and self.short.autoscaling else None
+        if short_min == 0:
+            raise ValueError("pools.short.autoscaling.minReplicas must be at least 1 (got 0): only the long pool may "
+                             "sleep at 0")
+        long_min = self.long.autoscaling.min_replicas if self.long and self.long.autoscaling else None
+        if long_min == 0 and self.short is not None and (self.short.enabled is False or self.short.replicas == 0):
+            raise ValueError("pools.long.autoscaling.minReplicas 0 needs a running short pool (short is "
+                             f"{'disabled' if self.short.enabled is False else 'at replicas 0'}), so a sleeping long "
+                             "pool never makes short requests fail")
         return self
 
 

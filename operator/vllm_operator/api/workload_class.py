@@ -18,7 +18,7 @@ from typing import Annotated, Self
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from vllm_operator.api.base import ApiModel
-from vllm_operator.api.spec import RemediationThresholds, RoutingStrategy, Tier, x_validations
+from vllm_operator.api.spec import AutoscalingMetric, RemediationThresholds, RoutingStrategy, Tier, x_validations
 
 CLASS_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=CLASS_NAME_PATTERN)]
@@ -29,6 +29,27 @@ class KVCachePolicy(enum.StrEnum):
 
     MODEL = "model"
     FP8_IF_NATIVE = "fp8-if-native"
+
+
+class ClassAutoscaling(ApiModel):
+    """A pool's autoscaling defaults, for VLLMDeployments that set `autoscaling` and leave these fields out."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        ("self.metric != 'kv-cache-usage' || double(self.target) <= 1.0",
+         "target for kv-cache-usage is a fraction of the KV cache (at most 1)"),
+    ))
+
+    min_replicas: int = Field(ge=0, le=1000, description="Fewest replicas (0: the pool sleeps when idle; long only).")
+    metric: AutoscalingMetric = Field(description="The vLLM signal the pool scales on.")
+    target: float = Field(gt=0, le=65_536, description="Target value of the metric per replica.")
+    scale_down_stabilization_seconds: int = Field(ge=0, le=3600, description="HPA scale-down stabilization window.")
+    idle_seconds: int = Field(ge=1, le=86_400, description="Idle time before a minReplicas-0 pool sleeps.")
+
+    @model_validator(mode="after")
+    def _fraction(self) -> Self:
+        if self.metric is AutoscalingMetric.KV_CACHE_USAGE and self.target > 1:
+            raise ValueError(f"autoscaling.target ({self.target:g}) for kv-cache-usage is a fraction (at most 1)")
+        return self
 
 
 class ClassPool(ApiModel):
@@ -54,6 +75,8 @@ class ClassPool(ApiModel):
         gt=0, le=65_536, description="Sequences at full maxModelLen the class expects to fit; below it the plan warns.")
     gpu_memory_utilization: float = Field(gt=0, le=1, description="vLLM --gpu-memory-utilization (GPU pools).")
     routing: RoutingStrategy = Field(description="How the router picks a replica inside the pool.")
+    autoscaling: ClassAutoscaling | None = Field(
+        default=None, description="Autoscaling defaults (unset: the operator's built-in defaults for this pool).")
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -72,6 +95,8 @@ class ClassPools(ApiModel):
     model_config = ConfigDict(json_schema_extra=x_validations(
         ("self.short.maxModelLen <= self.long.maxModelLen",
          "pools.short.maxModelLen must not exceed pools.long.maxModelLen"),
+        ("!has(self.short.autoscaling) || self.short.autoscaling.minReplicas >= 1",
+         "pools.short.autoscaling.minReplicas must be at least 1 (only the long pool may sleep at 0)"),
     ))
 
     short: ClassPool = Field(description="The short-text pool.")
@@ -82,6 +107,9 @@ class ClassPools(ApiModel):
         if self.short.max_model_len > self.long.max_model_len:
             raise ValueError(f"short.maxModelLen ({self.short.max_model_len}) must not exceed long.maxModelLen "
                              f"({self.long.max_model_len})")
+        if self.short.autoscaling is not None and self.short.autoscaling.min_replicas < 1:
+            raise ValueError("pools.short.autoscaling.minReplicas must be at least 1 (got 0): only the long pool may "
+                             "sleep at 0")
         return self
 
 

@@ -108,6 +108,19 @@ def with_plan(prev: VLLMDeploymentStatus | None, plan: Plan, deployments: Mappin
     return status
 
 
+def with_autoscaling(status: VLLMDeploymentStatus, condition: tuple[bool, str, str] | None, *,
+                     generation: int | None, now: str) -> VLLMDeploymentStatus:
+    """The Autoscaling condition set to (status, reason, message), or removed when no pool asks for autoscaling."""
+    out = status.model_copy(deep=True)
+    if condition is None:
+        out.conditions = [c for c in out.conditions or [] if c.type != constants.COND_AUTOSCALING]
+        return out
+    ok, reason, message = condition
+    out.conditions = set_condition(out.conditions, constants.COND_AUTOSCALING, ok, reason, message,
+                                   generation=generation, now=now)
+    return out
+
+
 def with_spec_error(prev: VLLMDeploymentStatus | None, field: str, message: str, *, generation: int | None,
                     now: str) -> VLLMDeploymentStatus:
     """Status after a refused spec: SpecValid=False with the planner's message; everything else kept as it was."""
@@ -119,4 +132,4 @@ def with_spec_error(prev: VLLMDeploymentStatus | None, field: str, message: str,
     return status
 
 
-__all__ = ["get_condition", "set_condition", "with_plan", "with_spec_error"]
+__all__ = ["get_condition", "set_condition", "with_autoscaling", "with_plan", "with_spec_error"]

@@ -56,7 +56,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if result is not None:
                 await loop.execute(memo.kube, fresh, result, counters=memo.metrics,
                                    reconcile=functools.partial(reconcile, images=config.images,
-                                                               classes=memo.classes))
+                                                               classes=memo.classes,
+                                                               prometheus_url=config.prometheus_url))
         except KubeError as err:
             logger.warning("Health check of VLLMDeployment %s/%s failed on an API call (retried next interval): %s",
                            meta.get("namespace"), meta.get("name"), err)

@@ -89,15 +89,16 @@ class ReconcileSlots:
 
 async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                        slots: ReconcileSlots | None = None) -> bool:
-    """Reconcile one VLLMDeployment for a handler (through `slots` when given); True when children were written."""
+                        slots: ReconcileSlots | None = None, prometheus_url: str | None = None) -> bool:
+    """Reconcile one VLLMDeployment for a handler (through `slots` when given); True when children were written.
+    `prometheus_url`: the operator's --prometheus-url, which the ScaledObjects of autoscaled pools query."""
     if slots is not None:
         queued = time.monotonic()
         async with slots:
             metrics.reconcile_wait.observe(time.monotonic() - queued)
-            return await run_reconcile(kube, metrics, body, images, classes)
+            return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url)
     try:
-        outcome = await reconcile(kube, body, images=images, classes=classes)
+        outcome = await reconcile(kube, body, images=images, classes=classes, prometheus_url=prometheus_url)
     except KubeError as err:
         metrics.reconcile_errors.inc()
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
@@ -127,7 +128,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.slots)
+        await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.slots,
+                            config.prometheus_url)
 
     if config.workload_classes:
         register_classes(registry, config)
@@ -168,7 +170,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
                                 body["metadata"]["name"])
                     await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
-                                        memo.slots)
+                                        memo.slots, config.prometheus_url)
             return
         memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments,
                                                       config.images, memo.classes))
@@ -203,7 +205,8 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
                                          "time", name, what, len(targets))
 
         async def changed(obj: Mapping[str, Any]) -> bool:
-            return await run_reconcile(memo.kube, memo.metrics, obj, config.images, index, memo.slots)
+            return await run_reconcile(memo.kube, memo.metrics, obj, config.images, index, memo.slots,
+                                       config.prometheus_url)
 
         index.start_rollout(name, targets, before, functools.partial(
             classes.roll_out, index, memo.kube, name, targets, changed, child_selector,

@@ -40,6 +40,7 @@ from vllm_operator.k8s import (
     NODES,
     POD_MONITORS,
     PROMETHEUS_RULES,
+    SCALED_OBJECTS,
     VLLM_DEPLOYMENTS,
     KubeApi,
     KubeError,
@@ -56,6 +57,36 @@ MONITORING_MISSING = ("monitoring.coreos.com CRDs are not installed: PodMonitor 
                       "created")
 MONITORING_KINDS = {(POD_MONITORS.api_version, POD_MONITORS.kind), (PROMETHEUS_RULES.api_version,
                                                                     PROMETHEUS_RULES.kind)}
+SCALED_OBJECT_KIND = (SCALED_OBJECTS.api_version, SCALED_OBJECTS.kind)
+
+
+@dataclass(frozen=True)
+class AutoscalingState:
+    """Whether the pools that ask for autoscaling got their ScaledObjects (the Autoscaling condition)."""
+
+    pools: tuple[str, ...]
+    """Enabled pools with `autoscaling`."""
+    keda: bool
+    """scaledobjects.keda.sh is served."""
+    prometheus: bool
+    """The operator has a --prometheus-url for the triggers."""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.pools) and self.keda and self.prometheus
+
+    def condition(self) -> tuple[bool, str, str]:
+        """(status, reason, message) of the Autoscaling condition."""
+        pools = ", ".join(self.pools)
+        if not self.keda:
+            return (False, "KEDANotInstalled",
+                    f"pools {pools} ask for autoscaling but KEDA's ScaledObject CRD (scaledobjects.keda.sh) is not "
+                    "installed: they run unscaled at max(minReplicas, 1) replicas until it is")
+        if not self.prometheus:
+            return (False, "NoPrometheus",
+                    f"pools {pools} ask for autoscaling but the operator has no --prometheus-url for the triggers: "
+                    "they run unscaled at max(minReplicas, 1) replicas")
+        return True, "ScaledObjectsApplied", f"KEDA scales pools {pools} (ScaledObjects applied; its HPA owns replicas)"
 
 
 @dataclass
@@ -189,9 +220,10 @@ async def _patch_status(kube: KubeApi, obj: Mapping[str, Any], prev: VLLMDeploym
     return True
 
 
-async def _existing_children(kube: KubeApi, namespace: str, name: str, monitoring: bool
+async def _existing_children(kube: KubeApi, namespace: str, name: str, monitoring: bool, keda: bool = False
                              ) -> dict[tuple[str, str, str], dict[str, Any]]:
-    kinds = [res for key, res in CHILD_RESOURCES.items() if monitoring or key not in MONITORING_KINDS]
+    kinds = [res for key, res in CHILD_RESOURCES.items()
+             if (monitoring or key not in MONITORING_KINDS) and (keda or key != SCALED_OBJECT_KIND)]
     listed = await asyncio.gather(*(kube.list(res, namespace, child_selector(name)) for res in kinds))
     return {(res.api_version, res.kind, item["metadata"]["name"]): item
             for res, items in zip(kinds, listed, strict=True) for item in items}
@@ -268,10 +300,20 @@ def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
     return f"Took back from other field managers on {label}: {', '.join(fields)}"
 
 
+async def _autoscaling_state(kube: KubeApi, the_plan: Plan, prometheus_url: str | None) -> AutoscalingState:
+    pools = tuple(p.name for p in the_plan.pools.values() if p.enabled and p.autoscaling is not None)
+    # Discovery only where a pool asks: a VLLMDeployment without autoscaling costs no extra request.
+    keda = bool(pools) and await kube.has_resource(SCALED_OBJECTS.group, SCALED_OBJECTS.version,
+                                                   SCALED_OBJECTS.plural)
+    return AutoscalingState(pools, keda, bool(prometheus_url))
+
+
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
-                    images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> ReconcileOutcome:
+                    images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
+                    prometheus_url: str | None = None) -> ReconcileOutcome:
     """Bring one VLLMDeployment's children and status in line with its spec (see module docstring); `images`: the
-    operator's --image-repository; `classes`: the cluster's VLLMWorkloadClasses (None: the built-in table)."""
+    operator's --image-repository; `classes`: the cluster's VLLMWorkloadClasses (None: the built-in table);
+    `prometheus_url`: the Prometheus the autoscaling triggers query (the operator's --prometheus-url)."""
     meta = obj["metadata"]
     generation = meta.get("generation")
     now = now_rfc3339()
@@ -294,11 +336,16 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         return outcome
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    manifests = [m for m in render(the_plan, resource.spec, options=RenderOptions(images=images))
+    scaling = await _autoscaling_state(kube, the_plan, prometheus_url)
+    options = RenderOptions(images=images, prometheus_url=prometheus_url if scaling.active else None)
+    manifests = [m for m in render(the_plan, resource.spec, options=options)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
-    existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring)
+    existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring, scaling.keda)
+    # KEDA's HPA owns the replicas of a pool with a ScaledObject from its first apply; without KEDA (or without a
+    # Prometheus for its triggers) the operator keeps writing the starting count, and the condition says so.
     autoscaled = childplan.autoscaled_deployments(
-        manifests, {p.name for p in the_plan.pools.values() if p.external_autoscaler})
+        manifests, {p.name for p in the_plan.pools.values()
+                    if p.external_autoscaler or (p.autoscaling is not None and scaling.active)})
     await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled,
                                                       apply_manager=FIELD_MANAGER), outcome)
     order = {f"{m['kind']} {meta['namespace']}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
@@ -315,7 +362,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     for attempt in range(3):
         current = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
                    for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
-        new = _status_from_children(base_status, the_plan, current, generation, now, monitoring)
+        new = _status_from_children(base_status, the_plan, current, generation, now, monitoring, scaling)
         outcome.status = new
         try:
             outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
@@ -340,7 +387,8 @@ def _current_status(obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
 
 def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
                           children: Mapping[tuple[str, str, str], Mapping[str, Any]], generation: int | None,
-                          now: str, monitoring: bool) -> VLLMDeploymentStatus:
+                          now: str, monitoring: bool, scaling: AutoscalingState | None = None
+                          ) -> VLLMDeploymentStatus:
     deployments: dict[str, Mapping[str, Any] | None] = {p: None for p in constants.POOLS}
     router: Mapping[str, Any] | None = None
     for (_, kind, _), child in children.items():
@@ -355,7 +403,11 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
         # A warning of the plan summary, not a condition: MetricsAvailable has one writer, the health loop, which
         # knows whether samples arrive (a Prometheus may scrape the engines without the Prometheus operator).
         the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, MONITORING_MISSING]})
-    return conditions.with_plan(prev, the_plan, deployments, router, generation=generation, now=now)
+    status = conditions.with_plan(prev, the_plan, deployments, router, generation=generation, now=now)
+    if scaling is not None:
+        status = conditions.with_autoscaling(status, scaling.condition() if scaling.pools else None,
+                                             generation=generation, now=now)
+    return status
 
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,

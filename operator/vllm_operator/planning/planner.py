@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 
 from vllm_operator import constants, names
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.plan import AcceleratorFacts, KVBreakdown, KVPlan, Plan, PoolPlan, Resources
+from vllm_operator.api.plan import (
+    AcceleratorFacts,
+    AutoscalingPlan,
+    KVBreakdown,
+    KVPlan,
+    Plan,
+    PoolPlan,
+    Resources,
+)
 from vllm_operator.api.remediation import merge_thresholds
 from vllm_operator.api.router_config import (
     HealthCheckConfig,
@@ -43,6 +51,7 @@ from vllm_operator.api.router_config import (
 )
 from vllm_operator.api.spec import (
     AcceleratorType,
+    AutoscalingMetric,
     KVCacheDtype,
     OverLimit,
     PoolSpec,
@@ -169,6 +178,7 @@ class _PoolDraft:
     max_tokens: int
     warnings: list[str]
     class_name: str
+    class_autoscaling: profiles.AutoscalingProfile
 
 
 def _pool_spec(spec: VLLMDeploymentSpec, name: str) -> PoolSpec:
@@ -201,7 +211,7 @@ def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo, klass: profile
     else:
         mt = min(prof.max_tokens, mml // 2)
     enabled = ps.enabled if ps.enabled is not None else True
-    return _PoolDraft(name, ps, prof, enabled, mml, mt, warnings, klass.name)
+    return _PoolDraft(name, ps, prof, enabled, mml, mt, warnings, klass.name, klass.autoscaling(name))
 
 
 def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts,
@@ -468,8 +478,10 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         else []
     runtime = (spec.engine.gpu if acc.is_gpu else spec.engine.cpu) if spec.engine else None
     image = runtime.image if runtime and runtime.image else images.engine(gpu=acc.is_gpu, version=version_text)
+    scaling = _autoscaling(ps, draft.class_autoscaling, draft.class_name, name)
+    start = max(scaling.min_replicas, 1) if scaling is not None else (ps.replicas if ps.replicas is not None else 1)
     return PoolPlan(
-        name=name, enabled=draft.enabled, replicas=ps.replicas if ps.replicas is not None else 1,
+        name=name, enabled=draft.enabled, replicas=start, autoscaling=scaling,
         external_autoscaler=bool(ps.external_autoscaler), max_model_len=s.max_model_len, max_tokens=s.max_tokens,
         max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
@@ -481,6 +493,40 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
         step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings,
         adapters=list(pool_lora.adapters) if pool_lora else [])
+
+
+def _autoscaling(ps: PoolSpec, d: profiles.AutoscalingProfile, class_name: str,
+                 name: str) -> AutoscalingPlan | None:
+    """The pool's autoscaling, every unset field from the workload class's `d`; None when the pool sets none."""
+    a = ps.autoscaling
+    if a is None:
+        return None
+    low = a.min_replicas if a.min_replicas is not None else min(d.min_replicas, a.max_replicas)
+    if name == constants.POOL_SHORT and low < 1:
+        raise SpecError(f"spec.pools.{name}.autoscaling.minReplicas",
+                        f"the {class_name} class gives the short pool minReplicas {low}; only the long pool may "
+                        "sleep at 0, set minReplicas 1 or more")
+    metric = a.metric if a.metric is not None else d.metric
+    target = a.target if a.target is not None else (
+        d.target if metric is d.metric else _default_target(metric, name))
+    if metric is AutoscalingMetric.KV_CACHE_USAGE and target > 1:
+        raise SpecError(f"spec.pools.{name}.autoscaling.target",
+                        f"{target:g} for kv-cache-usage is a fraction of the KV cache (at most 1, e.g. 0.8)")
+    return AutoscalingPlan(
+        min_replicas=low, max_replicas=a.max_replicas, metric=metric.value, target=target,
+        scale_down_stabilization_seconds=(a.scale_down_stabilization_seconds
+                                          if a.scale_down_stabilization_seconds is not None
+                                          else d.scale_down_stabilization_seconds),
+        idle_seconds=a.idle_seconds if a.idle_seconds is not None else d.idle_seconds)
+
+
+def _default_target(metric: AutoscalingMetric, pool: str) -> float:
+    """A target for a metric other than the class's (the class's target is in the class's metric's unit)."""
+    if metric is AutoscalingMetric.KV_CACHE_USAGE:
+        return 0.8
+    if metric is AutoscalingMetric.NUM_REQUESTS_WAITING:
+        return 4 if pool == constants.POOL_SHORT else 2
+    return 16 if pool == constants.POOL_SHORT else 4
 
 
 # --- router ---------------------------------------------------------------------------------------------------------
@@ -719,6 +765,12 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     long = _plan_pool(spec, long_d, model, acc, version, version_text, remediation.pool(constants.POOL_LONG),
                       short.max_model_len if short.enabled else None, images,
                       lora.pool_lora(spec, constants.POOL_LONG, enabled, model, tp))
+    if long.enabled and long.autoscaling is not None and long.autoscaling.min_replicas == 0 and (
+            not short.enabled or (short.autoscaling is None and short.replicas < 1)):
+        raise SpecError("spec.pools.long.autoscaling.minReplicas",
+                        "0 needs a running short pool (short is "
+                        f"{'disabled' if not short.enabled else 'at replicas 0'}), so a sleeping long pool never "
+                        "makes short requests fail; set minReplicas 1 or run the short pool")
     routing = spec.routing
     # The class's threshold holds for the class's short pool; a spec that changes that pool's lengths gets the
     # derived one (maxModelLen - maxTokens), as it always did.

@@ -37,6 +37,25 @@ Rules behind the numbers:
   pool's mean requests in flight), so a hot prefix cannot swamp one replica.
 * gpu_memory_utilization 0.90 for every GPU pool (vLLM's default is 0.92; the margin covers CUDA graphs, which vLLM
   captures outside the budget).
+* Autoscaling defaults (used when a pool sets `autoscaling`, for every field it leaves out; maxReplicas has no
+  default, it is what the pool may spend):
+
+  | class | pool | minReplicas | metric | target per replica | scale-down window | idle before 0 |
+  |---|---|---|---|---|---|---|
+  | chat | short | 1 | num-requests-waiting | 4 | 300 s | |
+  | chat | long | 0 | num-requests-waiting | 2 | 300 s | 600 s |
+  | multi-turn | short | 1 | num-requests-waiting | 4 | 300 s | |
+  | multi-turn | long | 0 | num-requests-waiting | 2 | 300 s | 900 s |
+  | rag | short | 1 | num-requests-waiting | 4 | 300 s | |
+  | rag | long | 1 | num-requests-waiting | 2 | 300 s | |
+  | long-doc | short | 1 | num-requests-waiting | 4 | 300 s | |
+  | long-doc | long | 1 | kv-cache-usage | 0.8 | 300 s | |
+
+  Waiting requests are the queue users feel, and vLLM queues only when the running batch is out of KV blocks or
+  sequence slots, so it says "one more replica helps" directly; long-doc's long pool fills its KV cache with a few
+  32K sequences before it queues, so it scales on KV usage. The long pools of chat and multi-turn are overflow pools
+  and sleep at 0 when idle (a wake costs one engine start, 90-150 s on an H200: idle times are several times that);
+  rag and long-doc send much of their traffic long and keep one replica. 300 s is the HPA's own scale-down default.
 Every value can be overridden per pool in the spec; overrides go through the same checks.
 
 This table is the one source of the four built-in VLLMWorkloadClass objects the chart installs (`builtin_classes`,
@@ -52,10 +71,33 @@ from typing import Any
 
 from vllm_operator import constants
 from vllm_operator.api.remediation import default_thresholds
-from vllm_operator.api.spec import RemediationThresholds, RoutingStrategy, Tier, WorkloadClass
-from vllm_operator.api.workload_class import ClassPool, ClassPools, KVCachePolicy, VLLMWorkloadClassSpec
+from vllm_operator.api.spec import AutoscalingMetric, RemediationThresholds, RoutingStrategy, Tier, WorkloadClass
+from vllm_operator.api.workload_class import (
+    ClassAutoscaling,
+    ClassPool,
+    ClassPools,
+    KVCachePolicy,
+    VLLMWorkloadClassSpec,
+)
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+
+
+@dataclass(frozen=True)
+class AutoscalingProfile:
+    """A pool's autoscaling defaults (see the table above)."""
+
+    min_replicas: int
+    metric: AutoscalingMetric
+    target: float
+    scale_down_stabilization_seconds: int = 300
+    idle_seconds: int = 600
+
+
+WAITING = AutoscalingMetric.NUM_REQUESTS_WAITING
+SHORT_AUTOSCALING = AutoscalingProfile(1, WAITING, 4)
+LONG_AUTOSCALING = AutoscalingProfile(1, WAITING, 2)
+"""The defaults for a class from the cluster that names none (like the built-in rag's: no pool sleeps unasked)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +114,8 @@ class PoolProfile:
     required_concurrency: float
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     routing: RoutingStrategy = RoutingStrategy.PREFIX
+    autoscaling: AutoscalingProfile | None = None
+    """None: SHORT_AUTOSCALING / LONG_AUTOSCALING for the pool it is (see ClassProfile.autoscaling)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +138,11 @@ class ClassProfile:
     def pool(self, name: str) -> PoolProfile:
         return self.short if name == "short" else self.long
 
+    def autoscaling(self, name: str) -> AutoscalingProfile:
+        """The pool's autoscaling defaults (the generic ones where the class names none)."""
+        own = self.pool(name).autoscaling
+        return own if own is not None else (SHORT_AUTOSCALING if name == "short" else LONG_AUTOSCALING)
+
 
 BUILTIN_THRESHOLDS = default_thresholds()
 """The built-ins state the operator's default thresholds, so `kubectl get vllmwc -o yaml` shows every number."""
@@ -102,29 +151,32 @@ PROFILES: dict[WorkloadClass, ClassProfile] = {
     WorkloadClass.CHAT: ClassProfile(
         WorkloadClass.CHAT.value,
         short=PoolProfile(4096, 512, 128, 4096, False, False, 1024, 16,
-                          routing=RoutingStrategy.LEAST_OUTSTANDING),
-        long=PoolProfile(16384, 1024, 32, 8192, True, False, 6144, 2, routing=RoutingStrategy.LEAST_OUTSTANDING),
+                          routing=RoutingStrategy.LEAST_OUTSTANDING, autoscaling=SHORT_AUTOSCALING),
+        long=PoolProfile(16384, 1024, 32, 8192, True, False, 6144, 2, routing=RoutingStrategy.LEAST_OUTSTANDING,
+                         autoscaling=AutoscalingProfile(0, WAITING, 2, idle_seconds=600)),
         prompt_length_threshold=3584,
         description="interactive chat: short prompts, short answers, many users; long pool for overflow",
         thresholds=BUILTIN_THRESHOLDS),
     WorkloadClass.MULTI_TURN: ClassProfile(
         WorkloadClass.MULTI_TURN.value,
-        short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8),
-        long=PoolProfile(32768, 2048, 16, 8192, True, False, 12288, 2),
+        short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8, autoscaling=SHORT_AUTOSCALING),
+        long=PoolProfile(32768, 2048, 16, 8192, True, False, 12288, 2,
+                         autoscaling=AutoscalingProfile(0, WAITING, 2, idle_seconds=900)),
         prompt_length_threshold=7168,
         description="agent / multi-turn conversations: the history grows with every turn",
         thresholds=BUILTIN_THRESHOLDS),
     WorkloadClass.RAG: ClassProfile(
         WorkloadClass.RAG.value,
-        short=PoolProfile(16384, 2048, 32, 8192, True, False, 6144, 4),
-        long=PoolProfile(32768, 2048, 16, 8192, True, False, 20480, 2),
+        short=PoolProfile(16384, 2048, 32, 8192, True, False, 6144, 4, autoscaling=SHORT_AUTOSCALING),
+        long=PoolProfile(32768, 2048, 16, 8192, True, False, 20480, 2, autoscaling=LONG_AUTOSCALING),
         prompt_length_threshold=14336,
         description="retrieval-augmented answers: retrieved context makes prompts long by nature",
         thresholds=BUILTIN_THRESHOLDS),
     WorkloadClass.LONG_DOC: ClassProfile(
         WorkloadClass.LONG_DOC.value,
-        short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8),
-        long=PoolProfile(32768, 4096, 8, 8192, True, True, 24576, 2),
+        short=PoolProfile(8192, 1024, 64, 8192, False, False, 3072, 8, autoscaling=SHORT_AUTOSCALING),
+        long=PoolProfile(32768, 4096, 8, 8192, True, True, 24576, 2,
+                         autoscaling=AutoscalingProfile(1, AutoscalingMetric.KV_CACHE_USAGE, 0.8)),
         prompt_length_threshold=7168,
         description="long documents: 32K prompts with chunked prefill and FP8 KV; short pool for follow-ups",
         thresholds=BUILTIN_THRESHOLDS),
@@ -141,17 +193,25 @@ def is_builtin(name: str) -> bool:
 
 
 def _pool_to_class(p: PoolProfile) -> ClassPool:
+    a = p.autoscaling
     return ClassPool(max_model_len=p.max_model_len, max_tokens=p.max_tokens, max_num_seqs=p.max_num_seqs,
                      max_num_batched_tokens=p.max_num_batched_tokens, chunked_prefill=p.chunked_prefill,
                      kv_cache_policy=KVCachePolicy.FP8_IF_NATIVE if p.prefer_fp8_kv else KVCachePolicy.MODEL,
                      typical_sequence_tokens=p.typical_sequence_tokens, required_concurrency=p.required_concurrency,
-                     gpu_memory_utilization=p.gpu_memory_utilization, routing=p.routing)
+                     gpu_memory_utilization=p.gpu_memory_utilization, routing=p.routing,
+                     autoscaling=ClassAutoscaling(
+                         min_replicas=a.min_replicas, metric=a.metric, target=a.target,
+                         scale_down_stabilization_seconds=a.scale_down_stabilization_seconds,
+                         idle_seconds=a.idle_seconds) if a is not None else None)
 
 
 def _pool_from_class(p: ClassPool) -> PoolProfile:
+    a = p.autoscaling
     return PoolProfile(p.max_model_len, p.max_tokens, p.max_num_seqs, p.max_num_batched_tokens, p.chunked_prefill,
                        p.kv_cache_policy is KVCachePolicy.FP8_IF_NATIVE, p.typical_sequence_tokens,
-                       p.required_concurrency, p.gpu_memory_utilization, p.routing)
+                       p.required_concurrency, p.gpu_memory_utilization, p.routing,
+                       AutoscalingProfile(a.min_replicas, a.metric, a.target, a.scale_down_stabilization_seconds,
+                                          a.idle_seconds) if a is not None else None)
 
 
 def to_class_spec(prof: ClassProfile) -> VLLMWorkloadClassSpec:

@@ -2,7 +2,8 @@
 
 Pure (no kopf, no kubernetes client, no I/O) and deterministic: one renderer module per kind group builds plain
 dicts (engine: pool Deployments; services: pool and router Services; router: ConfigMap, RBAC, router Deployment;
-policy: PodDisruptionBudgets, NetworkPolicy; monitoring + alerts: PodMonitor, PrometheusRule), and `render` normalises
+policy: PodDisruptionBudgets, NetworkPolicy; autoscaling: KEDA ScaledObjects; monitoring + alerts: PodMonitor,
+PrometheusRule), and `render` normalises
 key order, stamps every object with the hash of its own content (`constants.ANNOTATION_SPEC_HASH`, computed without
 that annotation) and sorts the result by kind order, then name (`common.KIND_ORDER`). The handler adds
 ownerReferences, patches a child only when that hash differs from the live object's, and drops the monitoring objects
@@ -14,7 +15,7 @@ from __future__ import annotations
 from vllm_operator.api import remediation
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.spec import VLLMDeploymentSpec
-from vllm_operator.rendering import common, engine, monitoring, policy, router, services
+from vllm_operator.rendering import autoscaling, common, engine, monitoring, policy, router, services
 from vllm_operator.rendering.options import RenderOptions
 
 __all__ = ["RenderOptions", "render"]
@@ -23,7 +24,8 @@ __all__ = ["RenderOptions", "render"]
 def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | None = None) -> list[common.Manifest]:
     """Every child object of one VLLMDeployment, sorted by (kind order, name), each with a spec-hash annotation.
 
-    Disabled pools get no objects; `spec.monitoring.podMonitor` / `prometheusRule` set to false leave those out.
+    Disabled pools get no objects; `spec.monitoring.podMonitor` / `prometheusRule` set to false leave those out; a
+    pool with `autoscaling` gets a KEDA ScaledObject when `options.prometheus_url` is set.
     """
     opts = options or RenderOptions()
     objects: list[common.Manifest] = []
@@ -32,6 +34,8 @@ def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | Non
             continue
         objects += [engine.deployment(plan, pool, spec, opts.images), services.pool_service(plan, pool),
                     policy.pool_pdb(plan, pool)]
+        if pool.autoscaling is not None and opts.prometheus_url:
+            objects.append(autoscaling.scaled_object(plan, pool, opts.prometheus_url))
     objects += [
         router.config_map(plan),
         router.service_account(plan),

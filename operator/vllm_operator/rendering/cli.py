@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(default app.kubernetes.io/name=prometheus; '' = any pod)")
     p.add_argument("--scraper-namespace-labels", type=_labels, metavar="K=V,...",
                    help="labels of the namespaces the metrics scraper runs in (default: any namespace)")
+    p.add_argument("--prometheus-url", default=None, metavar="URL",
+                   help="the Prometheus the KEDA ScaledObjects of pools with autoscaling query, as the operator's "
+                        "--prometheus-url (without it those pools get no ScaledObject)")
     return p
 
 
@@ -134,6 +137,8 @@ def main(argv: list[str]) -> int:
         options = dataclasses.replace(options, scraper_pod_labels=args.scraper_pod_labels)
     if args.scraper_namespace_labels is not None:
         options = dataclasses.replace(options, scraper_namespace_labels=args.scraper_namespace_labels or None)
+    if args.prometheus_url:
+        options = dataclasses.replace(options, prometheus_url=args.prometheus_url)
     where = display_name(path)
     try:
         objects, warnings = render_planned(plan_input(path, args), options)

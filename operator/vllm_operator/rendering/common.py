@@ -30,6 +30,7 @@ KIND_ORDER: tuple[str, ...] = (
     "Service",
     "PodDisruptionBudget",
     "Deployment",
+    "ScaledObject",
     "PodMonitor",
     "PrometheusRule",
 )

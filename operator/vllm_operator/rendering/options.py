@@ -4,7 +4,8 @@ Where Prometheus runs is a property of the cluster, not of a deployment, so the 
 an operator setting: `render(plan, spec, options=RenderOptions(...))`, `vllm-operator render --scraper-pod-labels
 ... --scraper-namespace-labels ...`. The default admits pods labelled `app.kubernetes.io/name: prometheus` in any
 namespace, which is how the Prometheus Operator (and kube-prometheus-stack) labels its Prometheus pods. So is the
-registry the default images come from (`images.py`: the operator's and render's `--image-repository`).
+registry the default images come from (`images.py`: the operator's and render's `--image-repository`), and the
+Prometheus the autoscaling triggers query (`--prometheus-url`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class RenderOptions:
     """Labels of the metrics scraper's pods; empty = every pod of the selected namespaces."""
     scraper_namespace_labels: Mapping[str, str] | None = None
     """Labels of the namespaces the scraper runs in; None = any namespace."""
+    prometheus_url: str | None = None
+    """The Prometheus the ScaledObjects' triggers query (the operator's --prometheus-url, the health loop's); None:
+    pools with autoscaling get no ScaledObject, and the reconcile says so in the AutoscalerReady condition."""
     images: ImageDefaults = DEFAULT_IMAGES
     """Where the default router image comes from (the operator's --image-repository; engines get theirs from the
     plan, which the same setting made)."""

@@ -142,6 +142,24 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
      "schema", "spec.adapters[0].pools[0]: Input should be 'short' or 'long'"),
     ("adapter-bad-name", with_spec(adapters=[{"name": "my adapter", "source": PVC_ADAPTER}]), "schema",
      "spec.adapters[0].name"),
+    ("replicas-and-autoscaling", with_spec(pools__long={"replicas": 2, "autoscaling": {"maxReplicas": 3}}), "cel",
+     "set replicas (2) or autoscaling, not both"),
+    ("autoscaling-and-external", with_spec(pools__long={"externalAutoscaler": True, "autoscaling": {
+        "maxReplicas": 3}}), "cel", "set autoscaling or externalAutoscaler, not both"),
+    ("autoscaling-min-above-max", with_spec(pools__long={"autoscaling": {"minReplicas": 4, "maxReplicas": 3}}),
+     "cel", "minReplicas (4) must not exceed maxReplicas (3)"),
+    ("autoscaling-kv-target-above-one", with_spec(pools__long={"autoscaling": {
+        "maxReplicas": 3, "metric": "kv-cache-usage", "target": 80}}), "cel", "kv-cache-usage is a fraction"),
+    ("autoscaling-short-at-zero", with_spec(pools__short={"autoscaling": {"minReplicas": 0, "maxReplicas": 3}}),
+     "cel", "short.autoscaling.minReplicas must be at least 1"),
+    ("long-sleeps-short-disabled", with_spec(pools={"short": {"enabled": False}, "long": {"autoscaling": {
+        "minReplicas": 0, "maxReplicas": 3}}}), "cel", "needs a running short pool (short is disabled)"),
+    ("long-sleeps-short-at-zero", with_spec(pools={"short": {"replicas": 0}, "long": {"autoscaling": {
+        "minReplicas": 0, "maxReplicas": 3}}}), "cel", "needs a running short pool (short is at replicas 0)"),
+    ("autoscaling-unknown-metric", with_spec(pools__long={"autoscaling": {"maxReplicas": 3, "metric": "gpu"}}),
+     "schema", "metric"),
+    ("autoscaling-without-max", with_spec(pools__long={"autoscaling": {"minReplicas": 0}}), "schema",
+     "maxReplicas"),
 ]
 
 

@@ -1,0 +1,84 @@
+"""Autoscaling in the planner: class defaults fill what the spec leaves out, the starting count, and the refusals
+that keep a sleeping long pool from breaking short requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.planning.helpers import make_plan, make_spec
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.spec import AutoscalingMetric
+from vllm_operator.api.workload_class import VLLMWorkloadClassSpec
+from vllm_operator.planning import RemediationState, plan, profiles
+
+
+def test_no_autoscaling_keeps_replicas() -> None:
+    p = make_plan(pools={"long": {"replicas": 3}})
+    assert p.pools["long"].autoscaling is None and p.pools["long"].replicas == 3
+
+
+@pytest.mark.parametrize(("klass", "pool", "low", "metric", "target", "idle"), [
+    ("chat", "short", 1, "num-requests-waiting", 4, 600),
+    ("chat", "long", 0, "num-requests-waiting", 2, 600),
+    ("multi-turn", "long", 0, "num-requests-waiting", 2, 900),
+    ("rag", "long", 1, "num-requests-waiting", 2, 600),
+    ("long-doc", "long", 1, "kv-cache-usage", 0.8, 600),
+])
+def test_class_defaults_fill_unset_fields(klass: str, pool: str, low: int, metric: str, target: float,
+                                         idle: int) -> None:
+    p = make_plan(workloadClass=klass, pools={pool: {"autoscaling": {"maxReplicas": 4}}})
+    a = p.pools[pool].autoscaling
+    assert a is not None
+    assert (a.min_replicas, a.max_replicas, a.metric, a.target, a.scale_down_stabilization_seconds,
+            a.idle_seconds) == (low, 4, metric, target, 300, idle)
+
+
+def test_spec_overrides_class_and_replicas_start_at_least_one() -> None:
+    p = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "metric": "num-requests-running",
+                                                  "scaleDownStabilizationSeconds": 5, "idleSeconds": 7}}})
+    a = p.pools["long"].autoscaling
+    assert a is not None and (a.min_replicas, a.metric, a.target, a.scale_down_stabilization_seconds,
+                              a.idle_seconds) == (0, "num-requests-running", 4, 5, 7)
+    assert p.pools["long"].replicas == 1, "a new minReplicas-0 pool starts with one replica and sleeps when idle"
+    assert make_plan(pools={"short": {"autoscaling": {"minReplicas": 3, "maxReplicas": 5}}}).pools["short"].replicas \
+        == 3
+
+
+def test_class_min_is_capped_by_max() -> None:
+    p = make_plan(workloadClass="rag", pools={"long": {"autoscaling": {"maxReplicas": 1}}})
+    assert p.pools["long"].autoscaling is not None and p.pools["long"].autoscaling.min_replicas == 1
+
+
+def test_class_default_zero_needs_a_running_short_pool() -> None:
+    """chat's long pool sleeps by default; with the short pool off nothing would answer, so the plan is refused."""
+    with pytest.raises(SpecError) as err:
+        make_plan(pools={"short": {"enabled": False}, "long": {"autoscaling": {"maxReplicas": 2}}})
+    assert err.value.field == "spec.pools.long.autoscaling.minReplicas"
+    assert "needs a running short pool (short is disabled)" in err.value.message
+
+
+def test_custom_class_cannot_put_the_short_pool_to_sleep() -> None:
+    builtin = profiles.to_class_spec(profiles.profile("chat")).to_wire()
+    builtin["pools"]["short"]["autoscaling"] = {"minReplicas": 0, "metric": "num-requests-waiting", "target": 4,
+                                                "scaleDownStabilizationSeconds": 60, "idleSeconds": 60}
+    with pytest.raises(ValueError, match=r"short\.autoscaling\.minReplicas must be at least 1"):
+        VLLMWorkloadClassSpec.model_validate(builtin)
+
+
+def test_class_without_autoscaling_gets_generic_defaults() -> None:
+    spec = profiles.to_class_spec(profiles.profile("chat"))
+    bare = spec.model_copy(update={"pools": spec.pools.model_copy(update={
+        "long": spec.pools.long.model_copy(update={"autoscaling": None})})})
+    klass = profiles.from_class("mine", bare)
+    assert klass.autoscaling("long") == profiles.LONG_AUTOSCALING
+    p = plan(make_spec(pools={"long": {"autoscaling": {"maxReplicas": 2}}}), None, RemediationState(), name="demo",
+             namespace="ns", workload_class=klass)
+    assert p.pools["long"].autoscaling is not None and p.pools["long"].autoscaling.min_replicas == 1
+
+
+def test_builtin_classes_round_trip_their_autoscaling() -> None:
+    for prof in profiles.PROFILES.values():
+        back = profiles.from_class(prof.name, profiles.to_class_spec(prof))
+        for pool in ("short", "long"):
+            assert back.autoscaling(pool) == prof.autoscaling(pool)
+    assert profiles.profile("long-doc").autoscaling("long").metric is AutoscalingMetric.KV_CACHE_USAGE
