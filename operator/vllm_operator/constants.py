@@ -123,6 +123,8 @@ METRIC_CACHE_CONFIG_INFO: Final = "cache_config_info"
 METRIC_ENGINE_RESTARTS: Final = "vllm_operator_engine_restarts"
 METRIC_ROUTER_PREFIX: Final = "vllm_operator_router"
 METRIC_ROUTER_HELD: Final = f"{METRIC_ROUTER_PREFIX}_held_requests"
+KEDA_POLLING_INTERVAL_S: Final = 15
+"""How often KEDA evaluates a ScaledObject's activation (0 <-> 1) (docs/architecture.md, Autoscaling)."""
 """Requests the router holds for a pool that has no ready endpoint (a pool at zero waking up), by `pool`: the signal
 that exists while the pool has no pods, so KEDA's activation trigger wakes it (docs/architecture.md, Autoscaling)."""
 

@@ -62,6 +62,11 @@ class PoolRoute(ApiModel):
         default=RoutingStrategy.LEAST_OUTSTANDING,
         description="least-outstanding or prefix: how a replica of this pool is picked.")
     prefix: PrefixRouting = Field(default_factory=PrefixRouting, description="Settings of the prefix strategy.")
+    wake_seconds: float | None = Field(
+        default=None, gt=0,
+        description="The pool may sleep at zero replicas: a request finding no healthy endpoint is held up to this "
+                    "long (exported as held requests, which wake the pool) and then answered 503 with Retry-After; "
+                    "unset: answered 503 at once.")
 
 
 class PoolRoutes(ApiModel):

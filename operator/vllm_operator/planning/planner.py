@@ -627,11 +627,32 @@ its replicas, so a scale step never rewrites router.json)."""
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
     engine_blocks = pool.kv.planned_tokens // block * PREFIX_INDEX_REPLICAS
     index = min(max(engine_blocks, PREFIX_INDEX_MIN_BLOCKS), PREFIX_INDEX_MAX_BLOCKS)
+    sleeps = pool.enabled and pool.autoscaling is not None and pool.autoscaling.min_replicas == 0
     return PoolRoute(enabled=pool.enabled, max_model_len=pool.max_model_len, max_tokens=pool.max_tokens,
                      service=ServiceRef(namespace=namespace, name=names.pool(name, pool.name),
                                         port=constants.ENGINE_PORT),
                      strategy=_strategy(spec, pool.name, klass),
-                     prefix=PrefixRouting(block_tokens=block, index_blocks=index))
+                     prefix=PrefixRouting(block_tokens=block, index_blocks=index),
+                     wake_seconds=wake_budget(acc.is_gpu, _timeouts(spec).total_seconds) if sleeps else None)
+
+
+# The wake chain of a pool at zero, each link at its default or a measured bound: Prometheus scrapes the router's
+# held-requests gauge (its default 30 s interval; the PodMonitor sets none), KEDA evaluates activation every
+# KEDA_POLLING_INTERVAL_S, the HPA controller syncs every 15 s (kube-controller-manager's default), the scheduler binds
+# and the kubelet starts the container (image present), and the engine loads: 90-150 s measured on an H200, ~40 s on
+# CPU here, each with a margin.
+WAKE_SCRAPE_S = 30
+WAKE_HPA_SYNC_S = 15
+WAKE_POD_START_S = 30
+WAKE_ENGINE_START_S = {True: 180, False: 90}
+
+
+def wake_budget(gpu: bool, total_seconds: float) -> float:
+    """How long the router holds a request for a sleeping pool: the whole wake chain, within the request's own
+    total timeout (less 10 % for the answer itself)."""
+    chain = WAKE_SCRAPE_S + constants.KEDA_POLLING_INTERVAL_S + WAKE_HPA_SYNC_S + WAKE_POD_START_S \
+        + WAKE_ENGINE_START_S[gpu]
+    return float(min(chain, total_seconds * 0.9))
 
 
 # --- the whole plan -------------------------------------------------------------------------------------------------

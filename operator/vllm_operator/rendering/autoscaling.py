@@ -25,7 +25,7 @@ from vllm_operator.rendering import common
 
 API_VERSION = "keda.sh/v1alpha1"
 KIND = "ScaledObject"
-POLLING_INTERVAL_S = 15
+POLLING_INTERVAL_S = constants.KEDA_POLLING_INTERVAL_S
 """How often KEDA evaluates activation (0 <-> 1); scaling between 1 and N follows the HPA's own sync period."""
 
 _METRICS = {

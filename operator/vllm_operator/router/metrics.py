@@ -191,6 +191,9 @@ class RouterMetrics:
             f"{PREFIX}_endpoints", "Known endpoints by pool and state (healthy, ejected).", ["pool", "state"])
         self.in_flight = _Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being forwarded, by pool.", ["pool"])
+        self.held = _Gauge(
+            constants.METRIC_ROUTER_HELD, "Requests held for a pool with no healthy endpoint while it wakes from zero "
+            "replicas (KEDA's activation signal), by pool.", ["pool"])
         self.client_disconnects = _Counter(
             f"{PREFIX}_client_disconnects", "Clients that went away before the answer was complete.", ["pool"])
         self.token_counts = _Counter(

@@ -55,6 +55,8 @@ HEADER_COUNT_METHOD: Final = "x-vllm-operator-prompt-tokens-method"
 HEADER_POOL: Final = "x-vllm-operator-pool"
 HEADER_MAX_TOKENS: Final = "x-vllm-operator-max-tokens"
 MAX_ATTEMPTS: Final = 3
+WAKE_RETRY_AFTER_S: Final = 30
+"""Retry-After of a request whose pool did not wake within its budget: the pool may still be starting its engine."""
 THREAD_COUNT_CHARS: Final = 4096
 """Prompts longer than this that need a count are tokenized in a worker thread (the tokenizer releases the GIL), so a
 long prompt does not hold the event loop; a shorter one costs the loop a few milliseconds at most. It was 32 KiB:
@@ -178,6 +180,9 @@ class Router:
         self.connect_s, self.first_byte_s, self.idle_s, self.total_s = (
             t.connect_seconds, t.first_byte_seconds, t.idle_seconds, t.total_seconds)
         self.retry_after = str(max(1, math.ceil(config.health.interval_seconds)))
+        self.wake_seconds = {name: route.wake_seconds for name, route in
+                             ((constants.POOL_SHORT, config.pools.short), (constants.POOL_LONG, config.pools.long))
+                             if route.wake_seconds is not None}
         self.access = access if access is not None else AccessLog(config.access_log)
 
     async def chat(self, request: Request) -> Response | StreamResponse:
@@ -298,6 +303,12 @@ class Router:
             if value is not None:
                 upstream_headers[name] = value
         self.metrics.overhead.observe(time.perf_counter() - start)
+        woken = await self._wake(pool_name)
+        if woken is not None:
+            self.metrics.child(self.metrics.requests, pool_name, endpoint, str(woken.status)).inc()
+            if self.access.enabled:
+                self._log_access(request, woken.status, pool_name, route.max_tokens, note, start)
+            return error_response(woken, {**headers, "Retry-After": str(WAKE_RETRY_AFTER_S)})
         in_flight = self.metrics.child(self.metrics.in_flight, pool_name)
         in_flight.inc()
         status = 0
@@ -319,6 +330,27 @@ class Router:
             self.metrics.child(self.metrics.duration, pool_name).observe(time.perf_counter() - start)
             if self.access.enabled:
                 self._log_access(request, status, pool_name, route.max_tokens, note, start)
+
+    async def _wake(self, pool_name: str) -> Refusal | None:
+        """Hold a request for a pool at zero replicas until it has a healthy endpoint (None), at most the pool's
+        wake budget; past it the refusal to answer (503). Held requests are exported per pool: KEDA's activation
+        trigger on them is what wakes the pool (docs/architecture.md, Autoscaling)."""
+        pool = self.pools[pool_name]
+        budget = self.wake_seconds.get(pool_name)
+        if budget is None or pool.healthy_count:
+            return None
+        held = self.metrics.child(self.metrics.held, pool_name)
+        held.inc()
+        waited = time.monotonic()
+        try:
+            if await pool.wait_healthy(budget):
+                log.info("Released a request held %.1f s for pool %s, which woke", time.monotonic() - waited,
+                         pool_name)
+                return None
+        finally:
+            held.dec()
+        return Refusal(503, f"The {pool_name} pool is waking from zero replicas and had no healthy endpoint within "
+                       f"{budget:.0f} s; retry later.", "pool_waking", code="pool_waking", type="service_unavailable")
 
     def _log_access(self, request: Request, status: int, pool: str, sent: int | None, note: _Note,
                     start: float) -> None:

@@ -81,6 +81,8 @@ class Pool:
         self.balancer = balancer
         self._turn = 0
         self.synced = False
+        self._awake = asyncio.Event()
+        """Set while the pool has a healthy endpoint: held requests wait on it."""
 
     def set_endpoints(self, urls: Iterable[str]) -> None:
         """Replace the set of endpoints, keeping the state (health, in-flight counts) of those that stay."""
@@ -99,6 +101,18 @@ class Pool:
         healthy = sum(1 for e in self.endpoints.values() if e.healthy)
         self.metrics.endpoints.labels(self.name, "healthy").set(healthy)
         self.metrics.endpoints.labels(self.name, "ejected").set(len(self.endpoints) - healthy)
+        if healthy:
+            self._awake.set()
+        else:
+            self._awake.clear()
+
+    async def wait_healthy(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a healthy endpoint (a pool waking from zero); True when there is one."""
+        if self.healthy_count:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._awake.wait(), timeout)
+        return self.healthy_count > 0
 
     @property
     def healthy_count(self) -> int:
