@@ -71,6 +71,7 @@ class State:
     etcd_data: str
     pids: dict[str, int] = field(default_factory=dict)
     binaries: dict[str, str] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)  # how each was started (Cluster.start_component)
 
 
 @dataclass
@@ -142,6 +143,52 @@ class Cluster:
     def stop(self) -> None:
         stop(self.state)
 
+    def stop_component(self, name: str, *, kill: bool = True, grace: float = 10) -> None:
+        """Stop one component (a control-plane fault): SIGKILL by default, as a crash; SIGTERM with `kill=False`.
+        Returns once its process is gone; `start_component` starts it again with the same command line."""
+        pid, binary = self.state.pids[name], self.state.binaries[name]
+        if _alive(pid, binary):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _alive(pid, binary) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.05)
+        if _alive(pid, binary):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            while _alive(pid, binary):
+                _reap(pid)
+                time.sleep(0.05)
+        _reap(pid)
+
+    def start_component(self, name: str, *, ready_timeout: float = 120) -> None:
+        """Start a component `stop_component` stopped, with its recorded command line, and wait until it is ready
+        (etcd healthy; the API server's /readyz; the controller manager's and the scheduler's /healthz)."""
+        if _alive(self.state.pids[name], self.state.binaries[name]):
+            raise ClusterError(f"{name} is still running (pid {self.state.pids[name]})")
+        launcher = _Launcher(self.netns, self.state)
+        proc = launcher.spawn(name, self.state.argv[name])
+        if name == "etcd":
+            deadline = time.monotonic() + ready_timeout
+            while not _etcd_healthy(self.netns):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ClusterError(f"etcd did not come back; its log ends:\n{_tail(self.log('etcd'))}")
+                time.sleep(0.2)
+            return
+        if name == "kube-apiserver":
+            context = ssl.create_default_context(cafile=str(self.ca_file))
+            admin = self.directory / "pki"
+            context.load_cert_chain(str(admin / "admin.crt"), str(admin / "admin.key"))
+            launcher.wait(name, proc, f"{self.server}/readyz", context, ready_timeout)
+            return
+        ports = {"kube-controller-manager": KCM_PORT, "kube-scheduler": SCHEDULER_PORT}
+        if name in ports:
+            plain = ssl.create_default_context()
+            plain.check_hostname = False
+            plain.verify_mode = ssl.CERT_NONE
+            launcher.wait(name, proc, f"https://{self.netns.address}:{ports[name]}/healthz", plain, ready_timeout)
+
 
 def write_kubeconfig(path: Path, server: str, ca: Path, *, user: str, cert: pki.Pair | None = None,
                      token: str | None = None, namespace: str = "default") -> None:
@@ -188,6 +235,7 @@ class _Launcher:
         log.close()
         self.state.pids[name] = proc.pid
         self.state.binaries[name] = str(argv[0])
+        self.state.argv[name] = [str(a) for a in argv]
         _save(self.state)
         return proc
 

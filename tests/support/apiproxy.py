@@ -1,0 +1,230 @@
+"""A TLS-terminating proxy in front of the real kube-apiserver, for faults a healthy API server never makes on cue.
+
+The operator under test gets a kubeconfig pointing here (its own CA, a serving certificate for the loopback
+address; the ServiceAccount's bearer token is passed through untouched, so the API server still authenticates and
+authorises the operator itself). Requests are relayed as they are; watch streams line by line, so a fault can be
+put between two events:
+
+- `hold(plural)`: open watches of that resource end (as a dropped connection would); new ones are answered 200 and
+  then kept silent — a watch that is connected but hears nothing, while the test changes objects behind it;
+- `expire(plural)`: every held watch of it gets the API server's `ERROR` event with code 410 (Gone: "too old
+  resource version") and ends, and the hold is lifted: a client must list again to continue.
+
+`requests` records (method, path, is_watch) for every request, so a test can show a relist came after the 410.
+It listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from testcluster import pki
+from testcluster.cluster import Cluster, write_kubeconfig
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+              "transfer-encoding", "upgrade", "host", "content-length"}
+GONE = json.dumps({"type": "ERROR", "object": {
+    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+    "message": "too old resource version (injected by the test proxy)", "reason": "Expired", "code": 410}}) + "\n"
+
+
+@dataclass
+class _Watch:
+    plural: str
+    held: bool = False
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: bool = False
+
+
+def _plural(path: str) -> str:
+    """The resource of a collection path: /apis/g/v/namespaces/ns/PLURAL or /api/v1/PLURAL."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+class ApiProxy:
+    """Start with `with ApiProxy(kube, workdir) as proxy:`; `proxy.kubeconfig(...)` for the client under test."""
+
+    def __init__(self, kube: Cluster, workdir: Path) -> None:
+        self.kube = kube
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        authority = pki.Authority(workdir, "proxy-ca")
+        self.ca = authority.pair.cert
+        self._serving = authority.issue("proxy", "apiproxy", server=True, ips=("127.0.0.1",))
+        self.port = 0
+        self.requests: list[tuple[str, str, bool]] = []
+        self.gone_sent = 0
+        self._held: set[str] = set()
+        self._watches: list[_Watch] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stopping: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="apiproxy", daemon=True)
+        self._error: BaseException | None = None
+
+    # --- control, from the test's thread -------------------------------------------------------------------
+
+    def __enter__(self) -> ApiProxy:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"the API proxy did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(30)
+
+    def kubeconfig(self, path: Path, token: str, namespace: str) -> Path:
+        write_kubeconfig(path, f"https://127.0.0.1:{self.port}", self.ca, user="proxied", token=token,
+                         namespace=namespace)
+        return path
+
+    def hold(self, plural: str) -> None:
+        self._call(self._hold, plural)
+
+    def expire(self, plural: str) -> None:
+        self._call(self._expire, plural)
+
+    def held_watches(self, plural: str) -> int:
+        return sum(1 for w in list(self._watches) if w.plural == plural and w.held and not w.stop.is_set())
+
+    def _call(self, fn: object, *args: object) -> None:
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(10)  # type: ignore[operator]
+
+    async def _hold(self, plural: str) -> None:
+        self._held.add(plural)
+        for watch in self._watches:
+            if watch.plural == plural:
+                watch.stop.set()
+
+    async def _expire(self, plural: str) -> None:
+        self._held.discard(plural)
+        for watch in self._watches:
+            if watch.plural == plural:
+                watch.gone = True
+                watch.stop.set()
+
+    # --- the proxy, on its own loop --------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as err:  # reported by __enter__
+            self._error = err
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        upstream = ssl.create_default_context(cafile=str(self.kube.ca_file))
+        serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        serving.load_cert_chain(str(self._serving.cert), str(self._serving.key))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=upstream), timeout=timeout,
+                                         auto_decompress=False) as session:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            async def handle(request: web.Request) -> web.StreamResponse:
+                return await self._handle(session, request)
+
+            app.router.add_route("*", "/{tail:.*}", handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+            await web.SockSite(runner, sock, ssl_context=serving).start()
+            self._ready.set()
+            await self._stopping.wait()
+            for watch in self._watches:
+                watch.stop.set()
+            await runner.cleanup()
+
+    async def _handle(self, session: aiohttp.ClientSession, request: web.Request) -> web.StreamResponse:
+        is_watch = request.query.get("watch") in {"true", "1"}
+        self.requests.append((request.method, request.path, is_watch))
+        plural = _plural(request.path)
+        if is_watch and plural in self._held:
+            return await self._held_watch(request, plural)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        # Bodies pass through as they are (gzip included: the proxy does not decompress); watch streams are read
+        # line by line, so they are asked for uncompressed.
+        headers["Accept-Encoding"] = "identity" if is_watch else request.headers.get("Accept-Encoding", "identity")
+        body = await request.read()
+        url = f"{self.kube.server}{request.path_qs}"
+        try:
+            upstream = await session.request(request.method, url, headers=headers, data=body or None)
+        except aiohttp.ClientError as err:
+            return web.Response(status=503, text=f"apiproxy: upstream unreachable: {err}")
+        async with upstream:
+            response = web.StreamResponse(status=upstream.status, headers={
+                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
+            try:
+                await response.prepare(request)
+                if is_watch and upstream.status == 200:
+                    await self._relay_watch(upstream, response, plural)
+                else:
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:
+                pass  # the client went away (an operator stopping, a watch it closed)
+            return response
+
+    async def _relay_watch(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse, plural: str) -> None:
+        watch = _Watch(plural)
+        self._watches.append(watch)
+        stop = asyncio.ensure_future(watch.stop.wait())
+        try:
+            while True:
+                line = asyncio.ensure_future(upstream.content.readline())
+                done, _ = await asyncio.wait({line, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if stop in done:
+                    line.cancel()
+                    break
+                data = line.result()
+                if not data:
+                    break
+                await response.write(data)
+            if watch.gone:
+                self.gone_sent += 1
+                await response.write(GONE.encode())
+        except (ConnectionResetError, aiohttp.ClientError):
+            pass
+        finally:
+            stop.cancel()
+            self._watches.remove(watch)
+
+    async def _held_watch(self, request: web.Request, plural: str) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        watch = _Watch(plural, held=True)
+        self._watches.append(watch)
+        try:
+            await watch.stop.wait()
+            if watch.gone:
+                self.gone_sent += 1
+                await response.write(GONE.encode())
+            await response.write_eof()
+        except ConnectionResetError:
+            pass
+        finally:
+            self._watches.remove(watch)
+        return response
+
+    def lists_after(self, index: int, plural: str) -> Iterator[str]:
+        """Paths of non-watch GETs of `plural` collections among requests[index:] (a relist)."""
+        for method, path, is_watch in self.requests[index:]:
+            if method == "GET" and not is_watch and _plural(path) == plural:
+                yield path
