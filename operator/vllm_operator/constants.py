@@ -236,6 +236,7 @@ STARTUP_PHASE_LIMITS_S: Final = {
 # The engine wrapper's own series on its status port (plain names, no `vllm:`).
 METRIC_STARTUP_PREFIX: Final = "vllm_operator_engine_"
 METRIC_STARTUP_PHASE: Final = "vllm_operator_engine_startup_phase"
+METRIC_ADAPTER_LOADED: Final = "vllm_operator_engine_adapter_loaded"
 METRIC_STARTUP_PHASE_SINCE: Final = "vllm_operator_engine_startup_phase_since_timestamp_seconds"
 METRIC_STARTUP_LAST_PROGRESS: Final = "vllm_operator_engine_startup_last_progress_timestamp_seconds"
 METRIC_STARTUP_STALLED: Final = "vllm_operator_engine_startup_stalled"

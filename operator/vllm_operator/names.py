@@ -38,3 +38,8 @@ def engines_network_policy(deployment: str) -> str:
 def monitoring(deployment: str) -> str:
     """PodMonitor and PrometheusRule."""
     return dns_label(deployment, "vllm-operator")
+
+
+def adapters(deployment: str) -> str:
+    """The adapters ConfigMap the engine wrappers follow (one key per pool)."""
+    return dns_label(deployment, "adapters")

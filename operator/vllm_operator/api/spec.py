@@ -624,7 +624,8 @@ class AdapterSource(ApiModel):
     hugging_face: AdapterHuggingFace | None = Field(default=None, description="Hugging Face Hub source.")
     pvc: PVCSource | None = Field(
         default=None, description="A directory on a PersistentVolumeClaim, mounted read-only in the engine pods "
-                                  "(a claim no other adapter uses yet is a new volume: adding it rolls the engines).")
+                                  "while any adapter on it is listed (the first adapter on a claim, and removing "
+                                  "the last one, change the pod's volumes and so roll the engines).")
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

@@ -79,6 +79,13 @@ class RestartBudgetStatus(ApiModel):
         description="pod/container/restartCount keys of terminations already counted (bounded).")
 
 
+class AdapterStatus(ApiModel):
+    """One LoRA adapter of a pool, as the pool's engine wrappers report it."""
+
+    name: Annotated[str, StringConstraints(max_length=128)] = Field(description="Adapter name.")
+    loaded_replicas: int = Field(ge=0, description="Engine pods (of those with fresh metrics) that loaded it.")
+
+
 class PoolStatus(ApiModel):
     """Observed state of one pool."""
 
@@ -108,6 +115,10 @@ class PoolStatus(ApiModel):
                                   "65,536 tokens, last progress 12s ago (limit 1200s).")
     startup_pod: Annotated[str, StringConstraints(max_length=253)] | None = Field(
         default=None, description="The pod the startup fields describe.")
+    adapters: list[AdapterStatus] | None = Field(
+        default=None, max_length=64,
+        description="LoRA adapters the pool's adapters file lists, with how many engine pods loaded each (from the "
+                    "engine wrappers' metrics); unset without LoRA.")
 
 
 class PoolsStatus(ApiModel):

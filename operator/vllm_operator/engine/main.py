@@ -14,6 +14,8 @@ tell a slow start from a hung one. This wrapper
   in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
   startup probe, `/status`, `/metrics`);
 * stops vLLM when a start-up phase goes its limit without advancing (exit code 83, StartupStalled);
+* with `--adapters-file`, loads and unloads LoRA adapters in the serving vLLM as that file lists them
+  (`adapters.py`: the adapters ConfigMap, followed without restarting vLLM);
 * watches the log for "CUDA out of memory" / `OutOfMemoryError`, "EngineCore encountered a fatal error" (and the
   engine core dying), and the start-up "KV cache is needed, which is larger than the available KV cache memory";
 * exits with the distinct exit codes of the contract module (`constants.py`) and writes one JSON line to the
@@ -23,6 +25,7 @@ tell a slow start from a hung one. This wrapper
 Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY] [--termination-message-path P]
                             [--preflight auto|off|required] [--preflight-required-bytes N]
                             [--status-host H] [--status-port N] [--phase-limit PHASE=SECONDS ...]
+                            [--adapters-file PATH]
                             -- vllm serve MODEL ARGS…
 """
 
@@ -45,7 +48,7 @@ from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import downloads, phases, preflight, status
+from vllm_operator.engine import adapters, downloads, phases, preflight, status
 
 log = logging.getLogger("vllm_operator.engine")
 
@@ -225,6 +228,10 @@ class StartupOptions:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     watch_interval_s: float = WATCH_INTERVAL_S
     stop_grace_s: float = STALL_STOP_GRACE_S
+    adapters_file: str | None = None
+    """The pool's adapters file (`engine/adapters.py`); None: no LoRA adapters to follow."""
+    engine_url: str = f"http://127.0.0.1:{constants.ENGINE_PORT}"
+    adapters_interval_s: float = adapters.INTERVAL_S
 
 
 def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: StartupOptions, stop: threading.Event,
@@ -258,6 +265,11 @@ def run(command: Sequence[str], *, termination_path: str, startup: StartupOption
     scanner = Scanner()
     stop = threading.Event()
     monitor = status.Monitor(phases.Tracker(started_at=time.time(), limits=options.limits))
+    syncer = adapters.Syncer(options.adapters_file, options.engine_url) if options.adapters_file else None
+    if syncer is not None:
+        monitor.adapters = syncer.snapshot
+        threading.Thread(target=syncer.run, args=(lambda: monitor.serving, stop, options.adapters_interval_s),
+                         name="engine-adapters", daemon=True).start()
     server = None
     if options.status_port is not None:
         try:
@@ -347,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
                         + ")")
     p.add_argument("--watch-interval", type=float, default=WATCH_INTERVAL_S, metavar="SECONDS",
                    help=f"how often the Hub cache is measured and the limits checked (default {WATCH_INTERVAL_S:.0f})")
+    p.add_argument("--adapters-file", default=None, metavar="PATH",
+                   help="LoRA adapters file to follow (the adapters ConfigMap's <pool>.json): adapters are loaded "
+                        "and unloaded in the running vLLM through its runtime endpoints as the file changes")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -394,7 +409,8 @@ def main(argv: Sequence[str]) -> int:
         return result.exit_code
     log.info("Starting %s", " ".join(cmd))
     startup = StartupOptions(status_host=args.status_host, status_port=args.status_port or None, limits=limits,
-                             model=model_of(command), watch_interval_s=max(0.1, args.watch_interval))
+                             model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
+                             adapters_file=args.adapters_file, engine_url=adapters.engine_url(command))
     return run(cmd, termination_path=args.termination_message_path, startup=startup)
 
 

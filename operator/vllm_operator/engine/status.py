@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,6 +46,7 @@ METRIC_DOWNLOAD_TOTAL = constants.METRIC_STARTUP_DOWNLOAD_TOTAL
 METRIC_KV_TOKENS = constants.METRIC_STARTUP_KV_TOKENS
 METRIC_DURATION = constants.METRIC_STARTUP_DURATION
 METRIC_PROCESS_START = constants.METRIC_PROCESS_START
+METRIC_ADAPTER_LOADED = constants.METRIC_ADAPTER_LOADED
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -55,6 +56,8 @@ class Monitor:
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
         self._lock = threading.Lock()
+        self.adapters: Callable[[], dict[str, Any]] | None = None
+        """The adapter syncer's snapshot (`engine/adapters.py`), when the engine serves LoRA adapters."""
 
     def feed(self, line: str, now: float | None = None) -> bool:
         with self._lock:
@@ -85,7 +88,10 @@ class Monitor:
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         with self._lock:
-            return self._tracker.to_json(time.time() if now is None else now)
+            out = self._tracker.to_json(time.time() if now is None else now)
+        if self.adapters is not None:
+            out["adapters"] = self.adapters()
+        return out
 
     @property
     def phase(self) -> Phase:
@@ -129,6 +135,12 @@ class _Collector(Collector):
         for name, seconds in s["durations"].items():
             durations.add_metric([name], float(seconds))
         yield durations
+        if "adapters" in s:
+            loaded = GaugeMetricFamily(METRIC_ADAPTER_LOADED, "1 for a LoRA adapter loaded in vLLM, 0 for one the "
+                                       "adapters file lists that is not (pending or failed).", labels=["adapter"])
+            for name in sorted(set(s["adapters"]["wanted"]) | set(s["adapters"]["loaded"])):
+                loaded.add_metric([name], 1.0 if name in s["adapters"]["loaded"] else 0.0)
+            yield loaded
 
 
 def metrics_text(monitor: Monitor) -> bytes:

@@ -167,6 +167,8 @@ class PoolDiagnosis:
     startup: StartupView | None = None
     """The least advanced start among the pool's pods (Serving when all serve); None without wrapper metrics."""
     startup_pod: str | None = None
+    adapters: tuple[tuple[str, int], ...] | None = None
+    """(adapter, pods that loaded it) over the pool's fresh pods; None when no pod reports adapters."""
 
     @property
     def available(self) -> int:
@@ -329,6 +331,10 @@ def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, no
     return out(State.HEALTHY, f"pod {pod.name} is ready", available=True)
 
 
+def _adapters(value: object) -> tuple[tuple[str, int], ...] | None:
+    return value if isinstance(value, tuple) else None
+
+
 def _pool_metric_states(pool: str, pods: tuple[PodDiagnosis, ...], snap: Snapshot, settings: HealthSettings
                         ) -> tuple[set[State], dict[str, object], list[str]]:
     states: set[State] = set()
@@ -366,6 +372,13 @@ def _pool_metric_states(pool: str, pods: tuple[PodDiagnosis, ...], snap: Snapsho
     kv_tokens = [m.kv_cache_tokens for m in fresh_pods if m.kv_cache_tokens is not None]
     if kv_tokens:
         facts["observed_kv_tokens"] = min(kv_tokens)
+    reports = [m.adapters for m in fresh_pods if m.adapters is not None]
+    if reports:
+        loaded: dict[str, int] = {}
+        for report in reports:
+            for name, ok in report:
+                loaded[name] = loaded.get(name, 0) + int(ok)
+        facts["adapters"] = tuple(sorted(loaded.items()))
     return states, facts, notes
 
 
@@ -408,7 +421,8 @@ def diagnose(snap: Snapshot, settings: HealthSettings) -> Diagnosis:
             length_watch=bool(mfacts.get("length_watch", False)), kv_usage=_float(mfacts.get("kv_usage")),
             preemptions=_float(mfacts.get("preemptions")),
             observed_kv_tokens=_int(mfacts.get("observed_kv_tokens")), terminations=terms,
-            startup=behind[0] if behind else None, startup_pod=behind[1] if behind else None)
+            startup=behind[0] if behind else None, startup_pod=behind[1] if behind else None,
+            adapters=_adapters(mfacts.get("adapters")))
     reason, message = _metrics_summary(snap, pools)
     return Diagnosis(taken_at=now, pools=pools, metrics_available=reason == "Scraped", metrics_reason=reason,
                      metrics_message=message)

@@ -33,6 +33,7 @@ from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.api.status import (
     RESTART_HISTORY_MAX,
     STEP_DOWN_HISTORY_MAX,
+    AdapterStatus,
     Condition,
     ConditionStatus,
     PoolsStatus,
@@ -292,6 +293,8 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
     st.startup_pod = pd.startup_pod if start is not None else None
     if pd.observed_kv_tokens is not None:
         st.observed_kv_tokens = pd.observed_kv_tokens
+    if pd.adapters is not None:
+        st.adapters = [AdapterStatus(name=n, loaded_replicas=k) for n, k in pd.adapters]
     return out
 
 

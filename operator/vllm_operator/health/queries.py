@@ -75,6 +75,8 @@ class DeploymentQueries:
     startup_download_total: str
     startup_kv_tokens: str
     process_start: str
+    adapters_loaded: str
+    """One series per pod and adapter: 1 loaded by the engine wrapper, 0 listed but not (pending or failed)."""
 
 
 def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s: float) -> DeploymentQueries:
@@ -109,4 +111,5 @@ def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s:
         startup_download_total=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD_TOTAL)})",
         startup_kv_tokens=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_KV_TOKENS)})",
         process_start=f"max by ({BY_POD}) ({wrapped(constants.METRIC_PROCESS_START)})",
+        adapters_loaded=f"max by ({BY_POD}, adapter) ({wrapped(constants.METRIC_ADAPTER_LOADED)})",
     )

@@ -117,6 +117,8 @@ class PodMetrics:
     startup_kv_tokens: int | None = None
     process_start: float | None = None
     """When the wrapper launched the current vLLM process."""
+    adapters: tuple[tuple[str, bool], ...] | None = None
+    """(adapter, loaded) per adapter the pod's adapters file lists, from its wrapper; None without LoRA."""
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,12 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
                     entry["kv_cache_tokens"] = int(tokens)
             else:
                 entry[renamed.get(key, key)] = sample.value
+    for sample in r["adapters_loaded"]:
+        pod, adapter = sample.labels.get("pod", ""), sample.labels.get("adapter", "")
+        if pod and adapter:
+            entry = pods.setdefault(pod, {})
+            entry["adapters"] = tuple(sorted((*entry.get("adapters", ()), (adapter, sample.value >= 1))))
+            pools.setdefault(pod, sample.labels.get("pool", ""))
     pod_metrics = {pod: PodMetrics(pod=pod, pool=pools.get(pod, ""), **values) for pod, values in pods.items()}
     finished = {s.labels.get("pool", ""): s.value for s in r["finished"]}
     length = {s.labels.get("pool", ""): s.value for s in r["finished_length"]}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from vllm_operator.api import remediation
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.spec import VLLMDeploymentSpec
-from vllm_operator.rendering import autoscaling, common, engine, monitoring, policy, router, services
+from vllm_operator.rendering import adapters, autoscaling, common, engine, monitoring, policy, router, services
 from vllm_operator.rendering.options import RenderOptions
 
 __all__ = ["RenderOptions", "render"]
@@ -36,6 +36,9 @@ def render(plan: Plan, spec: VLLMDeploymentSpec, *, options: RenderOptions | Non
                     policy.pool_pdb(plan, pool)]
         if pool.autoscaling is not None and opts.prometheus_url:
             objects.append(autoscaling.scaled_object(plan, pool, opts.prometheus_url))
+    lora = adapters.config_map(plan, spec)
+    if lora is not None:
+        objects.append(lora)
     objects += [
         router.config_map(plan),
         router.service_account(plan),

@@ -66,7 +66,7 @@ from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan, PoolPlan
 from vllm_operator.api.spec import PoolSpec, VLLMDeploymentSpec
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.rendering import common
+from vllm_operator.rendering import adapters, common
 
 CONTAINER = "engine"
 PORT_NAME = "http"
@@ -79,6 +79,7 @@ ENGINE_COMMAND = ("vllm-operator", "engine", "--", "vllm", "serve")
 
 SHM_VOLUME = "dshm"
 MODEL_VOLUME = "models"
+ADAPTERS_VOLUME = "adapters"
 SHM_GIB_PER_GPU = 2
 SHM_GIB_CPU = 1
 
@@ -175,6 +176,37 @@ def resources(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> dict[str,
     return out
 
 
+def adapter_claims(pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[str]:
+    """The PVCs the pool's PVC-sourced adapters live on, each mounted once at /adapters/<claim>."""
+    served = set(pool.adapters)
+    return sorted({a.source.pvc.claim_name for a in spec.adapters or []
+                   if a.name in served and a.source.pvc is not None})
+
+
+def adapter_volumes(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec,
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts) for a pool with LoRA on: the adapters ConfigMap as a directory (no subPath, so the
+    kubelet updates it in place and the wrapper sees adapters come and go) and each adapter PVC, read-only."""
+    if not adapters.lora_enabled(pool):
+        return [], []
+    vols: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "configMap": {"name": names.adapters(plan.name)}}]
+    mounts: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "mountPath": constants.ADAPTERS_MOUNT,
+                                     "readOnly": True}]
+    for claim in adapter_claims(pool, spec):
+        volume = names.dns_label("adapter", claim.replace(".", "-"))
+        vols.append({"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": volume, "mountPath": f"{constants.ADAPTERS_PVC_ROOT}/{claim}", "readOnly": True})
+    return vols, mounts
+
+
+def command(pool: PoolPlan) -> list[str]:
+    """`vllm-operator engine [--adapters-file F] -- vllm serve MODEL`."""
+    wrapper, launch = list(ENGINE_COMMAND[:2]), list(ENGINE_COMMAND[2:])
+    if adapters.lora_enabled(pool):
+        wrapper.append(f"--adapters-file={constants.ADAPTERS_MOUNT}/{adapters.file_name(pool.name)}")
+    return [*wrapper, *launch, pool.model]
+
+
 def volumes(plan: Plan, spec: VLLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts) for /dev/shm and /models."""
     shm_gib = SHM_GIB_PER_GPU * plan.accelerator.count if plan.accelerator.is_gpu else SHM_GIB_CPU
@@ -238,11 +270,13 @@ def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec, images: Ima
     """The engine Deployment of one (enabled) pool (`images`: the operator's image settings, for pull secrets)."""
     gpu = plan.accelerator.is_gpu
     vols, mounts = volumes(plan, spec)
+    lora_vols, lora_mounts = adapter_volumes(plan, pool, spec)
+    vols, mounts = vols + lora_vols, mounts + lora_mounts
     failures = startup_failure_threshold(plan, pool, spec)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": pool.image,
-        "command": [*ENGINE_COMMAND, pool.model],
+        "command": command(pool),
         "args": list(pool.engine_args),
         "env": env(plan, pool, spec),
         "ports": [{"name": PORT_NAME, "containerPort": constants.ENGINE_PORT, "protocol": "TCP"},

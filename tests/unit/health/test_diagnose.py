@@ -191,3 +191,11 @@ def test_classify(raw: dict[str, Any], expect: State | None) -> None:
     facts = pod_facts(pod("a", ready=False, started_ago=2, restarts=1, last=raw))
     assert facts.last_termination is not None
     assert classify(facts.last_termination) is expect
+
+
+def test_adapters_counted_over_fresh_pods() -> None:
+    snap = snapshot([pod("a"), pod("b")], {"a": busy("a", adapters=(("x", True), ("y", False))),
+                                           "b": busy("b", adapters=(("x", True), ("y", True)))})
+    assert diagnose(snap, S).pools["short"].adapters == (("x", 2), ("y", 1))
+    plain = snapshot([pod("a")], {"a": busy("a")})
+    assert diagnose(plain, S).pools["short"].adapters is None

@@ -320,3 +320,8 @@ def test_startup_phase_reaches_pool_status_and_a_stuck_start_degrades() -> None:
     served = run([pod("a")], {"a": busy("a", **serving_since(30))}, status=stuck.status)
     entry = served.status.pools.short if served.status.pools else None
     assert entry is not None and entry.startup_phase == "Serving" and entry.startup_progress is None
+
+
+def test_loaded_adapters_go_into_status() -> None:
+    d = run([pod("a")], {"a": busy("a", adapters=(("sql", True), ("new", False)))})
+    assert [(a.name, a.loaded_replicas) for a in short(d).adapters or []] == [("new", 0), ("sql", 1)]
