@@ -117,6 +117,10 @@ class RouterConfig(ApiModel):
     max_body_bytes: int = Field(ge=1024, description="Largest request body accepted (413 above).")
     health: HealthCheckConfig = Field(default_factory=HealthCheckConfig, description="Endpoint health checking.")
     port: int = Field(default=8080, ge=1, le=65535, description="Port the router listens on.")
+    adapters: dict[Text, list[Text]] | None = Field(
+        default=None,
+        description="LoRA adapters clients may name as `model`, each with the pools that serve it (router.json "
+                    "changes with the list and rolls the routers; the engines load adapters without a restart).")
     access_log: bool = Field(
         default=True, description="Log one INFO line per model request (method, path, status, pool, tier, prompt "
         "tokens, max_tokens before and after the router, upstream, latency).")

@@ -823,7 +823,9 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
         api_keys_dir=API_KEYS_DIR if routing and routing.api_key_secret_ref else None,
         max_body_bytes=(routing.max_body_bytes if routing and routing.max_body_bytes else DEFAULT_MAX_BODY_BYTES),
         health=HealthCheckConfig(), port=constants.ROUTER_PORT,
-        access_log=spec.router.access_log is not False if spec.router else True)
+        access_log=spec.router.access_log is not False if spec.router else True,
+        adapters={a: [p.name for p in (short, long) if a in p.adapters]
+                  for a in sorted({n for p in (short, long) for n in p.adapters})} or None)
     result = Plan(name=name, namespace=namespace, workload_class=klass.name,
                   workload_class_generation=klass.generation,
                   engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},

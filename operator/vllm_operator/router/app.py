@@ -5,7 +5,9 @@ port with `serve()`, while `main()` only parses arguments and runs it.
 
 `/health` answers 200 when at least one enabled pool has a healthy endpoint (the router can serve something), else
 503 — it is the router pod's readiness probe. `/livez` is always 200 while the event loop runs (liveness).
-`/v1/models` is answered locally from router.json (the engines serve the same name).
+`/v1/models` is answered locally from router.json: the base model and its LoRA adapters (parent: the base model).
+No other path reaches an engine: vLLM's unauthenticated `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
+(and everything else it serves) answer 404 here; only the engine wrapper inside the pod calls them.
 """
 
 from __future__ import annotations
@@ -88,11 +90,17 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
 
     app.lifespans.append(lifespan)
 
+    enabled = [r.max_model_len for r in routes.values() if r.enabled]
+    cards = [{"id": config.model, "object": "model", "created": 0, "owned_by": constants.APP_NAME,
+              "root": config.model, "parent": None, "max_model_len": max(enabled, default=0)}]
+    for name, served_by in sorted((config.adapters or {}).items()):
+        lengths = [r.max_model_len for p, r in routes.items() if r.enabled and p in served_by]
+        cards.append({"id": name, "object": "model", "created": 0, "owned_by": constants.APP_NAME, "root": name,
+                      "parent": config.model, "max_model_len": max(lengths, default=0)})
+    models_body = json.dumps({"object": "list", "data": cards}).encode()
+
     async def models(request: Request) -> Response:
-        enabled = [r.max_model_len for r in routes.values() if r.enabled]
-        card = {"id": config.model, "object": "model", "created": 0, "owned_by": constants.APP_NAME,
-                "root": config.model, "parent": None, "max_model_len": max(enabled, default=0)}
-        return Response(200, json.dumps({"object": "list", "data": [card]}).encode(), content_type=_JSON)
+        return Response(200, models_body, content_type=_JSON)
 
     async def health(request: Request) -> Response:
         state = {name: {"enabled": routes[name].enabled, "healthy": pool.healthy_count,

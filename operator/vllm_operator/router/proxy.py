@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -112,11 +113,26 @@ class _Timeout(Exception):
                        type="timeout_error")
 
 
+def adapter_limits(limits: Limits, pools: Sequence[str]) -> Limits:
+    """`limits` with the pools that do not serve an adapter disabled."""
+    return dataclasses.replace(
+        limits, short=dataclasses.replace(limits.short, enabled=limits.short.enabled and limits.short.name in pools),
+        long=dataclasses.replace(limits.long, enabled=limits.long.enabled and limits.long.name in pools))
+
+
+def model_not_found(model: object) -> Refusal:
+    """OpenAI's answer for a model it does not serve (404, invalid_request_error, code model_not_found); the
+    official clients raise NotFoundError for it."""
+    return Refusal(404, f"The model `{model}` does not exist or you do not have access to it.", REASON_INVALID,
+                   param="model", code="model_not_found")
+
+
 class _Prepared:
-    __slots__ = ("body", "chat", "client_usage", "count", "prompt", "route", "stream")
+    __slots__ = ("body", "chat", "client_usage", "count", "limits", "prompt", "route", "stream")
 
     def __init__(self, chat: bool, stream: bool, client_usage: bool, route: Route, count: Count, body: bytes,
-                 prompt: Prompt):
+                 prompt: Prompt, limits: Limits):
+        self.limits = limits
         self.prompt = prompt
         self.chat = chat
         self.stream = stream
@@ -171,6 +187,10 @@ class Router:
                  metrics: RouterMetrics, upstream: http1.Pool, access: AccessLog | None = None) -> None:
         self.config = config
         self.limits = Limits.from_config(config)
+        self.model_limits = {config.model: self.limits, **{
+            name: adapter_limits(self.limits, pools) for name, pools in (config.adapters or {}).items()}}
+        """The limits per model name a request may send: the base model's, and each adapter's with the pools that
+        do not serve it disabled (so length routing, caps and the fallback see only pools that can answer)."""
         self.counter = counter
         self.auth = auth
         self.pools = pools
@@ -222,9 +242,9 @@ class Router:
         model = body.get("model")
         if model is None:
             return _bad("'model' is a required field", param="model")
-        if model != self.config.model:
-            return Refusal(404, f"The model `{model}` does not exist.", REASON_INVALID, param="model",
-                           code="model_not_found", type="NotFoundError")
+        model_limits = self.model_limits.get(model) if isinstance(model, str) else None
+        if model_limits is None:
+            return model_not_found(model)
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
             return _bad(f"'stream' must be a boolean, got {stream!r}", param="stream")
@@ -235,7 +255,7 @@ class Router:
         if refusal is not None:
             return refusal
         note.requested = requested
-        limits, param = self.limits, "messages" if chat else "prompt"
+        limits, param = model_limits, "messages" if chat else "prompt"
 
         def decide_at(n: int) -> Decision:
             return decide(n, requested, tier, limits, prompt_param=param)
@@ -258,13 +278,14 @@ class Router:
             if not client_usage:
                 body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         out = _encode(body)
-        return _Prepared(chat, bool(stream), client_usage, decision, count, out, prompt)
+        return _Prepared(chat, bool(stream), client_usage, decision, count, out, prompt, limits)
 
-    def _choose_pool(self, route: Route) -> str:
-        """The decided pool, or the long one when the short pool has nobody healthy and the long pool can take it."""
+    def _choose_pool(self, route: Route, limits: Limits) -> str:
+        """The decided pool, or the long one when the short pool has nobody healthy and the long pool can take it
+        (and serves the requested model)."""
         name = route.pool
         if name == constants.POOL_SHORT and self.pools[name].healthy_count == 0:
-            long = self.limits.long
+            long = limits.long
             if long.enabled and self.pools[long.name].healthy_count > 0 and route.max_tokens <= long.max_tokens:
                 self.metrics.pool_fallbacks.inc()
                 return long.name
@@ -288,7 +309,7 @@ class Router:
             return error_response(refusal, {HEADER_PROMPT_TOKENS: str(counted.tokens),
                                             HEADER_COUNT_METHOD: counted.method})
         route = prepared.route
-        pool_name = self._choose_pool(route)
+        pool_name = self._choose_pool(route, prepared.limits)
         for cap in route.clamps:
             self.metrics.child(self.metrics.clamps, pool_name, cap).inc()
         headers = {
