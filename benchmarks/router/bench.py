@@ -649,7 +649,7 @@ def profile(args: argparse.Namespace, stack: Stack, work: Path) -> dict[str, Any
             collapsed = work / f"profile-{variant}-{wl}.txt"
             spy = subprocess.Popen([*pinned(LOAD_CORE), str(pyspy), "record", "--pid", str(pid), "--rate",
                                     "200", "--duration", str(int(args.max_seconds) + 1), "--format", "raw",
-                                    "--output", str(collapsed), "--nonblocking"],
+                                    "--output", str(collapsed), *(["--native"] if args.native else ["--nonblocking"])],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(0.5)
             res = run_wrk(url, body_file, lua, args.chat_connections if wl == "chat" else args.stream_connections,
@@ -740,6 +740,9 @@ def main() -> int:
     p.add_argument("--skip-max", action="store_true")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--profile", action="store_true", help="py-spy our router under wrk load instead")
+    p.add_argument("--native", action="store_true",
+                   help="with --profile: native frames too (uvloop's C loop, syscalls); py-spy then pauses the "
+                        "process per sample, so compare shares, not rates")
     p.add_argument("--tokenize", action="store_true", help="also measure exact tokenization of a 100K-char prompt")
     p.add_argument("--tokenize-repeats", type=int, default=20)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/vllm-operator-router-bench"))

@@ -79,7 +79,7 @@ class Limits:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made two or three times per request, and a frozen init costs ~4x
 class Route:
     """Forward to `pool` with `max_tokens`; `clamps` names every cap that lowered the client's value, in order."""
 

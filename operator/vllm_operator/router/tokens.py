@@ -69,7 +69,7 @@ class TokenizerLoadError(Exception):
     """The configured tokenizer source could not be read (names the source)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: a frozen init costs ~1.1 µs against 0.3, on every request
 class Prompt:
     """The countable text of one request.
 
@@ -83,7 +83,7 @@ class Prompt:
     ids: int | None = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen, as Prompt
 class Count:
     tokens: int
     method: str
@@ -180,7 +180,7 @@ class TokenCounter:
         """(lower, upper) bounds of the token count; equal when the count is known without tokenizing."""
         if prompt.ids is not None and not prompt.texts:
             return prompt.ids, prompt.ids
-        sizes = [len(t.encode()) for t in prompt.texts]
+        sizes = [len(t) if t.isascii() else len(t.encode()) for t in prompt.texts]  # UTF-8 bytes, no copy if ASCII
         if prompt.chat:
             overhead = self.chat.fixed + self.chat.per_message * prompt.messages
             upper = sum(sizes) + len(sizes) + overhead
