@@ -11,7 +11,8 @@ tiny model's tokenizer makes ~20k tokens of it), each of which needs an exact co
 30,000-token threshold). The fake engine (`vllm_operator.sim.fake_vllm`) answers on core 1. Reported per checkout:
 the heartbeat's lateness (how much later than 1 ms it fired) while the long requests ran — max, p99, and the
 milliseconds of lateness summed per request — and the same over an equal idle time just before, in the same child
-(the machine's own noise). A benchmark, not a test: nothing asserts a time.
+(the machine's own noise). Each request's text starts with its own number, so a prefix pool (`--strategy prefix`)
+names a new text every time. A benchmark, not a test: nothing asserts a time.
 
   mkdir -p /tmp/router-base && git archive facb007 operator | tar -x -C /tmp/router-base
   .venv/bin/python benchmarks/router/loop_stall.py --baseline /tmp/router-base --rounds 5 --json out.json
@@ -42,8 +43,9 @@ port, body_file, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 body = open(body_file, 'rb').read()
 conn = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
 methods = set()
-for _ in range(n):
-    conn.request('POST', '/v1/chat/completions', body, {'Content-Type': 'application/json'})
+for i in range(n):
+    conn.request('POST', '/v1/chat/completions', body.replace(b'NONCE', str(i).encode()),
+                 {'Content-Type': 'application/json'})
     r = conn.getresponse(); r.read()
     assert r.status == 200, r.status
     methods.add(r.getheader('x-vllm-operator-prompt-tokens-method'))
@@ -113,6 +115,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=20)
     p.add_argument("--chars", type=int, default=47_000)
+    p.add_argument("--strategy", default="least-outstanding", choices=["least-outstanding", "prefix"],
+                   help="both pools' routing strategy (prefix: each request's new text is also named in blocks)")
     p.add_argument("--long-max-model-len", type=int, default=262144,
                    help="the long pool's maxModelLen (just above the prompt's count: the whole prompt must be counted)")
     p.add_argument("--json", type=Path, help="write every round's figures here")
@@ -134,11 +138,12 @@ def main() -> int:
     try:
         time.sleep(3)
         config = work / "router.json"
-        wire = router_config(f"http://127.0.0.1:{up_port}", tokens_dir, 8080)
+        wire = router_config(f"http://127.0.0.1:{up_port}", tokens_dir, 8080, strategy=args.strategy)
         wire["pools"]["long"]["maxModelLen"] = args.long_max_model_len
         config.write_text(json.dumps(wire))
         body = work / "body.json"
-        body.write_text(json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prose(args.chars, 7)}],
+        text = "NONCE " + prose(args.chars, 7)
+        body.write_text(json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}],
                                     "max_tokens": 16, "ignore_eos": True}))
         variants = {"router": str(REPO / "operator")}
         if args.baseline:

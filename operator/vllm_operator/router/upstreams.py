@@ -45,8 +45,10 @@ SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
 CAUSE_CONNECT: Final = "connect"
 CAUSE_5XX: Final = "status_5xx"
 CAUSE_HEALTH: Final = "health_check"
-THREAD_NAME_CHARS: Final = 32 * 1024
-"""Prefix naming that must tokenize more than this many characters runs in a worker thread (as counting does)."""
+THREAD_NAME_CHARS: Final = 4096
+"""Prefix naming that must tokenize more than this many characters runs in a worker thread, as counting does from
+the same length on (router/proxy.py: THREAD_COUNT_CHARS; at 32 KiB a new 30,000-character text held the loop for
+tens of milliseconds, benchmarks/router/loop_stall.py)."""
 _claims = itertools.count(1)
 
 

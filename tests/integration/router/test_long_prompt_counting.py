@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import tokenizers
 
 from tests.support.router import MODEL, router_config, running_router, words, write_word_tokenizer
@@ -43,7 +44,9 @@ class Recording:
         return self._tok.encode_batch(texts, *args, **kwargs)
 
 
-async def test_a_long_prompt_is_counted_off_the_event_loop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["least-outstanding", "prefix"])
+async def test_a_long_prompt_is_counted_off_the_event_loop(tmp_path: Path, strategy: str) -> None:
+    """With the prefix strategy the new text is also named in blocks (tokenized), off the loop as well."""
     loaded = t.load_counter(TokenizerConfig(path=str(write_word_tokenizer(tmp_path / "tokenizer"))))
     assert loaded.tokenizer is not None
     recording = Recording(loaded.tokenizer, threading.current_thread())
@@ -53,7 +56,8 @@ async def test_a_long_prompt_is_counted_off_the_event_loop(tmp_path: Path) -> No
     long_len = prompt_tokens + 8 + 40  # fits, 40 tokens from the limit: only an exact count can tell
     async with FakeVllm(model=MODEL, max_model_len=200, natural_tokens=5) as short, \
             FakeVllm(model=MODEL, max_model_len=long_len, natural_tokens=5) as long:
-        config = router_config([short.url], [long.url], **{"pools.long.maxModelLen": long_len})
+        config = router_config([short.url], [long.url], **{"pools.long.maxModelLen": long_len,
+                                                          "pools.long.strategy": strategy})
         async with running_router(config, counter) as (url, _), aiohttp.ClientSession() as session:
             recording.on_loop.clear()
             recording.elsewhere.clear()
@@ -64,4 +68,5 @@ async def test_a_long_prompt_is_counted_off_the_event_loop(tmp_path: Path) -> No
                 assert response.headers[HEADER_POOL] == "long"
                 assert int(response.headers[HEADER_PROMPT_TOKENS]) == prompt_tokens
     assert max(recording.on_loop, default=0) <= THREAD_COUNT_CHARS
-    assert sum(recording.elsewhere) >= len(words(n_words))  # counted, in a worker thread
+    named = 2 if strategy == "prefix" else 1  # counted, and named for the prefix choice, in worker threads
+    assert sum(recording.elsewhere) >= named * len(words(n_words))
