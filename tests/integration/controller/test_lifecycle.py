@@ -23,6 +23,9 @@ from vllm_operator.k8s import (
 from vllm_operator.sim.cluster import SimCluster
 
 
+OPTIONAL_GROUPS = {"monitoring.coreos.com", "keda.sh"}
+
+
 def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     for c in (obj or {}).get("status", {}).get("conditions", []) or []:
         if c["type"] == type_:
@@ -33,8 +36,8 @@ def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 async def children(kube: ClientKubeApi, ns: str, name: str) -> dict[tuple[str, str], dict[str, Any]]:
     found = {}
     for res in CHILD_RESOURCES.values():
-        if res is POD_MONITORS or res.group == "monitoring.coreos.com":
-            continue
+        if res is POD_MONITORS or res.group in OPTIONAL_GROUPS:
+            continue  # kinds whose CRDs this cluster does not install (Prometheus Operator, KEDA)
         for item in await kube.list(res, ns, f"{constants.LABEL_DEPLOYMENT}={name}"):
             found[(res.kind, item["metadata"]["name"])] = item
     return found

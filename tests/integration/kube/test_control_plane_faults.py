@@ -82,7 +82,7 @@ def reconciled(kube: Cluster, namespace: str, names: list[str]) -> list[str]:
 
 def children(kube: Cluster, namespace: str, name: str) -> set[tuple[str, str, str]]:
     """(kind, name, spec-hash) of every object carrying the VLLMDeployment's child labels."""
-    kinds = [r for key, r in CHILD_RESOURCES.items() if key not in MONITORING_KINDS]
+    kinds = [r for key, r in CHILD_RESOURCES.items() if key not in MONITORING_KINDS and r.group != "keda.sh"]
     resources = ",".join(f"{r.plural}.{r.group}" if r.group else r.plural for r in kinds)
     items = get(kube, resources, "-n", namespace, "-l", child_selector(name))["items"]
     return {(o["kind"], o["metadata"]["name"],
