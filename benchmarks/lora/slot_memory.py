@@ -38,12 +38,30 @@ def lora_tensor_bytes(worker: Any) -> int:
     return total
 
 
+def lora_tensor_shapes(worker: Any) -> dict[str, list[list[int]]]:
+    """Runs in the worker: the LoRA slot tensors' shapes per wrapped module class (where the bytes go)."""
+    import torch
+
+    model = worker.model_runner.model if hasattr(worker, "model_runner") else worker.get_model()
+    out: dict[str, list[list[int]]] = {}
+    for name, module in model.named_modules():
+        for attr in ("lora_a_stacked", "lora_b_stacked", "lora_bias_stacked", "embeddings_tensors"):
+            value = getattr(module, attr, None)
+            tensors = value if isinstance(value, (list, tuple)) else [value]
+            shapes = [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
+            if shapes and ".layers.1." not in name:
+                out[f"{type(module).__name__} {name.split('.layers.0.')[-1]} {attr}"] = shapes
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--case", action="append", default=[], help="MAX_LORAS:MAX_RANK (repeatable)")
+    parser.add_argument("--shapes", action="store_true", help="also print the slot tensors' shapes (layer 0)")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a local function (cloudpickle)
     from vllm import LLM
 
     from vllm_operator.planning.catalog import ModelInfo
@@ -63,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"maxLoras": loras, "maxRank": rank, "measuredBytes": measured, "plannedBytes": planned,
                      "ratio": round(planned / measured, 4) if measured else None})
         print(json.dumps(rows[-1]), flush=True)
+        if args.shapes:
+            print(json.dumps(llm.collective_rpc(lora_tensor_shapes)[0], indent=1), flush=True)
         del llm
     return 0
 

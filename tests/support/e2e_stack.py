@@ -63,7 +63,8 @@ def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 class Stack:
     """A running system; all API reads/writes go through `run` (the cluster's loop)."""
 
-    def __init__(self, root: Path, model_dir: Path, prom: Prometheus) -> None:
+    def __init__(self, root: Path, model_dir: Path, prom: Prometheus, example: dict[str, Any] | None = None) -> None:
+        self.example = example if example is not None else EXAMPLE
         self.root = root
         self.model_dir = model_dir
         self.prom = prom
@@ -110,7 +111,7 @@ class Stack:
                 try:
                     async with running_operator(cluster, health_enabled=True, prometheus_url=self.prom.url) as kube:
                         self.kube = kube
-                        await kube.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(EXAMPLE))
+                        await kube.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example))
                         self._ready.set_result(None)
                         await self._stop.wait()
                 finally:
@@ -219,10 +220,11 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
 
 
 @contextlib.contextmanager
-def running_stack(root: Path, model_dir: Path) -> Iterator[Stack]:
-    """Prometheus + the stack, cpu-dev.yaml applied and Ready (or a failure with every pod's log tail)."""
+def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = None) -> Iterator[Stack]:
+    """Prometheus + the stack, cpu-dev.yaml (or `example`, a variant of it) applied and Ready (or a failure with
+    every pod's log tail)."""
     with running_prometheus() as prom:
-        stack = Stack(root, model_dir, prom)
+        stack = Stack(root, model_dir, prom, example)
         stack.start()
         try:
             stack.wait_ready()

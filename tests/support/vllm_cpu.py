@@ -81,6 +81,21 @@ def make_model(shape: str, out: Path, tokenizer_from: Path | None = None) -> Pat
     return out
 
 
+PEFT_DIR = ROOT / ".venv-peft"
+MAKE_ADAPTER = ROOT / "scripts" / "make_adapter.py"
+
+
+def make_adapter(model_dir: Path, out: Path, *, rank: int = 8, seed: int = 0) -> Path:
+    """A LoRA adapter for `model_dir` made with peft (scripts/make_adapter.py, in the vLLM venv's interpreter with
+    `.venv-peft` on PYTHONPATH); a clear error when peft is not installed."""
+    if not (PEFT_DIR / "peft").is_dir():
+        raise RuntimeError(f"{PEFT_DIR} has no peft: run scripts/install-test-deps.sh (`make test` does this)")
+    env = {**os.environ, "PYTHONPATH": str(PEFT_DIR), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run([str(require_vllm_venv()), str(MAKE_ADAPTER), "--model", str(model_dir), "--out", str(out),
+                    "--rank", str(rank), "--seed", str(seed)], check=True, capture_output=True, timeout=300, env=env)
+    return out
+
+
 def cpu_env(cpus: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for one CPU engine: this process's, minus variables that steer vLLM, plus `BASE_ENV`.
 
