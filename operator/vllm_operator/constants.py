@@ -101,6 +101,9 @@ ADAPTERS_MOUNT: Final = "/etc/vllm-operator/adapters"
 """Where engine pods mount the adapters ConfigMap (whole directory: the kubelet updates it in place)."""
 ADAPTERS_PVC_ROOT: Final = "/adapters"
 """PVC-sourced adapters are mounted read-only at /adapters/<claimName>."""
+ADAPTERS_HUB_CACHE: Final = "/adapters/.hub"
+"""An emptyDir where the engine wrapper downloads Hub-sourced adapters (the model's /models may be a read-only PVC);
+no claim can take the name, which is not a DNS name."""
 LORA_ENDPOINTS: Final = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 """vLLM's unauthenticated adapter endpoints: only the engine wrapper calls them; the router never forwards them."""
 """The engine wrapper's own endpoint (start-up phases: /startup, /status, /metrics), next to vLLM's port."""

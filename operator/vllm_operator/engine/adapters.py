@@ -113,13 +113,16 @@ def error_message(text: str) -> str:
         return text.strip()
 
 
-def hub_download(adapter: Adapter, python: str = sys.executable, env: Mapping[str, str] | None = None) -> str:
-    """The local directory of a Hub adapter at its revision (downloaded into HF_HOME when missing); RuntimeError
-    with the child's last line on failure."""
+def hub_download(adapter: Adapter, python: str = sys.executable, env: Mapping[str, str] | None = None,
+                 cache: str | None = None) -> str:
+    """The local directory of a Hub adapter at its revision, downloaded into `cache` (HF_HUB_CACHE; default the
+    environment's HF_HOME) when missing; RuntimeError with the child's last line on failure."""
     code = ("import sys; from huggingface_hub import snapshot_download; "
             "print(snapshot_download(sys.argv[1], revision=sys.argv[2] or None))")
     child_env = {k: v for k, v in (env if env is not None else os.environ).items()
                  if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    if cache is not None:
+        child_env["HF_HUB_CACHE"] = cache
     proc = subprocess.run([python, "-c", code, adapter.hf_repo or "", adapter.hf_revision or ""], env=child_env,
                           capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False)
     if proc.returncode != 0:

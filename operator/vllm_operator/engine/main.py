@@ -25,7 +25,7 @@ tell a slow start from a hung one. This wrapper
 Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY] [--termination-message-path P]
                             [--preflight auto|off|required] [--preflight-required-bytes N]
                             [--status-host H] [--status-port N] [--phase-limit PHASE=SECONDS ...]
-                            [--adapters-file PATH]
+                            [--adapters-file PATH] [--adapters-hub-cache DIR]
                             -- vllm serve MODEL ARGS…
 """
 
@@ -230,6 +230,8 @@ class StartupOptions:
     stop_grace_s: float = STALL_STOP_GRACE_S
     adapters_file: str | None = None
     """The pool's adapters file (`engine/adapters.py`); None: no LoRA adapters to follow."""
+    adapters_hub_cache: str | None = None
+    """Where Hub-sourced adapters are downloaded (None: the environment's HF_HOME)."""
     engine_url: str = f"http://127.0.0.1:{constants.ENGINE_PORT}"
     adapters_interval_s: float = adapters.INTERVAL_S
 
@@ -265,7 +267,14 @@ def run(command: Sequence[str], *, termination_path: str, startup: StartupOption
     scanner = Scanner()
     stop = threading.Event()
     monitor = status.Monitor(phases.Tracker(started_at=time.time(), limits=options.limits))
-    syncer = adapters.Syncer(options.adapters_file, options.engine_url) if options.adapters_file else None
+    syncer = None
+    if options.adapters_file:
+        cache = options.adapters_hub_cache
+
+        def resolve(adapter: adapters.Adapter) -> str:
+            return adapters.hub_download(adapter, cache=cache)
+
+        syncer = adapters.Syncer(options.adapters_file, options.engine_url, resolve_hub=resolve)
     if syncer is not None:
         monitor.adapters = syncer.snapshot
         threading.Thread(target=syncer.run, args=(lambda: monitor.serving, stop, options.adapters_interval_s),
@@ -362,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapters-file", default=None, metavar="PATH",
                    help="LoRA adapters file to follow (the adapters ConfigMap's <pool>.json): adapters are loaded "
                         "and unloaded in the running vLLM through its runtime endpoints as the file changes")
+    p.add_argument("--adapters-hub-cache", default=None, metavar="DIR",
+                   help="directory Hub-sourced adapters are downloaded into (default: HF_HOME's hub cache)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -410,7 +421,8 @@ def main(argv: Sequence[str]) -> int:
     log.info("Starting %s", " ".join(cmd))
     startup = StartupOptions(status_host=args.status_host, status_port=args.status_port or None, limits=limits,
                              model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
-                             adapters_file=args.adapters_file, engine_url=adapters.engine_url(command))
+                             adapters_file=args.adapters_file, adapters_hub_cache=args.adapters_hub_cache,
+                             engine_url=adapters.engine_url(command))
     return run(cmd, termination_path=args.termination_message_path, startup=startup)
 
 

@@ -9,7 +9,8 @@ through subPath) in place, the wrapper sees the new file and loads what was adde
                   {"name": "chat", "hfRepo": "org/repo", "hfRevision": "abc"}]}
 
 PVC-sourced adapters are read from `/adapters/<claimName>` (`engine.adapter_claims` mounts each claim once,
-read-only); Hub-sourced ones are downloaded by the wrapper into the pod's Hugging Face cache.
+read-only); Hub-sourced ones are downloaded by the wrapper into an emptyDir at `/adapters/.hub` (the model's `/models`
+may be a read-only PVC).
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ ENGINE_COMMAND = ("vllm-operator", "engine", "--", "vllm", "serve")
 SHM_VOLUME = "dshm"
 MODEL_VOLUME = "models"
 ADAPTERS_VOLUME = "adapters"
+ADAPTER_HUB_VOLUME = "adapter-hub"
 SHM_GIB_PER_GPU = 2
 SHM_GIB_CPU = 1
 
@@ -186,12 +187,15 @@ def adapter_claims(pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[str]:
 def adapter_volumes(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec,
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts) for a pool with LoRA on: the adapters ConfigMap as a directory (no subPath, so the
-    kubelet updates it in place and the wrapper sees adapters come and go) and each adapter PVC, read-only."""
+    kubelet updates it in place and the wrapper sees adapters come and go), an emptyDir the wrapper downloads Hub
+    adapters into, and each adapter PVC, read-only."""
     if not adapters.lora_enabled(pool):
         return [], []
     vols: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "configMap": {"name": names.adapters(plan.name)}}]
     mounts: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "mountPath": constants.ADAPTERS_MOUNT,
                                      "readOnly": True}]
+    vols.append({"name": ADAPTER_HUB_VOLUME, "emptyDir": {}})
+    mounts.append({"name": ADAPTER_HUB_VOLUME, "mountPath": constants.ADAPTERS_HUB_CACHE})
     for claim in adapter_claims(pool, spec):
         volume = names.dns_label("adapter", claim.replace(".", "-"))
         vols.append({"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -203,7 +207,8 @@ def command(pool: PoolPlan) -> list[str]:
     """`vllm-operator engine [--adapters-file F] -- vllm serve MODEL`."""
     wrapper, launch = list(ENGINE_COMMAND[:2]), list(ENGINE_COMMAND[2:])
     if adapters.lora_enabled(pool):
-        wrapper.append(f"--adapters-file={constants.ADAPTERS_MOUNT}/{adapters.file_name(pool.name)}")
+        wrapper += [f"--adapters-file={constants.ADAPTERS_MOUNT}/{adapters.file_name(pool.name)}",
+                    f"--adapters-hub-cache={constants.ADAPTERS_HUB_CACHE}"]
     return [*wrapper, *launch, pool.model]
 
 

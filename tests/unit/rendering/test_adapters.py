@@ -56,14 +56,17 @@ def test_configmap_lists_each_pools_adapters_with_container_paths() -> None:
     assert [a["name"] for a in json.loads(data["long.json"])["adapters"]] == ["a", "b", "c"]
     long_pod = engine_pod(objs, "long")
     container = long_pod["containers"][0]
-    assert container["command"][:4] == ["vllm-operator", "engine",
-                                        f"--adapters-file={constants.ADAPTERS_MOUNT}/long.json", "--"]
+    assert container["command"][:5] == ["vllm-operator", "engine",
+                                        f"--adapters-file={constants.ADAPTERS_MOUNT}/long.json",
+                                        f"--adapters-hub-cache={constants.ADAPTERS_HUB_CACHE}", "--"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts[constants.ADAPTERS_MOUNT]["readOnly"] and "subPath" not in mounts[constants.ADAPTERS_MOUNT]
     assert {"/adapters/models", "/adapters/other"} <= set(mounts)
     volumes = {v["name"]: v for v in long_pod["volumes"]}
     assert volumes["adapters"] == {"name": "adapters", "configMap": {"name": names.adapters("cpu-dev")}}
     assert volumes["adapter-other"]["persistentVolumeClaim"] == {"claimName": "other", "readOnly": True}
+    assert volumes["adapter-hub"] == {"name": "adapter-hub", "emptyDir": {}}  # /models may be a read-only PVC
+    assert "readOnly" not in mounts[constants.ADAPTERS_HUB_CACHE]
     assert "adapter-other" not in {v["name"] for v in engine_pod(objs, "short")["volumes"]}
 
 
