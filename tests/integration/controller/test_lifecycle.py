@@ -22,7 +22,6 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.sim.cluster import SimCluster
 
-
 OPTIONAL_GROUPS = {"monitoring.coreos.com", "keda.sh"}
 
 
