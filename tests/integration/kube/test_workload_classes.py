@@ -199,3 +199,31 @@ def test_missing_class_is_a_condition_and_creating_it_plans(kube: Cluster, setup
     finally:
         kube.kubectl("delete", "vllmd", name, "-n", ns, "--wait=false", check=False)
         kube.kubectl("delete", "vllmwc", klass, "--wait=false", check=False)
+
+
+def test_two_defaults_are_a_condition_and_unmarking_one_plans(kube: Cluster, setup: Setup, tmp_path: Path) -> None:
+    """Two classes marked default: a VLLMDeployment naming no class is refused naming both, with no children; once
+    one is unmarked, it plans with the other. (The only test that marks a class default: no other test's
+    deployments may be left without a class while these two exist, so both are removed in `finally`.)"""
+    first, second = sorted((unique("dflt"), unique("dflt")))
+    name, ns = unique("wd"), setup.namespace
+    try:
+        for klass in (first, second):
+            doc = a_class(klass)
+            doc["spec"]["default"] = True
+            apply(kube, doc)
+        with operator_process(kube, setup.kubeconfig, tmp_path / "operator.log", f"--namespace={ns}", "--no-health"):
+            unnamed = dependent(name, setup, first)
+            del unnamed["spec"]["workloadClass"]
+            apply(kube, unnamed)
+            refused = wait_for("SpecValid=False", lambda: (
+                c if (c := condition(status(kube, ns, name), constants.COND_SPEC_VALID)).get("status") == "False"
+                else None), timeout=60)
+            assert f"2 VLLMWorkloadClasses are marked default ({first}, {second})" in refused["message"], refused
+            assert not engines(kube, ns, name)
+            kube.kubectl("patch", "vllmwc", second, "--type=merge", "-p", json.dumps({"spec": {"default": False}}))
+            wait_for(f"{name} Ready on {first}", lambda: ready(kube, ns, name, 1), timeout=120)
+            assert status(kube, ns, name)["workloadClass"] == {"name": first, "generation": 1}
+    finally:
+        kube.kubectl("delete", "vllmd", name, "-n", ns, "--wait=false", check=False)
+        kube.kubectl("delete", "vllmwc", first, second, "--wait=false", check=False)
