@@ -134,11 +134,16 @@ class Cluster:
                          token=token.strip(), namespace=namespace)
         return path
 
+    def audit_files(self) -> list[Path]:
+        """The audit log and the backups the API server rotated out of it (at 100 MB, its log library's default
+        size), oldest first: a long session or a benchmark outgrows one file."""
+        backups = sorted(self.directory.glob("audit-*.log"))  # audit-<timestamp>.log sorts by time
+        return [*backups, *([self.audit_log] if self.audit_log.exists() else [])]
+
     def audit_events(self) -> list[dict[str, Any]]:
-        """Every audit event so far (the API server appends as requests complete)."""
-        if not self.audit_log.exists():
-            return []
-        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+        """Every audit event so far (the API server appends as requests complete), rotated backups included."""
+        return [json.loads(line) for path in self.audit_files() for line in path.read_text().splitlines()
+                if line.strip()]
 
     def stop(self) -> None:
         stop(self.state)

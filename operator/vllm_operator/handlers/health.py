@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -27,6 +28,14 @@ TICK_S = 5.0
 HANDLER_ID = "health"
 
 
+def reconciled_once(body: Mapping[str, Any]) -> bool:
+    """Whether the reconcile has written status (observedGeneration) yet: before that there are no pods to check,
+    and with 500 VLLMDeployments applied at once the checks of those still waiting for their reconcile took most
+    of the operator's API requests (a LIST of pods and reads of Deployments that did not exist yet)."""
+    status = body.get("status")
+    return isinstance(status, Mapping) and status.get("observedGeneration") is not None
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Attach the health timer to `registry`."""
     source = PrometheusSource(config.prometheus_url) if config.prometheus_url else None
@@ -35,7 +44,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.timer(*RESOURCE, interval=tick, id=HANDLER_ID, registry=registry)
     async def _health(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
         meta = body.get("metadata", {})
-        if meta.get("deletionTimestamp"):
+        if meta.get("deletionTimestamp") or not reconciled_once(body):
             return
         remediation = (body.get("spec") or {}).get("remediation") or {}
         interval = (config.health_interval_override or remediation.get("intervalSeconds")
