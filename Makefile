@@ -31,9 +31,11 @@ test-deps: venv cluster-bin
 	scripts/install-test-deps.sh
 
 ## cluster-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go modules
-## in cluster/ into ~/.cache/vllm-operator/kube-<hash>/ (outside the clone; a no-op when built; ~15 min cold).
+## in cluster/ into ~/.cache/vllm-operator/kube-<hash>/, and KEDA (cluster/keda) into ~/.cache/vllm-operator/keda-<hash>/
+## (outside the clone; each a no-op when built; cold: ~15 min + KEDA's, see the README).
 cluster-bin:
 	scripts/build-cluster-bin.sh
+	scripts/build-keda-bin.sh
 
 lint: venv
 	$(BIN)/ruff check .

@@ -233,10 +233,11 @@ class _Launcher:
         self.dir = Path(state.directory)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    def spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.dir / "logs" / f"{name}.log").open("ab")
         proc = subprocess.Popen([*self.netns.exec_prefix(), *argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, **env} if env is not None else None)
         log.close()
         self.state.pids[name] = proc.pid
         self.state.binaries[name] = str(argv[0])

@@ -43,8 +43,12 @@ def binary() -> str:
 class Prometheus:
     """One Prometheus process on a temporary directory."""
 
-    def __init__(self, root: Path, *, scrape_interval: str = "1s", rule_files: Sequence[Path] = ()) -> None:
+    def __init__(self, root: Path, *, scrape_interval: str = "1s", rule_files: Sequence[Path] = (),
+                 host: str = "127.0.0.1") -> None:
         self.root = root
+        self.host = host
+        """Where it listens: loopback, or the host side of a testcluster's network namespace for clients inside it
+        (KEDA's triggers)."""
         self.port = free_port()
         self.targets_file = root / "targets" / "engines.json"
         self.targets_file.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +69,7 @@ class Prometheus:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
         if self._proc is not None:
@@ -73,7 +77,7 @@ class Prometheus:
         log = self.log_file.open("ab")
         self._proc = subprocess.Popen(
             [binary(), f"--config.file={self.config_file}", f"--storage.tsdb.path={self.root / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+             f"--web.listen-address={self.host}:{self.port}", "--web.enable-lifecycle",
              "--storage.tsdb.retention.time=1h"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -90,6 +90,10 @@ README section "RBAC" explains every line.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["list", "create", "patch", "delete"]
+# ... and the HPAs KEDA makes for them, read for the pools' autoscaler status.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
 # The health loop lists engine pods (status, termination messages) and deletes a Stalled one within its budget.
 - apiGroups: [""]
   resources: ["pods"]

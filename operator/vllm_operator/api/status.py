@@ -86,10 +86,30 @@ class AdapterStatus(ApiModel):
     loaded_replicas: int = Field(ge=0, description="Engine pods (of those with fresh metrics) that loaded it.")
 
 
+class AutoscalerStatus(ApiModel):
+    """What the pool's autoscaler (KEDA's HPA, and KEDA itself at zero) last decided."""
+
+    desired_replicas: int | None = Field(default=None, ge=0, description="The HPA's desired replicas.")
+    current_replicas: int | None = Field(default=None, ge=0, description="The HPA's current replicas.")
+    active: bool | None = Field(
+        default=None, description="The ScaledObject's Active condition: False = nothing to do (a pool at minReplicas "
+                                  "0 sleeps), True = its triggers see work.")
+    last_scale_time: Timestamp | None = Field(default=None, description="When the HPA last changed the count.")
+    decision: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+        default=None, description="The last decision in words: the HPA's AbleToScale/ScalingLimited message, or at "
+                                  "zero (where the HPA only says ScalingActive=False) the ScaledObject's Active one.")
+
+
 class PoolStatus(ApiModel):
     """Observed state of one pool."""
 
     replicas: int = Field(default=0, ge=0, description="Engine pods that exist.")
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="The pool Deployment's replicas: the operator's count, or the autoscaler's.")
+    autoscaler: AutoscalerStatus | None = Field(
+        default=None, description="Only for pools with autoscaling: the autoscaler's last decision.")
+    woke_at: Timestamp | None = Field(
+        default=None, description="While a pool waking from zero has no Ready replica: when it was asked to wake.")
     ready_replicas: int = Field(default=0, ge=0, description="Engine pods passing readiness.")
     planned_kv_tokens: int | None = Field(default=None, ge=0, description="KV cache tokens the planner predicted.")
     observed_kv_tokens: int | None = Field(

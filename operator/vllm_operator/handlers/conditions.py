@@ -69,6 +69,7 @@ def with_plan(prev: VLLMDeploymentStatus | None, plan: Plan, deployments: Mappin
         desired, existing, ready = deployment_counts(deployments.get(name))
         entry = current.model_copy(deep=True) if current else PoolStatus()
         entry.replicas, entry.ready_replicas = existing, ready
+        entry.desired_replicas = desired if deployments.get(name) is not None else None
         entry.planned_kv_tokens = pool_plan.kv.planned_tokens
         entry.max_model_len, entry.max_tokens = pool_plan.max_model_len, pool_plan.max_tokens
         setattr(pools, name, entry)

@@ -29,7 +29,7 @@ from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
 from vllm_operator.api.status import VLLMDeploymentStatus
-from vllm_operator.handlers import childplan, conditions
+from vllm_operator.handlers import childplan, conditions, scaling
 from vllm_operator.handlers.childplan import ChildAction, ChildPlan, is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
@@ -37,6 +37,7 @@ from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
     FIELD_MANAGER,
+    HPAS,
     NODES,
     POD_MONITORS,
     PROMETHEUS_RULES,
@@ -300,12 +301,37 @@ def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
     return f"Took back from other field managers on {label}: {', '.join(fields)}"
 
 
-async def _autoscaling_state(kube: KubeApi, the_plan: Plan, prometheus_url: str | None) -> AutoscalingState:
+async def _autoscaling_state(kube: KubeApi, the_plan: Plan, prometheus: bool) -> AutoscalingState:
     pools = tuple(p.name for p in the_plan.pools.values() if p.enabled and p.autoscaling is not None)
     # Discovery only where a pool asks: a VLLMDeployment without autoscaling costs no extra request.
     keda = bool(pools) and await kube.has_resource(SCALED_OBJECTS.group, SCALED_OBJECTS.version,
                                                    SCALED_OBJECTS.plural)
-    return AutoscalingState(pools, keda, bool(prometheus_url))
+    return AutoscalingState(pools, keda, prometheus)
+
+
+async def _with_autoscalers(kube: KubeApi, obj: Mapping[str, Any], prev: VLLMDeploymentStatus | None,
+                            new: VLLMDeploymentStatus, the_plan: Plan, state: AutoscalingState, now: str
+                            ) -> tuple[VLLMDeploymentStatus, list[scaling.WakeEvent]]:
+    """`new` with the autoscaled pools' HPA/ScaledObject decisions (two lists, only when KEDA scales a pool)."""
+    if not state.active:
+        return scaling.with_autoscalers(prev, new, {}, now)
+    meta = obj["metadata"]
+    scaled, hpas = await asyncio.gather(kube.list(SCALED_OBJECTS, meta["namespace"], child_selector(meta["name"])),
+                                        kube.list(HPAS, meta["namespace"], child_selector(meta["name"])))
+    by_name = {o["metadata"]["name"]: o for o in scaled}
+    hpa_by_name = {o["metadata"]["name"]: o for o in hpas}
+    found = {}
+    for pool in state.pools:
+        so_name = names.pool(the_plan.name, pool)
+        found[pool] = scaling.autoscaler_status(hpa_by_name.get(scaling.HPA_PREFIX + so_name), by_name.get(so_name))
+    return scaling.with_autoscalers(prev, new, found, now)
+
+
+async def _post_wake_events(kube: KubeApi, obj: Mapping[str, Any], events: Sequence[scaling.WakeEvent]) -> None:
+    meta = obj["metadata"]
+    for event in events:
+        log.info("%s: VLLMDeployment %s/%s: %s", event.reason, meta["namespace"], meta["name"], event.message)
+        await _emit(kube, obj, "Normal", event.reason, event.message)
 
 
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
@@ -336,16 +362,16 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         return outcome
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    scaling = await _autoscaling_state(kube, the_plan, prometheus_url)
-    options = RenderOptions(images=images, prometheus_url=prometheus_url if scaling.active else None)
+    autoscaling = await _autoscaling_state(kube, the_plan, bool(prometheus_url))
+    options = RenderOptions(images=images, prometheus_url=prometheus_url if autoscaling.active else None)
     manifests = [m for m in render(the_plan, resource.spec, options=options)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
-    existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring, scaling.keda)
+    existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring, autoscaling.keda)
     # KEDA's HPA owns the replicas of a pool with a ScaledObject from its first apply; without KEDA (or without a
     # Prometheus for its triggers) the operator keeps writing the starting count, and the condition says so.
     autoscaled = childplan.autoscaled_deployments(
         manifests, {p.name for p in the_plan.pools.values()
-                    if p.external_autoscaler or (p.autoscaling is not None and scaling.active)})
+                    if p.external_autoscaler or (p.autoscaling is not None and autoscaling.active)})
     await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled,
                                                       apply_manager=FIELD_MANAGER), outcome)
     order = {f"{m['kind']} {meta['namespace']}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
@@ -362,10 +388,12 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     for attempt in range(3):
         current = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
                    for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
-        new = _status_from_children(base_status, the_plan, current, generation, now, monitoring, scaling)
+        new = _status_from_children(base_status, the_plan, current, generation, now, monitoring, autoscaling)
+        new, wakes = await _with_autoscalers(kube, obj, prev_status, new, the_plan, autoscaling, now)
         outcome.status = new
         try:
             outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
+            await _post_wake_events(kube, obj, wakes)
             break
         except KubeError as err:
             if not err.conflict or attempt == 2:
@@ -387,7 +415,7 @@ def _current_status(obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
 
 def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
                           children: Mapping[tuple[str, str, str], Mapping[str, Any]], generation: int | None,
-                          now: str, monitoring: bool, scaling: AutoscalingState | None = None
+                          now: str, monitoring: bool, autoscaling: AutoscalingState | None = None
                           ) -> VLLMDeploymentStatus:
     deployments: dict[str, Mapping[str, Any] | None] = {p: None for p in constants.POOLS}
     router: Mapping[str, Any] | None = None
@@ -404,8 +432,8 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
         # knows whether samples arrive (a Prometheus may scrape the engines without the Prometheus operator).
         the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, MONITORING_MISSING]})
     status = conditions.with_plan(prev, the_plan, deployments, router, generation=generation, now=now)
-    if scaling is not None:
-        status = conditions.with_autoscaling(status, scaling.condition() if scaling.pools else None,
+    if autoscaling is not None:
+        status = conditions.with_autoscaling(status, autoscaling.condition() if autoscaling.pools else None,
                                              generation=generation, now=now)
     return status
 
@@ -448,8 +476,20 @@ async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any],
     has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile does.
     observed = prev.observed_generation if prev else None
-    new = _status_from_children(prev, the_plan, children, observed, now_rfc3339(), has_monitoring)
-    return await _patch_status(kube, obj, prev, new)
+    now = now_rfc3339()
+    new = _status_from_children(prev, the_plan, children, observed, now, has_monitoring)
+    # The refresh has no --prometheus-url; whether KEDA scales the pools is what the last reconcile said.
+    autoscaling = await _autoscaling_state(kube, the_plan, _autoscaling_applied(prev))
+    new, wakes = await _with_autoscalers(kube, obj, prev, new, the_plan, autoscaling, now)
+    patched = await _patch_status(kube, obj, prev, new)
+    if patched:
+        await _post_wake_events(kube, obj, wakes)
+    return patched
+
+
+def _autoscaling_applied(status: VLLMDeploymentStatus | None) -> bool:
+    cond = conditions.get_condition(status, constants.COND_AUTOSCALING)
+    return cond is not None and cond.status == "True"
 
 
 __all__ = ["ReconcileOutcome", "Resource", "reconcile", "refresh_status", "resolve_accelerator"]

@@ -62,12 +62,14 @@ CONFIGMAPS = CHILD_RESOURCES[("v1", "ConfigMap")]
 ROUTER_GRANTS = "granted to the router's Role; Kubernetes' escalation check lets the operator create that Role " \
                 "only while it holds the same permissions itself (it holds no bind/escalate)"
 KEDA_ON_THE_REAL_CLUSTER = ("used only where KEDA's CRD is installed, which the emulator has no counterpart for: "
-                            "exercised on the real control plane (tests/integration/kube)")
+                            "tests/integration/kube/test_autoscaling.py runs the operator as this chart's "
+                            "ServiceAccount on the real control plane with KEDA")
 GRANT_ONLY: dict[Triple, str] = {
     ("discovery.k8s.io", "endpointslices", "get"): ROUTER_GRANTS,
     ("discovery.k8s.io", "endpointslices", "list"): ROUTER_GRANTS,
     ("discovery.k8s.io", "endpointslices", "watch"): ROUTER_GRANTS,
     **{("keda.sh", "scaledobjects", verb): KEDA_ON_THE_REAL_CLUSTER for verb in ("list", "create", "patch", "delete")},
+    ("autoscaling", "horizontalpodautoscalers", "list"): KEDA_ON_THE_REAL_CLUSTER,
 }
 # The health loop's thresholds, short enough for a stalled engine to be acted on within seconds.
 REMEDIATION = {"restartBudget": 3, "thresholds": {"oomCount": 2, "oomWindowSeconds": 600, "stallSeconds": 3,

@@ -199,3 +199,12 @@ def test_adapters_counted_over_fresh_pods() -> None:
     assert diagnose(snap, S).pools["short"].adapters == (("x", 2), ("y", 1))
     plain = snapshot([pod("a")], {"a": busy("a")})
     assert diagnose(plain, S).pools["short"].adapters is None
+
+
+def test_a_pool_asleep_at_zero_is_healthy_not_degraded() -> None:
+    """A long pool that KEDA scaled to 0 has no pods and wants none: Healthy, so Degraded stays False."""
+    snap = snapshot([pod("a")], {"a": busy("a")}, replicas={"short": 1, "long": 0})
+    long = diagnose(snap, S).pools["long"]
+    assert long.state is State.HEALTHY and long.pods == () and long.desired_replicas == 0
+    waking = diagnose(snapshot([pod("a")], {"a": busy("a")}, replicas={"short": 1, "long": 1}), S).pools["long"]
+    assert waking.state is State.STARTING, "asked to wake, no pod yet: starting, not failing"
