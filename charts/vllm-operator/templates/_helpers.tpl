@@ -70,7 +70,7 @@ README section "RBAC" explains every line.
 # them. Deployments are also watched (status) and read by the health loop, PDBs read for the disruption floor.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
   verbs: ["list", "create", "patch", "delete"]
@@ -79,7 +79,7 @@ README section "RBAC" explains every line.
   verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "create", "patch", "delete"]

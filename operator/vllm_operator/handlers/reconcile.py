@@ -255,7 +255,7 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         label = f"{res.kind} {namespace}/{action.name}"
         if action.managed_fields is not None and action.observed is not None:
-            await _migrate(kube, res, namespace, action)
+            await _migrate(kube, res, namespace, action, child_selector(parent["metadata"]["name"]))
             log.info("Moved the fields of %s for VLLMDeployment %s/%s to the apply manager", label, namespace,
                      parent["metadata"]["name"])
         try:
@@ -275,9 +275,12 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         outcome.deleted.append(f"{res.kind} {namespace}/{action.name}")
 
 
-async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAction, attempts: int = 4) -> None:
+async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAction, selector: str,
+                   attempts: int = 4) -> None:
     """Write the moved managedFields, conditional on the resourceVersion they were computed from. Controllers write
-    children's status all the time (a failed `test` is a 422), so a lost race re-reads the child and recomputes."""
+    children's status all the time (a failed `test` is a 422), so a lost race re-reads the child and recomputes.
+    The re-read is a LIST by the children's labels, not a GET: the chart grants the operator list on its child kinds
+    and get on none of them (the RBAC test holds the grants to exactly what the operator uses)."""
     have, moved = action.observed, action.managed_fields
     for attempt in range(attempts):
         if have is None or moved is None:
@@ -290,7 +293,8 @@ async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAc
         except KubeError as err:
             if err.status not in (409, 422) or attempt == attempts - 1:
                 raise
-        have = await kube.get(res, namespace, action.name)
+        have = next((o for o in await kube.list(res, namespace, selector) if o["metadata"]["name"] == action.name),
+                    None)
         moved = childplan.upgrade(have, action.key, action.upgrade_drop, FIELD_MANAGER) if have else None
 
 

@@ -37,6 +37,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         **MONITORING_ON,
         "watch": {"mode": "namespaced", "namespaces": ["llm"]},
         "operator": {"prometheusUrl": "https://prom.example:9090", "health": False, "verbose": True, "port": 9100,
+                     "maxConcurrentReconciles": 8,
                      "env": [{"name": "TZ", "value": "UTC"}],
                      "imageRepository": "registry.example:5000/mirror/vllm-operator",
                      "workloadImagePullSecrets": ["mirror-pull", "mirror-pull-2"]},
@@ -143,6 +144,7 @@ def test_operator_args_are_accepted_by_the_real_cli(rendered: dict[str, list[dic
     assert config.http_port == container["ports"][0]["containerPort"] == values.get("operator", {}).get("port", 8080)
     assert config.images.repository == (values.get("operator", {}).get("imageRepository") or "ghcr.io/vllm-operator")
     assert config.images.pull_secrets == tuple(values.get("operator", {}).get("workloadImagePullSecrets", []))
+    assert config.max_concurrent_reconciles == values.get("operator", {}).get("maxConcurrentReconciles", 4)
     assert config.webhook is not None and config.webhook.port == container["ports"][1]["containerPort"] == 9443
     assert config.webhook.service == f"{values.get('fullnameOverride', 'vo-vllm-operator')}-webhook"
 
@@ -353,6 +355,7 @@ TYPOS = {
                                     "/operator/imageRepository"),
     "workloadImagePullSecrets as objects": ({"operator": {"workloadImagePullSecrets": [{"name": "x"}]}},
                                             "/operator/workloadImagePullSecrets/0"),
+    "maxConcurrentReconciles 0": ({"operator": {"maxConcurrentReconciles": 0}}, "/operator/maxConcurrentReconciles"),
 }
 
 
