@@ -1,5 +1,5 @@
 """The whole loop with real engines: `examples/cpu-dev.yaml` applied to the simulated cluster becomes real vLLM servers
-(started from the operator's rendered pods by `sim.processes.ProcessRuntime`), a real router that discovers them
+(started from the operator's rendered pods by `processnode.processes.ProcessRuntime`), a real router that discovers them
 through EndpointSlices, a real Prometheus scraping them, and the operator's health loop acting on what it sees.
 
 Started once for the module (`stack`): two engines and the router, ~1-2 min on 2 cores. Tests that need a healthy
@@ -21,6 +21,7 @@ import openai
 import pytest
 import tokenizers
 
+from processnode.processes import Container, descendants, process_argv
 from tests.support.e2e_stack import (
     EXAMPLE,
     NS,
@@ -39,7 +40,6 @@ from tests.support.e2e_stack import (
     the_plan,
 )
 from vllm_operator import constants
-from vllm_operator.sim.processes import Container, descendants, process_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # start-up and healing of real engines on 2 cores
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -6,7 +6,7 @@ test blocks (the official `openai` client is synchronous, fault timings are meas
 lives in its own event loop on a background thread and tests reach it through `Stack.run(coro)`. Everything is
 started once per test module (two engines cost ~1 min and ~5 GiB of a 2-core machine).
 
-Pods run under `sim.processes.ProcessRuntime`: the PVC `models` is the directory holding the tiny model made by
+Pods run under `processnode.processes.ProcessRuntime`: the PVC `models` is the directory holding the tiny model made by
 `scripts/make_model.py --shape tiny`, and the ConfigMap `tiny-llama-tokenizer` (named by cpu-dev.yaml) is created
 from that model's tokenizer files, as an admin would with `kubectl create configmap --from-file`.
 """
@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import openai
 import yaml
 
+from processnode.processes import CONFIG_MAPS, Container, ProcessRuntime, descendants
 from tests.support.operator import running_operator
 from tests.support.paths import EXAMPLES
 from tests.support.prometheus import Prometheus, running_prometheus
@@ -39,7 +40,6 @@ from vllm_operator.api.resource import parse_spec
 from vllm_operator.k8s import EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.sim.cluster import SimCluster, cpu_node
-from vllm_operator.sim.processes import CONFIG_MAPS, Container, ProcessRuntime, descendants
 
 T = TypeVar("T")
 ENGINE_CORE_TITLE = b"VLLM::EngineCore"
@@ -101,8 +101,8 @@ class Stack:
             async with SimCluster(nodes=[cpu_node("cpu-0", cpu="2", memory="24Gi")],
                                   runtimes={"cpu-0": self.runtime}) as cluster:
                 self.cluster = cluster
-                self.runtime.connect(cluster.url, cluster.kubeconfig)
                 assert cluster.client is not None
+                self.runtime.connect(_SimPodApi(cluster.client), cluster.kubeconfig)
                 await cluster.client.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace",
                                                                "metadata": {"name": NS}})
                 await cluster.client.create(CONFIG_MAPS, NS, {
@@ -207,6 +207,20 @@ class Stack:
             parts.append(f"\n--- {c.pod} ({c.ip}, restarts {c.restart_count}, last {c.last_terminated}) log tail:\n"
                          + "\n".join(lines[-25:]))
         return "".join(parts)
+
+
+class _SimPodApi:
+    """The process runtime's reads on the emulator (its pods carry no projected ServiceAccount tokens)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = await self.client.get(res, namespace, name)
+        return found
+
+    async def token(self, namespace: str, service_account: str, pod: str, uid: str, expiration_s: int) -> str:
+        raise LookupError(f"the emulator issues no token for {namespace}/{service_account} (pod {pod})")
 
 
 def http_status(url: str, timeout: float = 3.0) -> int | None:

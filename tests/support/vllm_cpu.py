@@ -29,9 +29,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from processnode.processes import descendants
 from tests.support.net import free_port
 from tests.support.paths import ROOT
-from vllm_operator.sim.processes import descendants
 
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"

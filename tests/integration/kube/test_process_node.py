@@ -1,0 +1,166 @@
+"""The process node agent on the real control plane: its Node and Lease, pods the real scheduler binds to it running
+as processes in network namespaces of their own, their IPs published by the real endpointslice controller, no route
+out of a pod, restarts with termination messages, an image it cannot run, and graceful deletion.
+
+The node is tainted so that no other test's pods land on it; these pods tolerate the taint and select it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
+from processnode.network import node_tag
+from processnode.processes import descendants
+from testcluster.cluster import Cluster
+from tests.support.kube import apply, unique, wait_for
+
+pytestmark = pytest.mark.integration
+TAINT = {"key": "vllm-operator.dev/process-node", "value": "test", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module")
+def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
+    name = unique("procnode")
+    stale = f"vp{node_tag(name)}beef0"  # a link an earlier run of this node left behind
+    proc = kube.netns.run("ip", "link", "add", stale, "type", "veth", "peer", "name", f"vq{node_tag(name)}beef0")
+    assert proc.returncode == 0, proc.stderr
+    config = NodeConfig(name=name, node_ip=kube.netns.address, pod_cidr=node_pod_cidr(kube.netns.pod_cidr, 7),
+                        cluster_pod_cidr=kube.netns.pod_cidr, work_dir=tmp_path_factory.mktemp("procnode"),
+                        run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
+                        labels={"vllm-operator.dev/test-node": name}, taints=[TAINT],
+                        runtime={"backoff_initial_s": 1.0, "max_grace_s": 5.0})
+    agent = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        kube.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def _get(kube: Cluster, *args: str) -> dict[str, Any]:
+    return dict(json.loads(kube.kubectl("get", *args, "-o", "json").stdout))
+
+
+def _pod(name: str, node: AgentThread, command: list[str], *, image: str = "python:3.11",
+         probe_port: int | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "command": command,
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "terminationMessagePolicy": "FallbackToLogsOnError"}
+    if probe_port is not None:
+        container["ports"] = [{"name": "http", "containerPort": probe_port}]
+        container["readinessProbe"] = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+            "spec": {"nodeSelector": {"vllm-operator.dev/test-node": node.config.name},
+                     "tolerations": [{**TAINT, "operator": "Equal"}], "terminationGracePeriodSeconds": 5,
+                     "containers": [container]}}
+
+
+def _condition(obj: dict[str, Any], kind: str) -> str:
+    return next((c["status"] for c in obj.get("status", {}).get("conditions", []) or [] if c["type"] == kind), "")
+
+
+def test_node_registers_renews_its_lease_and_stays_ready(kube: Cluster, node: AgentThread) -> None:
+    name = node.config.name
+    obj = _get(kube, "node", name)
+    assert obj["spec"]["podCIDR"] == node.config.pod_cidr
+    assert {"type": "InternalIP", "address": kube.netns.address} in obj["status"]["addresses"]
+    assert obj["status"]["allocatable"]["cpu"] == node.config.capacity["cpu"]
+    wait_for("the node Ready", lambda: _condition(_get(kube, "node", name), "Ready") == "True")
+    first = _get(kube, "lease", name, "-n", "kube-node-lease")["spec"]["renewTime"]
+    wait_for("a Lease renewal", lambda: _get(kube, "lease", name, "-n", "kube-node-lease")["spec"]["renewTime"]
+             != first, timeout=3 * node.config.renew_s)
+    links = kube.netns.run("ip", "-o", "link", "show").stdout
+    assert f"vp{node_tag(name)}beef0" not in links, "the earlier run's link was removed at start"
+
+
+def test_pod_runs_in_its_own_namespace_and_its_ip_is_published(kube: Cluster, node: AgentThread,
+                                                                tmp_path: Path) -> None:
+    ns = unique("procnode")
+    kube.kubectl("create", "namespace", ns)
+    pod = _pod("web", node, ["python", "-m", "http.server", "8080", "--bind", "$(POD_IP)"], probe_port=8080)
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 8080}]}}
+    apply(kube, pod, service, namespace=ns)
+    ready = wait_for("the pod Ready", lambda: (p := _get(kube, "pod", "web", "-n", ns)) and
+                     _condition(p, "Ready") == "True" and p, timeout=60)
+    ip = ready["status"]["podIP"]
+    assert ready["spec"]["nodeName"] == node.config.name, "bound by the real scheduler"
+    assert ip.startswith(node.config.pod_cidr.rsplit(".", 2)[0]), (ip, node.config.pod_cidr)
+    assert ready["status"]["hostIP"] == kube.netns.address
+
+    def published() -> list[str]:
+        slices = _get(kube, "endpointslices", "-n", ns, "-l", "kubernetes.io/service-name=web")["items"]
+        return [a for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
+                for a in e["addresses"]]
+    assert wait_for("the endpointslice controller to publish the pod IP", published) == [ip]
+
+    served = kube.netns.run("python3", "-c", f"import urllib.request; print(urllib.request.urlopen("
+                                              f"'http://{ip}:8080/', timeout=5).status)")
+    assert served.stdout.strip() == "200", served.stderr
+
+    container = node.agent.runtime.containers[(ns, "web")]  # type: ignore[union-attr]
+    assert container.sandbox is not None and container.proc is not None
+    server = descendants(container.proc.pid)
+    pod_netns = {os.readlink(f"/proc/{pid}/ns/net") for pid in server}
+    assert pod_netns == {os.readlink(container.sandbox.netns_path)}, "the container runs in the pod's namespace"
+    assert os.readlink("/proc/self/ns/net") not in pod_netns
+    assert os.readlink(f"/proc/{container.proc.pid}/ns/pid") != os.readlink(f"/proc/{server[0]}/ns/pid"), \
+        "the container has a PID namespace of its own"
+    routes = subprocess.run(["nsenter", f"--net={container.sandbox.netns_path}", "ip", "route", "get", "1.1.1.1"],
+                            capture_output=True, text=True, check=False)
+    assert routes.returncode != 0, f"the pod's namespace routes off the machine: {routes.stdout}"
+
+    kube.kubectl("delete", "pod", "web", "-n", ns, "--timeout=60s")  # returns once the agent finished deleting
+    assert not [pid for pid in server if Path(f"/proc/{pid}").exists()], "the pod's processes outlived it"
+    assert (ns, "web") not in node.agent.runtime.containers  # type: ignore[union-attr]
+    kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_no_route_out_restart_back_off_and_termination_message(kube: Cluster, node: AgentThread) -> None:
+    ns = unique("procnode")
+    kube.kubectl("create", "namespace", ns)
+    script = textwrap.dedent("""
+        import socket, sys
+        try:
+            socket.create_connection(("1.1.1.1", 443), timeout=5)
+        except OSError as err:
+            print(f"dial out failed: {err}", flush=True)
+            sys.exit(3)
+        print("dial out worked", flush=True)
+    """)
+    apply(kube, _pod("dialer", node, ["python", "-c", script]), namespace=ns)
+
+    def restarted() -> dict[str, Any] | None:
+        statuses = _get(kube, "pod", "dialer", "-n", ns).get("status", {}).get("containerStatuses") or [{}]
+        return statuses[0] if statuses[0].get("restartCount", 0) >= 2 else None
+    status = wait_for("two restarts", restarted, timeout=60)
+    terminated = status["lastState"]["terminated"]
+    assert terminated["exitCode"] == 3, terminated
+    assert "dial out failed" in terminated["message"] and "unreachable" in terminated["message"], terminated
+    kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_an_image_it_cannot_run_is_a_pod_failure(kube: Cluster, node: AgentThread) -> None:
+    ns = unique("procnode")
+    kube.kubectl("create", "namespace", ns)
+    apply(kube, _pod("nginx", node, ["nginx"], image="nginx:1.27"), namespace=ns)
+
+    def waiting() -> dict[str, Any] | None:
+        statuses = _get(kube, "pod", "nginx", "-n", ns).get("status", {}).get("containerStatuses") or [{}]
+        return (statuses[0].get("state") or {}).get("waiting")
+    state = wait_for("the pod's waiting state", lambda: (w := waiting()) and w.get("reason") != "ContainerCreating"
+                     and w, timeout=30)
+    assert state["reason"] == "ErrImageNeverPull", state
+    assert "'nginx:1.27'" in state["message"] and "ghcr.io/vllm-operator/engine-cpu" in state["message"], state
+    kube.kubectl("delete", "namespace", ns, "--wait=false")
