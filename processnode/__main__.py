@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-pod-cidr", required=True)
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE node label (repeatable)")
+    parser.add_argument("--taint", action="append", default=[], help="KEY=VALUE:EFFECT node taint (repeatable)")
     parser.add_argument("--reachable", action="append", default=[], help="address pods may reach (repeatable)")
     parser.add_argument("--cpu", default="8")
     parser.add_argument("--memory", default="64Gi")
@@ -35,12 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         labels = dict(item.split("=", 1) for item in args.label)
         pvcs = {k: Path(v) for k, v in (item.split("=", 1) for item in args.pvc)}
+        taints = []
+        for item in args.taint:
+            key_value, effect = item.rsplit(":", 1)
+            key, value = key_value.split("=", 1)
+            taints.append({"key": key, "value": value, "effect": effect})
     except ValueError:
-        parser.error("--label and --pvc take KEY=VALUE")
+        parser.error("--label and --pvc take KEY=VALUE, --taint KEY=VALUE:EFFECT")
     config = NodeConfig(name=args.name, node_ip=args.node_ip, pod_cidr=args.pod_cidr,
                         cluster_pod_cidr=args.cluster_pod_cidr, work_dir=args.work_dir,
                         run_id=secrets.token_hex(2), api_host=args.node_ip, api_port=args.api_port,
-                        capacity={"cpu": args.cpu, "memory": args.memory, "pods": "110"}, labels=labels,
+                        capacity={"cpu": args.cpu, "memory": args.memory, "pods": "110"}, labels=labels, taints=taints,
                         reachable=args.reachable, runtime={"pvcs": pvcs})
 
     async def serve() -> None:

@@ -1,6 +1,8 @@
-"""The whole loop with real engines: `examples/cpu-dev.yaml` applied to the simulated cluster becomes real vLLM servers
-(started from the operator's rendered pods by `processnode.processes.ProcessRuntime`), a real router that discovers them
-through EndpointSlices, a real Prometheus scraping them, and the operator's health loop acting on what it sees.
+"""The whole loop with real engines on the real control plane: `examples/cpu-dev.yaml` applied to kube-apiserver
+becomes real vLLM servers (the operator's rendered pods, bound by kube-scheduler to a process node whose agent runs
+each in a network namespace of its own: tests/support/e2e_kube.py), a real router that discovers them through the
+EndpointSlices kube-controller-manager publishes, a real Prometheus that discovers them from the API server, and the
+operator's health loop acting on what it sees.
 
 Started once for the module (`stack`): two engines and the router, ~1-2 min on 2 cores. Tests that need a healthy
 system start by waiting for it, so the fault tests (engine-core death, stall) run last and leave it healed.
@@ -9,6 +11,7 @@ system start by waiting for it, so the fault tests (engine-core death, stall) ru
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import signal
@@ -22,11 +25,11 @@ import pytest
 import tokenizers
 
 from processnode.processes import Container, descendants, process_argv
+from tests.support.e2e_kube import Stack, running_stack
 from tests.support.e2e_stack import (
     EXAMPLE,
     NS,
     READY_TIMEOUT_S,
-    Stack,
     Traffic,
     cond,
     counter,
@@ -36,7 +39,6 @@ from tests.support.e2e_stack import (
     metrics_text,
     model_name,
     router_metric,
-    running_stack,
     the_plan,
 )
 from vllm_operator import constants
@@ -94,7 +96,8 @@ def test_engine_processes_run_exactly_the_planned_argv(healthy: Stack) -> None:
         model = str(healthy.model_dir)
         expected_args = [a.replace("$(POD_IP)", container.ip) for a in planned.pools[pool].engine_args]
         assert argv[1:] == ["-m", SERVER_MODULE, "--model", model, *expected_args]
-        assert f"--host={container.ip}" in argv and container.ip.startswith("127.")
+        assert f"--host={container.ip}" in argv
+        assert ipaddress.ip_address(container.ip) in ipaddress.ip_network(healthy.node.config.pod_cidr)  # type: ignore[union-attr]
         assert container.env.get("POD_IP") == container.ip
 
 

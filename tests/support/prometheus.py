@@ -44,11 +44,12 @@ class Prometheus:
     """One Prometheus process on a temporary directory."""
 
     def __init__(self, root: Path, *, scrape_interval: str = "1s", rule_files: Sequence[Path] = (),
-                 host: str = "127.0.0.1") -> None:
+                 scrape_configs: Sequence[Mapping[str, object]] | None = None, host: str = "127.0.0.1") -> None:
+        """`scrape_configs` replaces the file_sd job (the real control plane's kubernetes_sd jobs)."""
         self.root = root
         self.host = host
-        """Where it listens: loopback, or the host side of a testcluster's network namespace for clients inside it
-        (KEDA's triggers)."""
+        """Where it listens and what `url` names: loopback, or an address of a testcluster's network namespace for
+        clients inside it (KEDA's triggers, the end-to-end tier)."""
         self.port = free_port()
         self.targets_file = root / "targets" / "engines.json"
         self.targets_file.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,7 @@ class Prometheus:
             "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
                        "evaluation_interval": scrape_interval},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{
+            "scrape_configs": list(scrape_configs) if scrape_configs is not None else [{
                 "job_name": "vllm-engines",
                 "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}],
             }],

@@ -11,7 +11,9 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from processnode.network import node_tag
 from processnode.processes import descendants
 from testcluster.cluster import Cluster
 from tests.support.kube import apply, unique, wait_for
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 TAINT = {"key": "vllm-operator.dev/process-node", "value": "test", "effect": "NoSchedule"}
@@ -51,7 +54,7 @@ def _get(kube: Cluster, *args: str) -> dict[str, Any]:
     return dict(json.loads(kube.kubectl("get", *args, "-o", "json").stdout))
 
 
-def _pod(name: str, node: AgentThread, command: list[str], *, image: str = "python:3.11",
+def _pod(name: str, node: str, command: list[str], *, image: str = "python:3.11",
          probe_port: int | None = None) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "main", "image": image, "command": command,
@@ -61,7 +64,7 @@ def _pod(name: str, node: AgentThread, command: list[str], *, image: str = "pyth
         container["ports"] = [{"name": "http", "containerPort": probe_port}]
         container["readinessProbe"] = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {"nodeSelector": {"vllm-operator.dev/test-node": node.config.name},
+            "spec": {"nodeSelector": {"vllm-operator.dev/test-node": node},
                      "tolerations": [{**TAINT, "operator": "Equal"}], "terminationGracePeriodSeconds": 5,
                      "containers": [container]}}
 
@@ -88,7 +91,7 @@ def test_pod_runs_in_its_own_namespace_and_its_ip_is_published(kube: Cluster, no
                                                                 tmp_path: Path) -> None:
     ns = unique("procnode")
     kube.kubectl("create", "namespace", ns)
-    pod = _pod("web", node, ["python", "-m", "http.server", "8080", "--bind", "$(POD_IP)"], probe_port=8080)
+    pod = _pod("web", node.config.name, ["python", "-m", "http.server", "8080", "--bind", "$(POD_IP)"], probe_port=8080)
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
                "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 8080}]}}
     apply(kube, pod, service, namespace=ns)
@@ -139,7 +142,7 @@ def test_no_route_out_restart_back_off_and_termination_message(kube: Cluster, no
             sys.exit(3)
         print("dial out worked", flush=True)
     """)
-    apply(kube, _pod("dialer", node, ["python", "-c", script]), namespace=ns)
+    apply(kube, _pod("dialer", node.config.name, ["python", "-c", script]), namespace=ns)
 
     def restarted() -> dict[str, Any] | None:
         statuses = _get(kube, "pod", "dialer", "-n", ns).get("status", {}).get("containerStatuses") or [{}]
@@ -154,7 +157,7 @@ def test_no_route_out_restart_back_off_and_termination_message(kube: Cluster, no
 def test_an_image_it_cannot_run_is_a_pod_failure(kube: Cluster, node: AgentThread) -> None:
     ns = unique("procnode")
     kube.kubectl("create", "namespace", ns)
-    apply(kube, _pod("nginx", node, ["nginx"], image="nginx:1.27"), namespace=ns)
+    apply(kube, _pod("nginx", node.config.name, ["nginx"], image="nginx:1.27"), namespace=ns)
 
     def waiting() -> dict[str, Any] | None:
         statuses = _get(kube, "pod", "nginx", "-n", ns).get("status", {}).get("containerStatuses") or [{}]
@@ -164,3 +167,91 @@ def test_an_image_it_cannot_run_is_a_pod_failure(kube: Cluster, node: AgentThrea
     assert state["reason"] == "ErrImageNeverPull", state
     assert "'nginx:1.27'" in state["message"] and "ghcr.io/vllm-operator/engine-cpu" in state["message"], state
     kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_a_dead_node_agent_gets_its_pods_evicted_and_rescheduled_on_another(kube: Cluster, tmp_path: Path) -> None:
+    """Node failure: the agent of node A is SIGKILLed (its Lease stops being renewed, its pods' processes die with
+    it); the node-lifecycle controller marks A NotReady and taints it, the taint-eviction controller evicts its
+    pods after the API server's default toleration seconds, and the ReplicaSet's replacements run on node B, whose
+    address the endpointslice controller publishes. The figures printed are what each step took."""
+    group = unique("nodefail")
+    ns = group
+    kube.kubectl("create", "namespace", ns)
+    label = {"vllm-operator.dev/test-node": group}
+    name_a, name_b = f"{group}-a", f"{group}-b"
+    cidr_a, cidr_b = node_pod_cidr(kube.netns.pod_cidr, 8), node_pod_cidr(kube.netns.pod_cidr, 9)
+    log_a = tmp_path / "agent-a.log"
+    argv = [*kube.netns.exec_prefix(), sys.executable, "-m", "processnode", f"--kubeconfig={kube.kubeconfig}",
+            f"--name={name_a}", f"--node-ip={kube.netns.address}", f"--pod-cidr={cidr_a}",
+            f"--cluster-pod-cidr={kube.netns.pod_cidr}", f"--work-dir={tmp_path / 'a'}",
+            f"--label=vllm-operator.dev/test-node={group}", f"--taint={TAINT['key']}={TAINT['value']}:NoSchedule"]
+    with log_a.open("w") as log:
+        agent_a = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    node_b: AgentThread | None = None
+    try:
+        wait_for("node A Ready", lambda: _node_ready(kube, name_a) or agent_a.poll() is not None, timeout=60)
+        assert agent_a.poll() is None, f"node A's agent exited: {log_a.read_text()[-2000:]}"
+        template = _pod("web", group, ["python", "-m", "http.server", "8080", "--bind", "$(POD_IP)"],
+                        probe_port=8080)
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                      "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                               "template": {"metadata": {"labels": {"app": "web"}}, "spec": template["spec"]}}}
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                   "spec": {"clusterIP": "None", "selector": {"app": "web"},
+                            "ports": [{"name": "http", "port": 8080}]}}
+        apply(kube, deployment, service, namespace=ns)
+        first = wait_for("the pod Ready on node A", lambda: _ready_pods(kube, ns), timeout=60)[0]
+        assert first["spec"]["nodeName"] == name_a
+        config_b = NodeConfig(name=name_b, node_ip=kube.netns.address, pod_cidr=cidr_b,
+                              cluster_pod_cidr=kube.netns.pod_cidr, work_dir=tmp_path / "b",
+                              run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
+                              labels=label, taints=[TAINT], runtime={"max_grace_s": 5.0})
+        node_b = AgentThread(config_b, kube.kubeconfig, kube.netns.name).start()
+        wait_for("node B Ready", lambda: _node_ready(kube, name_b), timeout=60)
+
+        killed = time.monotonic()
+        agent_a.kill()
+        agent_a.wait(10)
+        served = kube.netns.run("python3", "-c", f"import urllib.request; urllib.request.urlopen("
+                                                  f"'http://{first['status']['podIP']}:8080/', timeout=3)")
+        assert served.returncode != 0, "the pod's processes died with its node agent"
+        wait_for("node A NotReady", lambda: _node_ready(kube, name_a) is False, timeout=120)
+        not_ready = time.monotonic()
+        taints = wait_for("node A tainted unreachable", lambda: [
+            t for t in _get(kube, "node", name_a)["spec"].get("taints") or []
+            if t["key"] == "node.kubernetes.io/unreachable"], timeout=30)
+        assert {t["effect"] for t in taints} >= {"NoExecute"}, taints
+        wait_for("the pod on node A evicted", lambda: _get(kube, "pod", first["metadata"]["name"], "-n", ns)
+                 ["metadata"].get("deletionTimestamp"), timeout=120)
+        evicted = time.monotonic()
+        second = wait_for("a replacement Ready on node B", lambda: [
+            p for p in _ready_pods(kube, ns) if p["spec"]["nodeName"] == name_b], timeout=90)[0]
+        rescheduled = time.monotonic()
+
+        def published() -> list[str]:
+            slices = _get(kube, "endpointslices", "-n", ns, "-l", "kubernetes.io/service-name=web")["items"]
+            return [a for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
+                    for a in e["addresses"]]
+        assert wait_for("the replacement's IP published", lambda: published() == [second["status"]["podIP"]]
+                        and published(), timeout=30)
+        print(f"node failure: NotReady after {not_ready - killed:.1f} s, evicted after {evicted - killed:.1f} s, "
+              f"replacement Ready on node B after {rescheduled - killed:.1f} s")
+    finally:
+        if agent_a.poll() is None:
+            agent_a.kill()
+            agent_a.wait(10)
+        if node_b is not None:
+            node_b.stop()
+        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        kube.kubectl("delete", "node", name_a, name_b, "--wait=false", check=False)
+
+
+def _node_ready(kube: Cluster, name: str) -> bool | None:
+    proc = kube.kubectl("get", "node", name, "-o", "json", check=False)
+    status = _condition(json.loads(proc.stdout), "Ready") if proc.returncode == 0 else ""
+    return True if status == "True" else False if status in ("False", "Unknown") else None
+
+
+def _ready_pods(kube: Cluster, ns: str) -> list[dict[str, Any]]:
+    pods = _get(kube, "pods", "-n", ns, "-l", "app=web")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp") and _condition(p, "Ready") == "True"]

@@ -1,0 +1,290 @@
+"""The whole system on the real control plane for the end-to-end tier: testcluster (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) + a process node agent + real vLLM engines + the real router + real
+Prometheus discovering the pods from the API server + the operator with its health loop, from
+`examples/cpu-dev.yaml`.
+
+Where things run: the control plane in the cluster's network namespace (testcluster), and so does this test process
+while the stack is up (`processnode.netns.entered`: pod addresses exist only in there; the host blackholes them), so
+the test's clients, the operator, the node agent (a thread) and Prometheus all see the pods as a pod in a cluster
+would. Pods run in network namespaces of their own (processnode), bound by the real scheduler to the node
+`cpu-0`; the real endpointslice controller publishes their IPs, from which the router discovers the engines.
+
+The model directory (`scripts/make_model.py --shape tiny`) reaches the pods as a PersistentVolume (hostPath) bound
+to the PVC `models` that cpu-dev.yaml names; the tokenizer ConfigMap is created from that model's files, as an admin
+would with `kubectl create configmap --from-file`. Prometheus' scrape job is derived from the PodMonitor the
+operator renders for cpu-dev (`podmonitor_scrape_config`: the selector, ports and relabelings the Prometheus
+Operator would turn it into), with kubernetes_sd_configs against the API server as a ServiceAccount that may list
+and watch pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
+from processnode.netns import entered
+from processnode.processes import Container
+from testcluster import cluster as testcluster
+from testcluster.cluster import Cluster
+from tests.support.e2e_stack import (
+    EXAMPLE,
+    NAME,
+    NS,
+    READY_TIMEOUT_S,
+    TOKENIZER_CONFIGMAP,
+    TOKENIZER_FILES,
+    cond,
+    http_status,
+    the_plan,
+)
+from tests.support.paths import ROOT
+from tests.support.prometheus import Prometheus
+from vllm_operator import constants
+from vllm_operator.handlers.config import OperatorConfig
+from vllm_operator.handlers.run import OperatorThread
+from vllm_operator.k8s import EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi
+from vllm_operator.rendering.monitoring import pod_monitor
+
+T = TypeVar("T")
+NODE = "cpu-0"
+PROMETHEUS_SA = "prometheus"
+
+
+def _meta(label: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def podmonitor_scrape_config(monitor: Mapping[str, Any], *, api_server: str, ca_file: Path,
+                             token_file: Path) -> list[dict[str, Any]]:
+    """The Prometheus scrape jobs a PodMonitor stands for, one per podMetricsEndpoint (what the Prometheus
+    Operator generates: keep the selected pods' labels and the named port, drop finished pods, then the
+    endpoint's own relabelings)."""
+    spec, meta = monitor["spec"], monitor["metadata"]
+    selection: list[dict[str, Any]] = [
+        {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}]
+    for key, value in (spec["selector"].get("matchLabels") or {}).items():
+        selection.append({"action": "keep", "regex": f"({re.escape(value)});true",
+                          "source_labels": [f"__meta_kubernetes_pod_label_{_meta(key)}",
+                                            f"__meta_kubernetes_pod_labelpresent_{_meta(key)}"]})
+    for expr in spec["selector"].get("matchExpressions") or []:
+        if expr["operator"] != "In":
+            raise ValueError(f"PodMonitor {meta['name']}: selector operator {expr['operator']} is not translated")
+        selection.append({"action": "keep", "regex": f"({'|'.join(map(re.escape, expr['values']))});true",
+                          "source_labels": [f"__meta_kubernetes_pod_label_{_meta(expr['key'])}",
+                                            f"__meta_kubernetes_pod_labelpresent_{_meta(expr['key'])}"]})
+    names = spec.get("namespaceSelector", {}).get("matchNames") or [meta["namespace"]]
+    jobs = []
+    for index, endpoint in enumerate(spec["podMetricsEndpoints"]):
+        own = [{("source_labels" if k == "sourceLabels" else "target_label" if k == "targetLabel" else k): v
+                for k, v in r.items()} for r in endpoint.get("relabelings") or []]
+        jobs.append({
+            "job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/{index}",
+            "metrics_path": endpoint.get("path", "/metrics"), "scheme": endpoint.get("scheme", "http"),
+            "kubernetes_sd_configs": [{"role": "pod", "api_server": api_server,
+                                       "tls_config": {"ca_file": str(ca_file)},
+                                       "authorization": {"credentials_file": str(token_file)},
+                                       "namespaces": {"names": names}}],
+            "relabel_configs": [*selection,
+                                {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                                 "regex": endpoint["port"]},
+                                *own],
+        })
+    return jobs
+
+
+class Stack:
+    """A running system; API reads and writes go through `call` (a loop thread of the test's own)."""
+
+    def __init__(self, root: Path, model_dir: Path) -> None:
+        self.root = root
+        self.model_dir = model_dir
+        self.kube_cluster: Cluster | None = None
+        self.node: AgentThread | None = None
+        self.prom: Prometheus | None = None
+        self.operator: OperatorThread | None = None
+        self.kube: ClientKubeApi | None = None
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="e2e-calls", daemon=True)
+        self._exits = contextlib.ExitStack()
+
+    @property
+    def runtime(self) -> Any:
+        assert self.node is not None and self.node.agent is not None
+        return self.node.agent.runtime
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        kube = testcluster.start(self.root / "kube", kwok=False)  # on the host: it makes the namespace
+        self._exits.callback(kube.stop)
+        self.kube_cluster = kube
+        self._exits.enter_context(entered(kube.netns.name))  # from here on this thread is inside
+        old_kubeconfig = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's login in the operator thread
+        self._exits.callback(lambda: os.environ.pop("KUBECONFIG", None) if old_kubeconfig is None
+                             else os.environ.__setitem__("KUBECONFIG", old_kubeconfig))
+        self._admin_objects(kube)
+        config = NodeConfig(name=NODE, node_ip=kube.netns.address, pod_cidr=node_pod_cidr(kube.netns.pod_cidr, 0),
+                            cluster_pod_cidr=kube.netns.pod_cidr, work_dir=self.root / "pods",
+                            run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=testcluster.API_PORT,
+                            capacity={"cpu": "8", "memory": "24Gi", "pods": "110"},
+                            runtime={"max_grace_s": 10.0})
+        self.node = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
+        self._exits.callback(self.node.stop)
+        self.prom = self._prometheus(kube)
+        self._loop_thread.start()
+        self._exits.callback(lambda: (self.loop.call_soon_threadsafe(self.loop.stop), self._loop_thread.join(10)))
+        self.kube = ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig))
+        self._exits.callback(self.kube.close)
+        self.operator = OperatorThread(
+            OperatorConfig(http_port=0, health_enabled=True, prometheus_url=self.prom.url),
+            lambda: ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig), timeout=30))
+        self.operator.start()
+        self._exits.callback(self.operator.stop)
+        self.call(lambda k: k.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(EXAMPLE)))
+
+    def stop(self) -> None:
+        self._exits.close()
+
+    def _admin_objects(self, kube: Cluster) -> None:
+        kube.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        kube.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        docs = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": TOKENIZER_CONFIGMAP, "namespace": NS},
+             "data": {f: (self.model_dir / f).read_text() for f in TOKENIZER_FILES}},
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "models-dev"},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                      "persistentVolumeReclaimPolicy": "Retain",
+                      "hostPath": {"path": str(self.model_dir.parent), "type": "Directory"},
+                      "claimRef": {"namespace": NS, "name": "models"}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": NS},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": "models-dev",
+                      "resources": {"requests": {"storage": "1Gi"}}}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": PROMETHEUS_SA, "namespace": NS}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": "e2e-prometheus"},
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": "e2e-prometheus"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-prometheus"},
+             "subjects": [{"kind": "ServiceAccount", "name": PROMETHEUS_SA, "namespace": NS}]},
+        ]
+        kube.kubectl("apply", "--server-side", "--field-manager=e2e", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def _prometheus(self, kube: Cluster) -> Prometheus:
+        root = self.root / "prometheus"
+        root.mkdir(parents=True, exist_ok=True)
+        token = root / "token"
+        token.write_text(kube.kubectl("create", "token", PROMETHEUS_SA, "-n", NS, "--duration=4h").stdout.strip())
+        jobs = podmonitor_scrape_config(pod_monitor(the_plan()), api_server=kube.server, ca_file=kube.ca_file,
+                                        token_file=token)
+        (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
+        prom = Prometheus(root, scrape_configs=jobs, host=kube.netns.address)
+        prom.start()
+        self._exits.callback(prom.stop)
+        return prom
+
+    # -- access ------------------------------------------------------------------------------------------------
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[ClientKubeApi], Awaitable[T]], timeout: float = 60.0) -> T:
+        assert self.kube is not None
+        kube = self.kube
+
+        async def go() -> T:
+            return await fn(kube)
+
+        return self.run(go(), timeout)
+
+    def obj(self) -> dict[str, Any]:
+        found = self.call(lambda k: k.get(VLLM_DEPLOYMENTS, NS, NAME))
+        assert found is not None
+        return found
+
+    def pods(self, pool: str | None = None, component: str = constants.COMPONENT_ENGINE) -> list[dict[str, Any]]:
+        selector = f"{constants.LABEL_DEPLOYMENT}={NAME},{constants.LABEL_COMPONENT}={component}"
+        if pool is not None:
+            selector += f",{constants.LABEL_POOL}={pool}"
+        pods = self.call(lambda k: k.list(PODS, NS, selector))
+        return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")),
+                      key=lambda p: p["metadata"]["name"])
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.call(lambda k: k.list(EVENTS, NS))
+
+    def container(self, pod: str) -> Container:
+        found: Container = self.runtime.containers[(NS, pod)]
+        return found
+
+    def engine(self, pool: str) -> Container:
+        """The (single) engine pod's container of a pool."""
+        pods = self.pods(pool)
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        return self.container(pods[0]["metadata"]["name"])
+
+    def router_url(self) -> str:
+        pods = self.pods(component=constants.COMPONENT_ROUTER)
+        assert len(pods) == 1
+        return f"http://{pods[0]['status']['podIP']}:{constants.ROUTER_PORT}"
+
+    def ready(self) -> bool:
+        """VLLMDeployment Ready, every engine and router pod Ready, the router serving."""
+        if cond(self.obj(), constants.COND_READY).get("status") != "True":
+            return False
+        pods = self.pods("short") + self.pods("long") + self.pods(component=constants.COMPONENT_ROUTER)
+        if len(pods) != 3 or not all(cond(p, "Ready").get("status") == "True" for p in pods):
+            return False
+        return http_status(self.router_url() + "/health") == 200
+
+    def wait(self, check: Callable[[], T | None], timeout: float, interval: float = 0.5, what: str = "") -> T:
+        """Poll `check` until it returns something truthy; fail naming `what` with every pod's log tail."""
+        deadline = time.monotonic() + timeout
+        last: T | None = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"{what or check} not met within {timeout:.0f} s (last: {last!r}); "
+                             f"{self.diagnostics()}")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        self.wait(self.ready, timeout, interval=1.0, what="both pools and the router Ready")
+
+    def diagnostics(self) -> str:
+        parts = []
+        for c in list(self.runtime.containers.values()):
+            parts.append(f"\n--- {c.pod} ({c.ip}, restarts {c.restart_count}, last {c.last_terminated}) log tail:\n"
+                         f"{c.log_tail(1500)}")
+        return "".join(parts)
+
+
+@contextlib.contextmanager
+def running_stack(root: Path, model_dir: Path) -> Iterator[Stack]:
+    """The stack, cpu-dev.yaml applied and Ready (or a failure with every pod's log tail); stopped afterwards."""
+    stack = Stack(root, model_dir)
+    try:
+        stack.start()
+        stack.wait_ready()
+        yield stack
+    finally:
+        stack.stop()
+        errors = list(stack.node.agent.errors) + list(stack.runtime.errors) if stack.node and stack.node.agent \
+            else []
+        assert errors == [], f"the node agent failed: {errors!r}"
