@@ -5,12 +5,10 @@ vLLM servers and a real router, exactly as a kubelet would start the containers,
 (argv, env, probes, volumes) is what runs. There is no container runtime on these machines, so this node maps the
 few things a container has onto the host:
 
-* **Pod IP**: with a `network` (`processnode.network.PodNetwork`, what the node agent on the real control plane
-  uses) each pod gets a network namespace of its own with an address from the node's pod CIDR, and its container
-  runs inside it and in a PID namespace of its own (the whole container dies with its main process). Without one
-  (the emulator's end-to-end stack, until it retires) each pod gets a loopback address `127.<subnet>.x.y` in the
-  host's namespace. Either way `--host=$(POD_IP)` binds the engine to its own address; the router (which would
-  listen on `0.0.0.0`) is told the pod IP.
+* **Pod IP**: each pod gets a network namespace of its own (`network`: `processnode.network.PodNetwork`) with an
+  address from the node's pod CIDR, and its container runs inside it and in a PID namespace of its own (the whole
+  container dies with its main process). `--host=$(POD_IP)` binds the engine to its own address; the router (which
+  would listen on `0.0.0.0`) is told the pod IP.
 * **Command**: `command` + `args` with `$(VAR)` expanded from the container env as the kubelet does (`$$(VAR)` stays
   literal `$(VAR)`, unknown names stay as written); env values from literals, the downward API (`status.podIP`,
   `metadata.name`, `metadata.namespace`, `spec.nodeName`, `status.hostIP`), ConfigMap and Secret keys, plus
@@ -37,12 +35,6 @@ few things a container has onto the host:
   group after the pod's grace period (capped by `max_grace_s`); stopped (SIGSTOPped) processes are killed too.
 * **Images**: an image with no entry in `IMAGE_TABLE` is a pod failure (`ErrImageNeverPull` with a message naming
   the image and the table), never a hang.
-* **Metrics discovery** (loopback layout only; on the real control plane Prometheus discovers pods from the API
-  server): pods that the rendered PodMonitor selects (`app.kubernetes.io/name=vllm-operator`, component
-  engine or router) are written to a Prometheus file_sd file with the label contract the PodMonitor's relabelings
-  produce (`namespace`, `pod`, `vllmdeployment`, `pool`, `component`), at `<pod IP>:<port>` for each port the
-  PodMonitor scrapes (`http`, and the engine wrapper's `status`).
-
 IMAGE_TABLE (image repository -> local program; the tag is ignored):
 
 * `ghcr.io/vllm-operator/engine-cpu` (and `.../engine`), command `vllm-operator engine [OPTS] -- vllm serve MODEL
@@ -80,7 +72,6 @@ import aiohttp
 from processnode.network import Sandbox
 from vllm_operator import constants
 from vllm_operator.k8s import Resource
-from vllm_operator.rendering.monitoring import SCRAPED_PORTS
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +265,7 @@ class Container:
     cores: list[int] = field(default_factory=list)
     uid: str = ""
     sandbox: Sandbox | None = None
-    """The pod's own network namespace (None on the loopback layout: every pod in the host's namespace)."""
+    """The pod's own network namespace."""
     env: dict[str, str] = field(default_factory=dict)
     """The container env as resolved at preparation (literals, downward API, ConfigMap/Secret keys)."""
     proc: asyncio.subprocess.Process | None = None
@@ -304,20 +295,18 @@ class Container:
 class ProcessRuntime:
     """A `PodRuntime` that runs each pod's container as a local process tree (see the module docstring)."""
 
-    def __init__(self, work_dir: Path, *, pvcs: Mapping[str, Path] | None = None, targets_file: Path | None = None,
-                 cpus: Sequence[int] | None = None, subnet: int = 10, vllm_python: Path = VLLM_PYTHON,
+    def __init__(self, work_dir: Path, *, network: PodNetworks, pvcs: Mapping[str, Path] | None = None,
+                 cpus: Sequence[int] | None = None, vllm_python: Path = VLLM_PYTHON,
                  max_grace_s: float = 10.0, backoff_initial_s: float = BACKOFF_INITIAL_S,
-                 backoff_max_s: float = BACKOFF_MAX_S, network: PodNetworks | None = None,
-                 host_ip: str = "127.0.0.1", api_env: Mapping[str, str] | None = None) -> None:
+                 backoff_max_s: float = BACKOFF_MAX_S, host_ip: str = "127.0.0.1",
+                 api_env: Mapping[str, str] | None = None) -> None:
         self.work_dir = work_dir
         self.network = network
         self.host_ip = host_ip
         self.api_env = dict(api_env or {})
         """KUBERNETES_SERVICE_HOST/PORT: the API server's real address (nothing here dials ClusterIPs)."""
         self.pvcs = dict(pvcs or {})
-        self.targets_file = targets_file
         self.cpus = list(cpus) if cpus is not None else sorted(os.sched_getaffinity(0))
-        self.subnet = subnet
         self.vllm_python = vllm_python
         self.max_grace_s = max_grace_s
         self.backoff_initial_s = backoff_initial_s
@@ -325,7 +314,6 @@ class ProcessRuntime:
         self.api: PodApi | None = None
         self.kubeconfig: Path | None = None
         self.containers: dict[tuple[str, str], Container] = {}
-        self._next_ip = 2
         self.errors: list[BaseException] = []
 
     def connect(self, api: PodApi, kubeconfig: Path) -> None:
@@ -342,14 +330,8 @@ class ProcessRuntime:
         if len(containers) != 1:
             raise ValueError(f"pod {namespace}/{name}: the process runtime runs single-container pods, got "
                              f"{len(containers)} containers")
-        sandbox = None
-        if self.network is not None:
-            sandbox = await self.network.create(f"{namespace}/{name}")
-            ip = sandbox.ip
-        else:
-            index = self._next_ip
-            self._next_ip += 1
-            ip = f"127.{self.subnet}.{index // 250}.{index % 250 + 2}"
+        sandbox = await self.network.create(f"{namespace}/{name}")
+        ip = sandbox.ip
         root = self.work_dir / namespace / name
         root.mkdir(parents=True, exist_ok=True)
         container = Container(namespace=namespace, pod=name, ip=ip, root=root, report=report, spec=containers[0],
@@ -371,9 +353,7 @@ class ProcessRuntime:
             container.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await container.task
-        if self.network is not None and container.sandbox is not None:
-            await self.network.delete(f"{namespace}/{name}")
-        self._write_targets()
+        await self.network.delete(f"{namespace}/{name}")
         log.info("Stopped pod %s/%s", namespace, name)
 
     async def close(self) -> None:
@@ -399,7 +379,6 @@ class ProcessRuntime:
                 c.termination_file.touch()
                 await self._spawn(c, launch)
                 c.history.append({"event": "started", "t": started, "pid": c.proc.pid if c.proc else None})
-                self._write_targets()
                 c.report(ContainerState(ready=False, running=True, restart_count=c.restart_count,
                                         last_terminated=c.last_terminated))
                 prober = asyncio.create_task(self._probe(c))
@@ -649,7 +628,7 @@ class ProcessRuntime:
     def _kubeconfig_for(self, c: Container, mounts: Sequence[tuple[str, Path]]) -> Path | None:
         """A pod with a ServiceAccount token mounted authenticates as that account: its programs that take a
         kubeconfig (the router) get one holding the mounted token and CA, pointed at the API server's address.
-        Without one (the loopback layout), the runtime's own kubeconfig."""
+        Without one, the runtime's own kubeconfig."""
         mounted = dict(mounts).get(SERVICE_ACCOUNT_DIR)
         host, port = self.api_env.get("KUBERNETES_SERVICE_HOST"), self.api_env.get("KUBERNETES_SERVICE_PORT")
         if mounted is None or not (mounted / "token").exists() or not host or not port:
@@ -776,37 +755,6 @@ class ProcessRuntime:
             else:
                 raise ValueError(f"pod {c.namespace}/{c.pod}: env {name} has an unsupported source {sorted(source)}")
         return env
-
-    # -- Prometheus file_sd -----------------------------------------------------------------------------------------
-
-    def _write_targets(self) -> None:
-        if self.targets_file is None:
-            return
-        groups = []
-        for c in self.containers.values():
-            target = scrape_target(c)
-            if target is not None:
-                groups.append(target)
-        tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(groups, indent=1, sort_keys=True))
-        os.replace(tmp, self.targets_file)
-
-
-def scrape_target(c: Container) -> dict[str, Any] | None:
-    """The file_sd group the rendered PodMonitor would give this pod (one target per scraped port it has: vLLM's
-    `http` and the engine wrapper's `status`), or None when it selects it not."""
-    labels = c.labels
-    if labels.get(constants.LABEL_NAME) != constants.APP_NAME or labels.get(constants.LABEL_COMPONENT) not in (
-            constants.COMPONENT_ENGINE, constants.COMPONENT_ROUTER) or constants.LABEL_DEPLOYMENT not in labels:
-        return None
-    ports = [p for p in c.spec.get("ports", []) or [] if p.get("name") in SCRAPED_PORTS]
-    if not ports:
-        return None
-    contract = {"namespace": c.namespace, "pod": c.pod, "vllmdeployment": labels[constants.LABEL_DEPLOYMENT],
-                "component": labels[constants.LABEL_COMPONENT]}
-    if constants.LABEL_POOL in labels:
-        contract["pool"] = labels[constants.LABEL_POOL]
-    return {"targets": [f"{c.ip}:{p['containerPort']}" for p in ports], "labels": contract}
 
 
 def descendants(pid: int) -> list[int]:

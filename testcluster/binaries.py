@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "scripts" / "build-cluster-bin.sh"
+PROMETHEUS_SCRIPT = ROOT / "scripts" / "build-prometheus.sh"
 # kwok's own default stages: nodes become Ready at once and keep a Lease; pods become Running/Ready, complete and
 # are deleted as a kubelet would.
 KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
@@ -75,6 +76,18 @@ def locate() -> Binaries:
     if missing:
         raise MissingBinaries(f"{directory} lacks {', '.join(missing)}: run `make cluster-bin`")
     return bins
+
+
+def prometheus() -> Path:
+    """Prometheus with Kubernetes service discovery, built from its Go module (scripts/build-prometheus.sh, part of
+    `make cluster-bin`): Debian's 2.42 has no kubernetes_sd_configs."""
+    proc = subprocess.run([str(PROMETHEUS_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise MissingBinaries(f"Prometheus is not built: run `make cluster-bin` ({proc.stderr.strip()})")
+    path = Path(proc.stdout.strip().splitlines()[-1]) / "prometheus"
+    if not os.access(path, os.X_OK):
+        raise MissingBinaries(f"{path} is missing: run `make cluster-bin`")
+    return path
 
 
 def kubectl() -> str:

@@ -1,8 +1,9 @@
-"""Fault -> detection and fault -> serving-again times with real vLLM engines on the simulated cluster (issue 11).
+"""Fault -> detection and fault -> serving-again times with real vLLM engines on the real control plane (issue 11).
 
 Starts the e2e stack once (examples/cpu-dev.yaml: two vLLM CPU engines, the router, Prometheus, the operator with its
-health loop; `tests/support/e2e_stack.py`), then alternates the two faults of the e2e tier on the short pool's engine
-under light traffic through the router, waiting for the system to be Ready between runs:
+health loop, on kube-apiserver and a process node; `tests/support/e2e_stack.py`), then alternates the two faults of
+the e2e tier on the short pool's engine under light traffic through the router, waiting for the system to be Ready
+between runs:
 
 * kill: SIGKILL of the engine core -> /health 503 (detection by the probe target), router ejection, serving again
   (the first 200 answered by the short pool after the kill);

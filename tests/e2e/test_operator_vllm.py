@@ -1,6 +1,6 @@
 """The whole loop with real engines on the real control plane: `examples/cpu-dev.yaml` applied to kube-apiserver
 becomes real vLLM servers (the operator's rendered pods, bound by kube-scheduler to a process node whose agent runs
-each in a network namespace of its own: tests/support/e2e_kube.py), a real router that discovers them through the
+each in a network namespace of its own: tests/support/e2e_stack.py), a real router that discovers them through the
 EndpointSlices kube-controller-manager publishes, a real Prometheus that discovers them from the API server, and the
 operator's health loop acting on what it sees.
 
@@ -25,11 +25,11 @@ import pytest
 import tokenizers
 
 from processnode.processes import Container, descendants, process_argv
-from tests.support.e2e_kube import Stack, running_stack
 from tests.support.e2e_stack import (
     EXAMPLE,
     NS,
     READY_TIMEOUT_S,
+    Stack,
     Traffic,
     cond,
     counter,
@@ -39,6 +39,7 @@ from tests.support.e2e_stack import (
     metrics_text,
     model_name,
     router_metric,
+    running_stack,
     the_plan,
 )
 from vllm_operator import constants

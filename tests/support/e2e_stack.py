@@ -1,28 +1,36 @@
-"""The whole system on one machine for the end-to-end tier: simulated cluster + process-backed node + real vLLM
-engines + real router + real Prometheus + the operator with its health loop, from `examples/cpu-dev.yaml`.
+"""The whole system on the real control plane for the end-to-end tier: testcluster (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) + a process node agent + real vLLM engines + the real router + real
+Prometheus discovering the pods from the API server + the operator with its health loop, from
+`examples/cpu-dev.yaml`.
 
-Why a thread: the cluster's controllers, the process runtime's probes and the operator must keep running while a
-test blocks (the official `openai` client is synchronous, fault timings are measured with sleeps), so the cluster
-lives in its own event loop on a background thread and tests reach it through `Stack.run(coro)`. Everything is
-started once per test module (two engines cost ~1 min and ~5 GiB of a 2-core machine).
+Where things run: the control plane in the cluster's network namespace (testcluster), and so does this test process
+while the stack is up (`processnode.netns.entered`: pod addresses exist only in there; the host blackholes them), so
+the test's clients, the operator, the node agent (a thread) and Prometheus all see the pods as a pod in a cluster
+would. Pods run in network namespaces of their own (processnode), bound by the real scheduler to the node
+`cpu-0`; the real endpointslice controller publishes their IPs, from which the router discovers the engines.
 
-Pods run under `processnode.processes.ProcessRuntime`: the PVC `models` is the directory holding the tiny model made by
-`scripts/make_model.py --shape tiny`, and the ConfigMap `tiny-llama-tokenizer` (named by cpu-dev.yaml) is created
-from that model's tokenizer files, as an admin would with `kubectl create configmap --from-file`.
+The model directory (`scripts/make_model.py --shape tiny`) reaches the pods as a PersistentVolume (hostPath) bound
+to the PVC `models` that cpu-dev.yaml names; the tokenizer ConfigMap is created from that model's files, as an admin
+would with `kubectl create configmap --from-file`. Prometheus' scrape job is derived from the PodMonitor the
+operator renders for cpu-dev (`podmonitor_scrape_config`: the selector, ports and relabelings the Prometheus
+Operator would turn it into), with kubernetes_sd_configs against the API server as a ServiceAccount that may list
+and watch pods.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
+import json
+import os
 import re
+import secrets
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,27 +38,34 @@ from typing import Any, TypeVar
 import openai
 import yaml
 
-from processnode.processes import CONFIG_MAPS, Container, ProcessRuntime, descendants
-from tests.support.operator import running_operator
-from tests.support.paths import EXAMPLES
-from tests.support.prometheus import Prometheus, running_prometheus
+from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
+from processnode.netns import entered
+from processnode.processes import Container, descendants
+from testcluster import binaries
+from testcluster import cluster as testcluster
+from testcluster.cluster import Cluster
+from tests.support.paths import EXAMPLES, ROOT
+from tests.support.prometheus import Prometheus
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_spec
-from vllm_operator.k8s import EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
+from vllm_operator.handlers.config import OperatorConfig
+from vllm_operator.handlers.run import OperatorThread
+from vllm_operator.k8s import EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi
 from vllm_operator.planning import RemediationState, plan
-from vllm_operator.sim.cluster import SimCluster, cpu_node
+from vllm_operator.rendering.monitoring import pod_monitor
 
 T = TypeVar("T")
 ENGINE_CORE_TITLE = b"VLLM::EngineCore"
 """The process title vLLM gives its engine-core child (/proc/PID/cmdline starts with it)."""
-NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 EXAMPLE = yaml.safe_load((EXAMPLES / "cpu-dev.yaml").read_text())
 NS, NAME = EXAMPLE["metadata"]["namespace"], EXAMPLE["metadata"]["name"]
 TOKENIZER_CONFIGMAP = EXAMPLE["spec"]["model"]["tokenizer"]["configMap"]["name"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 ACCESS_LINE = re.compile(r'"GET /(health|metrics|status|startup) HTTP/1\.1" 200')
 """Probe and scrape lines of a pod's access log, left out of a failure's log tails."""
+NODE = "cpu-0"
+PROMETHEUS_SA = "prometheus"
 READY_TIMEOUT_S = 420.0
 """Two engines starting together on a busy 2-core machine: 50-100 s measured, up to ~4 min seen under load."""
 
@@ -60,66 +75,142 @@ def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
                       if c.get("type") == type_), {}))
 
 
-class Stack:
-    """A running system; all API reads/writes go through `run` (the cluster's loop)."""
+def _meta(label: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
-    def __init__(self, root: Path, model_dir: Path, prom: Prometheus, example: dict[str, Any] | None = None) -> None:
+
+def podmonitor_scrape_config(monitor: Mapping[str, Any], *, api_server: str, ca_file: Path,
+                             token_file: Path) -> list[dict[str, Any]]:
+    """The Prometheus scrape jobs a PodMonitor stands for, one per podMetricsEndpoint (what the Prometheus
+    Operator generates: keep the selected pods' labels and the named port, drop finished pods, then the
+    endpoint's own relabelings)."""
+    spec, meta = monitor["spec"], monitor["metadata"]
+    selection: list[dict[str, Any]] = [
+        {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}]
+    for key, value in (spec["selector"].get("matchLabels") or {}).items():
+        selection.append({"action": "keep", "regex": f"({re.escape(value)});true",
+                          "source_labels": [f"__meta_kubernetes_pod_label_{_meta(key)}",
+                                            f"__meta_kubernetes_pod_labelpresent_{_meta(key)}"]})
+    for expr in spec["selector"].get("matchExpressions") or []:
+        if expr["operator"] != "In":
+            raise ValueError(f"PodMonitor {meta['name']}: selector operator {expr['operator']} is not translated")
+        selection.append({"action": "keep", "regex": f"({'|'.join(map(re.escape, expr['values']))});true",
+                          "source_labels": [f"__meta_kubernetes_pod_label_{_meta(expr['key'])}",
+                                            f"__meta_kubernetes_pod_labelpresent_{_meta(expr['key'])}"]})
+    names = spec.get("namespaceSelector", {}).get("matchNames") or [meta["namespace"]]
+    jobs = []
+    for index, endpoint in enumerate(spec["podMetricsEndpoints"]):
+        own = [{("source_labels" if k == "sourceLabels" else "target_label" if k == "targetLabel" else k): v
+                for k, v in r.items()} for r in endpoint.get("relabelings") or []]
+        jobs.append({
+            "job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/{index}",
+            "metrics_path": endpoint.get("path", "/metrics"), "scheme": endpoint.get("scheme", "http"),
+            "kubernetes_sd_configs": [{"role": "pod", "api_server": api_server,
+                                       "tls_config": {"ca_file": str(ca_file)},
+                                       "authorization": {"credentials_file": str(token_file)},
+                                       "namespaces": {"names": names}}],
+            "relabel_configs": [*selection,
+                                {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                                 "regex": endpoint["port"]},
+                                *own],
+        })
+    return jobs
+
+
+class Stack:
+    """A running system; API reads and writes go through `call` (a loop thread of the test's own)."""
+
+    def __init__(self, root: Path, model_dir: Path, example: dict[str, Any] | None = None) -> None:
         self.example = example if example is not None else EXAMPLE
         self.root = root
         self.model_dir = model_dir
-        self.prom = prom
-        self.runtime = ProcessRuntime(root / "pods", pvcs={"models": model_dir.parent},
-                                      targets_file=prom.targets_file)
-        self.loop = asyncio.new_event_loop()
-        self.cluster: SimCluster | None = None
+        self.kube_cluster: Cluster | None = None
+        self.node: AgentThread | None = None
+        self.prom: Prometheus | None = None
+        self.operator: OperatorThread | None = None
         self.kube: ClientKubeApi | None = None
-        self._thread = threading.Thread(target=self._main, name="e2e-cluster", daemon=True)
-        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._stop: asyncio.Event | None = None
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="e2e-calls", daemon=True)
+        self._exits = contextlib.ExitStack()
+
+    @property
+    def runtime(self) -> Any:
+        assert self.node is not None and self.node.agent is not None
+        return self.node.agent.runtime
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
-        self._ready.result(timeout=120)
+        kube = testcluster.start(self.root / "kube", kwok=False)  # on the host: it makes the namespace
+        self._exits.callback(kube.stop)
+        self.kube_cluster = kube
+        self._exits.enter_context(entered(kube.netns.name))  # from here on this thread is inside
+        old_kubeconfig = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's login in the operator thread
+        self._exits.callback(lambda: os.environ.pop("KUBECONFIG", None) if old_kubeconfig is None
+                             else os.environ.__setitem__("KUBECONFIG", old_kubeconfig))
+        self._admin_objects(kube)
+        config = NodeConfig(name=NODE, node_ip=kube.netns.address, pod_cidr=node_pod_cidr(kube.netns.pod_cidr, 0),
+                            cluster_pod_cidr=kube.netns.pod_cidr, work_dir=self.root / "pods",
+                            run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=testcluster.API_PORT,
+                            capacity={"cpu": "8", "memory": "24Gi", "pods": "110"},
+                            runtime={"max_grace_s": 10.0})
+        self.node = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
+        self._exits.callback(self.node.stop)
+        self.prom = self._prometheus(kube)
+        self._loop_thread.start()
+        self._exits.callback(lambda: (self.loop.call_soon_threadsafe(self.loop.stop), self._loop_thread.join(10)))
+        self.kube = ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig))
+        self._exits.callback(self.kube.close)
+        self.operator = OperatorThread(
+            OperatorConfig(http_port=0, health_enabled=True, prometheus_url=self.prom.url),
+            lambda: ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig), timeout=30))
+        self.operator.start()
+        self._exits.callback(self.operator.stop)
+        self.call(lambda k: k.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example)))
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=120)
+        self._exits.close()
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._serve())
-        finally:
-            self.loop.close()
+    def _admin_objects(self, kube: Cluster) -> None:
+        kube.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        kube.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        docs = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": TOKENIZER_CONFIGMAP, "namespace": NS},
+             "data": {f: (self.model_dir / f).read_text() for f in TOKENIZER_FILES}},
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "models-dev"},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                      "persistentVolumeReclaimPolicy": "Retain",
+                      "hostPath": {"path": str(self.model_dir.parent), "type": "Directory"},
+                      "claimRef": {"namespace": NS, "name": "models"}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": NS},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": "models-dev",
+                      "resources": {"requests": {"storage": "1Gi"}}}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": PROMETHEUS_SA, "namespace": NS}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": "e2e-prometheus"},
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": "e2e-prometheus"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-prometheus"},
+             "subjects": [{"kind": "ServiceAccount", "name": PROMETHEUS_SA, "namespace": NS}]},
+        ]
+        kube.kubectl("apply", "--server-side", "--field-manager=e2e", "-f", "-", input=yaml.safe_dump_all(docs))
 
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        try:
-            async with SimCluster(nodes=[cpu_node("cpu-0", cpu="2", memory="24Gi")],
-                                  runtimes={"cpu-0": self.runtime}) as cluster:
-                self.cluster = cluster
-                assert cluster.client is not None
-                self.runtime.connect(_SimPodApi(cluster.client), cluster.kubeconfig)
-                await cluster.client.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace",
-                                                               "metadata": {"name": NS}})
-                await cluster.client.create(CONFIG_MAPS, NS, {
-                    "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": TOKENIZER_CONFIGMAP, "namespace": NS},
-                    "data": {f: (self.model_dir / f).read_text() for f in TOKENIZER_FILES}})
-                try:
-                    async with running_operator(cluster, health_enabled=True, prometheus_url=self.prom.url) as kube:
-                        self.kube = kube
-                        await kube.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example))
-                        self._ready.set_result(None)
-                        await self._stop.wait()
-                finally:
-                    await self.runtime.close()
-        except BaseException as err:
-            if not self._ready.done():
-                self._ready.set_exception(err)
-            raise
+    def _prometheus(self, kube: Cluster) -> Prometheus:
+        root = self.root / "prometheus"
+        root.mkdir(parents=True, exist_ok=True)
+        token = root / "token"
+        token.write_text(kube.kubectl("create", "token", PROMETHEUS_SA, "-n", NS, "--duration=4h").stdout.strip())
+        jobs = podmonitor_scrape_config(pod_monitor(the_plan()), api_server=kube.server, ca_file=kube.ca_file,
+                                        token_file=token)
+        (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
+        prom = Prometheus(root, scrape_configs=jobs, host=kube.netns.address,
+                          executable=str(binaries.prometheus()))
+        prom.start()
+        self._exits.callback(prom.stop)
+        return prom
 
     # -- access ------------------------------------------------------------------------------------------------
 
@@ -209,20 +300,6 @@ class Stack:
         return "".join(parts)
 
 
-class _SimPodApi:
-    """The process runtime's reads on the emulator (its pods carry no projected ServiceAccount tokens)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
-        found: dict[str, Any] | None = await self.client.get(res, namespace, name)
-        return found
-
-    async def token(self, namespace: str, service_account: str, pod: str, uid: str, expiration_s: int) -> str:
-        raise LookupError(f"the emulator issues no token for {namespace}/{service_account} (pod {pod})")
-
-
 def http_status(url: str, timeout: float = 3.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -235,17 +312,18 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
 
 @contextlib.contextmanager
 def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = None) -> Iterator[Stack]:
-    """Prometheus + the stack, cpu-dev.yaml (or `example`, a variant of it) applied and Ready (or a failure with
-    every pod's log tail)."""
-    with running_prometheus() as prom:
-        stack = Stack(root, model_dir, prom, example)
+    """The stack, cpu-dev.yaml (or `example`, a variant of it) applied and Ready (or a failure with every pod's log
+    tail); stopped afterwards."""
+    stack = Stack(root, model_dir, example)
+    try:
         stack.start()
-        try:
-            stack.wait_ready()
-            yield stack
-        finally:
-            stack.stop()
-            assert stack.runtime.errors == [], f"the process runtime failed: {stack.runtime.errors!r}"
+        stack.wait_ready()
+        yield stack
+    finally:
+        stack.stop()
+        errors = list(stack.node.agent.errors) + list(stack.runtime.errors) if stack.node and stack.node.agent \
+            else []
+        assert errors == [], f"the node agent failed: {errors!r}"
 
 
 def pool_service(pool: str) -> str:

@@ -44,8 +44,11 @@ class Prometheus:
     """One Prometheus process on a temporary directory."""
 
     def __init__(self, root: Path, *, scrape_interval: str = "1s", rule_files: Sequence[Path] = (),
-                 scrape_configs: Sequence[Mapping[str, object]] | None = None, host: str = "127.0.0.1") -> None:
-        """`scrape_configs` replaces the file_sd job (the real control plane's kubernetes_sd jobs)."""
+                 scrape_configs: Sequence[Mapping[str, object]] | None = None, host: str = "127.0.0.1",
+                 executable: str | None = None) -> None:
+        """`scrape_configs` replaces the file_sd job (the real control plane's kubernetes_sd jobs, which need
+        `executable`: the Prometheus built with Kubernetes discovery)."""
+        self.executable = executable
         self.root = root
         self.host = host
         """Where it listens and what `url` names: loopback, or an address of a testcluster's network namespace for
@@ -77,7 +80,8 @@ class Prometheus:
             return
         log = self.log_file.open("ab")
         self._proc = subprocess.Popen(
-            [binary(), f"--config.file={self.config_file}", f"--storage.tsdb.path={self.root / 'data'}",
+            [self.executable or binary(), f"--config.file={self.config_file}",
+             f"--storage.tsdb.path={self.root / 'data'}",
              f"--web.listen-address={self.host}:{self.port}", "--web.enable-lifecycle",
              "--storage.tsdb.retention.time=1h"],
             stdout=log, stderr=subprocess.STDOUT)

@@ -1,5 +1,5 @@
 """The process runtime's pure parts: kubelet-style `$(VAR)` expansion, container -> host path mapping, the image
-table's lookup, CPU quantities, probe parsing and the file_sd target a pod gets (processnode/processes.py)."""
+table's lookup, CPU quantities and probe parsing (processnode/processes.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,13 @@ import pytest
 
 from processnode.processes import (
     IMAGE_TABLE,
-    Container,
     LaunchContext,
     Probe,
     expand,
     image_repository,
     map_paths,
     quantity_cores,
-    scrape_target,
 )
-from vllm_operator import constants
 
 ENV = {"POD_IP": "127.10.0.2", "PORT": "8000"}
 
@@ -91,20 +88,3 @@ def test_probe_resolves_named_ports_and_defaults() -> None:
     assert Probe.from_spec({"tcpSocket": {"port": 8000}}, container) is None
     with pytest.raises(ValueError, match="probe port 'metrics' names no port of container 'engine'"):
         Probe.from_spec({"httpGet": {"port": "metrics"}}, container)
-
-
-def container(labels: dict[str, str], ports: list[dict[str, Any]]) -> Container:
-    return Container(namespace="dev", pod="p-1", ip="127.10.0.3", root=Path("/nonexistent"),
-                     report=lambda _state: None, spec={"name": "engine", "ports": ports}, pod_spec={}, labels=labels)
-
-
-def test_scrape_target_carries_the_label_contract() -> None:
-    labels = {constants.LABEL_NAME: constants.APP_NAME, constants.LABEL_COMPONENT: constants.COMPONENT_ENGINE,
-              constants.LABEL_DEPLOYMENT: "cpu-dev", constants.LABEL_POOL: "short"}
-    target = scrape_target(container(labels, [{"name": "http", "containerPort": 8000}]))
-    assert target == {"targets": ["127.10.0.3:8000"], "labels": {
-        "namespace": "dev", "pod": "p-1", "vllmdeployment": "cpu-dev", "pool": "short", "component": "engine"}}
-    assert scrape_target(container({**labels, constants.LABEL_NAME: "other"}, [{"name": "http",
-                                                                               "containerPort": 8000}])) is None
-    assert scrape_target(container(labels, [{"name": "grpc", "containerPort": 9000}])) is None
-
