@@ -249,10 +249,14 @@ class NodeAgent:
         self._pods[key] = pod
         if pod["metadata"].get("deletionTimestamp"):
             await self._stop_pod(key)
-            await self.kube._request(
-                "DELETE", PODS.path(*key), content_type="application/json",
-                body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-                      "preconditions": {"uid": pod["metadata"]["uid"]}})
+            try:
+                await self.kube._request(
+                    "DELETE", PODS.path(*key), content_type="application/json",
+                    body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                          "preconditions": {"uid": pod["metadata"]["uid"]}})
+            except KubeError as err:
+                if not (err.not_found or err.conflict):  # already gone, or a new pod of that name
+                    raise
             log.info("Deleted pod %s/%s after stopping it on node %s", *key, self.config.name)
             return
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or key in self._running:
