@@ -255,7 +255,11 @@ def kube_access(kubeconfig: str | None = None) -> KubeAccess:
             context.load_cert_chain(cfg.cert_file, cfg.key_file)
 
     def token() -> str | None:
-        value = cfg.get_api_key_with_prefix("authorization")  # runs the refresh hook (in-cluster token rotation)
+        # the official client's loaders store the token as "BearerToken" (kubernetes>=29; both the in-cluster and
+        # the kubeconfig loader), older ones as "authorization"; reading only the latter sent no token at all, so a
+        # router in a real cluster was system:anonymous and got 403 on EndpointSlices (found on the real control
+        # plane, tests/e2e). The lookup runs the refresh hook (in-cluster token rotation).
+        value = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
         return str(value) if value else None
 
     return KubeAccess(host=cfg.host.rstrip("/"), ssl=context, token=token)
