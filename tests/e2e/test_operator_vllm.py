@@ -332,7 +332,9 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
         replaced = time.monotonic()
     assert replaced - stopped <= limit, f"replacement started after {replaced - stopped:.1f} s (limit {limit} s)"
     assert new.pod != pod and new.ip != container.ip
-    assert container.proc is not None and container.proc.returncode is not None, "the stalled pod's processes ended"
+    # The deleted pod terminates (SIGTERM, then SIGKILL after its grace) while its replacement starts, as on a kubelet
+    healthy.wait(lambda: container.proc is not None and container.proc.returncode is not None,
+                 healthy.runtime.max_grace_s + 15, interval=0.2, what="the stalled pod's processes ended")
     healthy.wait(lambda: not Path(f"/proc/{core}").exists(), 15, interval=0.2, what="the stopped engine core gone")
     obj = healthy.obj()
     assert obj["status"]["pools"][pool]["restartBudget"]["used"] >= 1
