@@ -7,7 +7,7 @@ Then an adapter is added and the first one removed by editing the VLLMDeployment
 ConfigMap, the wrappers load and unload in the running engines — same pods, restart counts unchanged — and the
 removed adapter is gone from `/v1/models` (router and engines) and answered 404 model_not_found.
 
-The one step a real kubelet does that this cluster's process runtime does not: refresh a mounted ConfigMap's files
+The one step a real kubelet does that the process node's runtime does not: refresh a mounted ConfigMap's files
 when the ConfigMap changes (the emulator writes them once, at container start, and gets no new behaviour for this
 test). `kubelet_sync_adapters` does that refresh here: it reads the ConfigMap the operator wrote from the API and
 replaces each engine pod's projected file atomically, as the kubelet's `..data` swap does, with container paths
@@ -28,6 +28,7 @@ from typing import Any
 import openai
 import pytest
 
+from processnode.processes import map_paths
 from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     EXAMPLE,
@@ -44,7 +45,6 @@ from vllm_operator import constants, names
 from vllm_operator.api.resource import parse_spec
 from vllm_operator.k8s import CONFIGMAPS, VLLM_DEPLOYMENTS
 from vllm_operator.planning import RemediationState, plan
-from vllm_operator.sim.processes import map_paths
 
 pytestmark = pytest.mark.e2e
 
