@@ -107,6 +107,10 @@ def render_planned(planned: Sequence[Planned], options: RenderOptions | None = N
             warnings.append(f"{who}: rendered from --model-config; the operator plans from the spec, so add "
                             f"spec.model.facts {json.dumps(item.spec.model.facts.to_wire(), sort_keys=True)} "
                             "(`vllm-operator plan --model-config` prints it as YAML)")
+        scaled = [p.name for p in the_plan.pools.values() if p.enabled and p.autoscaling is not None]
+        if scaled and not (options and options.prometheus_url):
+            warnings.append(f"{who}: pools {', '.join(scaled)} set autoscaling, but without --prometheus-url no KEDA "
+                            "ScaledObject was rendered (the operator renders them with its own --prometheus-url)")
         objects += render(the_plan, item.spec, options=options)
     return objects, warnings
 

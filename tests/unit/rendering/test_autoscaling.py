@@ -67,3 +67,18 @@ def test_no_scaled_object_without_prometheus_or_autoscaling() -> None:
 
 def test_queries_quote_label_values() -> None:
     assert autoscaling._quote('a"b') == '"a\\"b"'
+
+
+def test_render_cli_says_why_no_scaled_object(tmp_path: Any, capsys: Any) -> None:
+    from vllm_operator.rendering.cli import main
+
+    doc = tmp_path / "d.yaml"
+    doc.write_text("apiVersion: vllm-operator.dev/v1alpha1\nkind: VLLMDeployment\n"
+                   "metadata: {name: demo, namespace: ns}\nspec:\n  model: {name: meta-llama/Llama-3.1-8B-Instruct}\n"
+                   "  workloadClass: chat\n"
+                   "  accelerator: {type: nvidia-h100-80gb}\n  pools: {long: {autoscaling: {maxReplicas: 2}}}\n")
+    assert main(["-f", str(doc)]) == 0
+    out = capsys.readouterr()
+    assert "kind: ScaledObject" not in out.out and "without --prometheus-url no KEDA ScaledObject" in out.err
+    assert main(["-f", str(doc), "--prometheus-url", PROM]) == 0
+    assert "kind: ScaledObject" in capsys.readouterr().out
