@@ -212,9 +212,10 @@ def test_a_dead_node_agent_gets_its_pods_evicted_and_rescheduled_on_another(kube
         killed = time.monotonic()
         agent_a.kill()
         agent_a.wait(10)
-        served = kube.netns.run("python3", "-c", f"import urllib.request; urllib.request.urlopen("
-                                                  f"'http://{first['status']['podIP']}:8080/', timeout=3)")
-        assert served.returncode != 0, "the pod's processes died with its node agent"
+        probe = ("import urllib.request; urllib.request.urlopen("
+                 f"'http://{first['status']['podIP']}:8080/', timeout=3)")
+        wait_for("the pod's processes to die with its node agent (parent-death signals)",
+                 lambda: kube.netns.run("python3", "-c", probe).returncode != 0, timeout=15)
         wait_for("node A NotReady", lambda: _node_ready(kube, name_a) is False, timeout=120)
         not_ready = time.monotonic()
         taints = wait_for("node A tainted unreachable", lambda: [
