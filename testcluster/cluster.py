@@ -151,21 +151,8 @@ class Cluster:
     def stop_component(self, name: str, *, kill: bool = True, grace: float = 10) -> None:
         """Stop one component (a control-plane fault): SIGKILL by default, as a crash; SIGTERM with `kill=False`.
         Returns once its process is gone; `start_component` starts it again with the same command line."""
-        pid, binary = self.state.pids[name], self.state.binaries[name]
-        if _alive(pid, binary):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while _alive(pid, binary) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.05)
-        if _alive(pid, binary):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            while _alive(pid, binary):
-                _reap(pid)
-                time.sleep(0.05)
-        _reap(pid)
+        stop_processes([(self.state.pids[name], self.state.binaries[name])],
+                       first=signal.SIGKILL if kill else signal.SIGTERM, grace=grace)
 
     def start_component(self, name: str, *, ready_timeout: float = 120) -> None:
         """Start a component `stop_component` stopped, with its recorded command line, and wait until it is ready
@@ -428,23 +415,36 @@ def _alive(pid: int, binary: str) -> bool:
     return Path(exe).name == Path(binary).name
 
 
-def stop(state: State, grace: float = 10) -> None:
-    """Stop the recorded PIDs (reverse start order), remove etcd's data and the network namespace."""
-    for name in reversed(list(state.pids)):
-        pid, binary = state.pids[name], state.binaries.get(name, "")
+def stop_processes(procs: Sequence[tuple[int, str]], *, first: signal.Signals = signal.SIGTERM,
+                   grace: float = 10, kill_wait: float = 5) -> None:
+    """Stop recorded processes, each a (pid, binary) checked to still run that binary so a reused PID is never
+    signalled: `first` to every one still alive, up to `grace` seconds for all of them to exit, SIGKILL for the
+    rest, and up to `kill_wait` more for those to go (each reaped when it is our child). The launcher, a single
+    component's stop and KEDA's processes all stop this way."""
+    for pid, binary in procs:
         if _alive(pid, binary):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, first)
     deadline = time.monotonic() + grace
-    for name in reversed(list(state.pids)):
-        pid, binary = state.pids[name], state.binaries.get(name, "")
+    for pid, binary in procs:
         while _alive(pid, binary) and time.monotonic() < deadline:
             _reap(pid)
             time.sleep(0.05)
         if _alive(pid, binary):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + kill_wait
+    for pid, binary in procs:
+        while _alive(pid, binary) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.05)
         _reap(pid)
+
+
+def stop(state: State, grace: float = 10) -> None:
+    """Stop the recorded PIDs (reverse start order), remove etcd's data and the network namespace."""
+    stop_processes([(state.pids[name], state.binaries.get(name, "")) for name in reversed(list(state.pids))],
+                   grace=grace)
     shutil.rmtree(state.etcd_data, ignore_errors=True)
     Netns(state.slot).teardown()
     state.pids.clear()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import signal
 import ssl
 import subprocess
 import time
@@ -44,7 +43,7 @@ import yaml
 
 from testcluster import pki
 from testcluster.binaries import ROOT, MissingBinaries
-from testcluster.cluster import Cluster, ClusterError, _alive, _Launcher, _reap, _save, _tail
+from testcluster.cluster import Cluster, ClusterError, _Launcher, _save, _tail, stop_processes
 
 BUILD_SCRIPT = ROOT / "scripts" / "build-keda-bin.sh"
 NAMESPACE = "keda"
@@ -206,19 +205,7 @@ def _stop(cluster: Cluster, grace: float = 10) -> None:
     """Stop KEDA's two processes (their recorded PIDs, checked to still be KEDA's binaries) and forget them."""
     state = cluster.state
     started = [(n, state.pids[n], state.binaries.get(n, "")) for n in COMPONENTS if n in state.pids]
-    for _, pid, binary in started:
-        if _alive(pid, binary):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for _, pid, binary in started:
-        while _alive(pid, binary) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.05)
-        if _alive(pid, binary):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _reap(pid)
+    stop_processes([(pid, binary) for _, pid, binary in started], grace=grace)
     for name, _, _ in started:
         state.pids.pop(name, None)
     _save(state)
