@@ -25,6 +25,7 @@ import pytest
 import tokenizers
 
 from processnode.processes import Container, descendants, process_argv
+from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     EXAMPLE,
     NS,
@@ -303,7 +304,10 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
     container = healthy.engine(pool)
     pod = container.pod
     with Traffic(healthy, max_tokens=120, threads=2, timeout=30):
-        core, stopped = stop_engine_core_mid_step(healthy, pool)
+        url = engine_url(healthy, pool)
+        core, stopped = vllm_cpu.stop_engine_core_mid_step(lambda: metrics_text(url),
+                                                           lambda: engine_core_pid(healthy, pool),
+                                                           what=f"the {pool} engine")
         try:
             def gone() -> bool:
                 return pod not in {p["metadata"]["name"] for p in healthy.pods(pool)}
@@ -340,34 +344,6 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
     assert obj["status"]["pools"][pool]["restartBudget"]["used"] >= 1
     # Ready and serving again takes a fresh vLLM start-up (1-4 min here): measured by benchmarks/e2e/faults.py.
     record("engine core SIGSTOP", {"pod_deleted_s": deleted - stopped, "replacement_started_s": replaced - stopped})
-
-
-def stop_engine_core_mid_step(stack: Stack, pool: str, attempts: int = 5) -> tuple[int, float]:
-    """SIGSTOP the pool's engine core while it has requests running, as a hang inside a forward pass would.
-
-    The engine's gauges are the last scheduler stats the core sent to the API server, frozen by the stop. Between two
-    requests the core can be idle (running 0) for a few milliseconds; a stop landing there freezes `running` at 0 and
-    is an idle engine, not a stalled one (the health loop rightly ignores it). So the frozen gauge is read back, and
-    an idle stop is undone and retried. Returns the core's pid and the monotonic time of the stop that counted."""
-    url = engine_url(stack, pool)
-
-    def running() -> bool:
-        return counter(metrics_text(url), "vllm:num_requests_running") > 0
-
-    frozen = []
-    for _ in range(attempts):
-        stack.wait(running, 60, interval=0.05, what=f"requests running on the {pool} engine")
-        core = engine_core_pid(stack, pool)
-        stopped = time.monotonic()
-        os.kill(core, signal.SIGSTOP)
-        time.sleep(1.0)  # outputs already on the socket reach the API server's gauges
-        value = counter(metrics_text(url), "vllm:num_requests_running")
-        if value > 0:
-            return core, stopped
-        frozen.append(value)
-        os.kill(core, signal.SIGCONT)
-        print(f"SIGSTOP of the {pool} engine core landed between requests (running {value}); retried")
-    raise AssertionError(f"every SIGSTOP of the {pool} engine core landed between requests (running {frozen})")
 
 
 def record(fault: str, seconds: dict[str, float]) -> None:

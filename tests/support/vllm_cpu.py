@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -322,3 +322,40 @@ def metric_labels(line: str) -> dict[str, str]:
         labels[key.strip(",").strip()] = value
         rest = rest.lstrip(",")
     return labels
+
+
+def running_requests(metrics_text: str) -> float:
+    """vLLM's `num_requests_running` gauge (summed over engines) from exposition text."""
+    total = 0.0
+    for line in metric_lines(metrics_text, "vllm:num_requests_running"):
+        total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def stop_engine_core_mid_step(metrics_text: Callable[[], str], core_pid: Callable[[], int], *, what: str,
+                              attempts: int = 5, wait_s: float = 60.0) -> tuple[int, float]:
+    """SIGSTOP an engine core while it has requests running, as a hang inside a forward pass would.
+
+    The engine's gauges are the last scheduler stats the core sent to its API server, frozen by the stop. Client
+    threads that send their next request when the last one ends leave the core idle (running 0) between requests; a
+    stop landing there freezes `running` at 0: an idle engine, not a stalled one, which the health loop rightly
+    ignores (and CI hit: 2026-12-01's failed run). So the frozen gauge is read back 1 s after the stop, and an idle
+    stop is undone and retried. Returns the core's pid and the monotonic time of the stop that counted."""
+    frozen: list[float] = []
+    for _ in range(attempts):
+        deadline = time.monotonic() + wait_s
+        while running_requests(metrics_text()) <= 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no requests running on {what} within {wait_s:.0f} s")
+            time.sleep(0.05)
+        core = core_pid()
+        stopped = time.monotonic()
+        os.kill(core, signal.SIGSTOP)
+        time.sleep(1.0)  # outputs already on the socket reach the API server's gauges
+        value = running_requests(metrics_text())
+        if value > 0:
+            return core, stopped
+        frozen.append(value)
+        os.kill(core, signal.SIGCONT)
+        print(f"SIGSTOP of {what}'s engine core landed between requests (running {value}); retried")
+    raise AssertionError(f"every SIGSTOP of {what}'s engine core landed between requests (running {frozen})")

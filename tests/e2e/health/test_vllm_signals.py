@@ -121,9 +121,8 @@ async def test_real_engine_signals(engine: vllm_cpu.VllmServer, prom: Prometheus
         record_timing("RunawayGeneration (real vLLM, every request ends at max_tokens)", took, tier="real vLLM CPU",
                       window_s=SETTINGS.window_s)
 
-        core = engine.engine_core_pid()
-        os.kill(core, signal.SIGSTOP)
-        frozen = time.monotonic()
+        core, frozen = vllm_cpu.stop_engine_core_mid_step(engine.metrics_text, engine.engine_core_pid,
+                                                          what="the engine")
         try:
             diag, took = await until(source, lambda d: d.pools["short"].pods[0].state is State.STALLED)
             record_timing("Stalled (real vLLM, engine core SIGSTOP)", took, tier="real vLLM CPU",
