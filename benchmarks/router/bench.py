@@ -7,7 +7,7 @@ upstream (the limit), the order of the targets rotates from round to round, and 
 differences (added latency) and ratios to that round's direct baseline, with the spread over the rounds.
 
 Layout (`taskset`): the proxy under test (our router, nginx, vllm-router) on core 0; the fake upstream
-(`python -m vllm_operator.sim.fake_vllm`) and the load generators on core 1, so the proxy has a core to itself and the
+(`python -m fakevllm`) and the load generators on core 1, so the proxy has a core to itself and the
 limit is what core 1 can generate and serve.
 
 Two workloads:
@@ -237,7 +237,7 @@ class Stack:
     def start(self, tokens_dir: Path) -> None:
         up_port = free_port()
         upstream = f"http://127.0.0.1:{up_port}"
-        fake = self._spawn("fake-vllm", [str(VENV_PY), "-m", "vllm_operator.sim.fake_vllm", "--port", str(up_port),
+        fake = self._spawn("fake-vllm", [str(VENV_PY), "-m", "fakevllm", "--port", str(up_port),
                                          "--no-record", "--max-model-len", "262144", "--tokens", "256",
                                          "--log-level", "WARNING"], LOAD_CORE)
         wait_http(f"{upstream}/health", fake)

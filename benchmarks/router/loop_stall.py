@@ -8,7 +8,7 @@ process that serves the router in-process (`build_app` + `serve`, uvloop as `vll
 heartbeat task beside it, pinned to core 0; a client process on core 1 sends `--requests` chat requests of
 `--chars` characters of prose one after another (47,000 characters is the ~24k-token prompt of the GPU run; the
 tiny model's tokenizer makes ~20k tokens of it), each of which needs an exact count (its byte bound straddles the
-30,000-token threshold). The fake engine (`vllm_operator.sim.fake_vllm`) answers on core 1. Reported per checkout:
+30,000-token threshold). The fake engine (`fakevllm`) answers on core 1. Reported per checkout:
 the heartbeat's lateness (how much later than 1 ms it fired) while the long requests ran — max, p99, and the
 milliseconds of lateness summed per request — and the same over an equal idle time just before, in the same child
 (the machine's own noise). Each request's text starts with its own number, so a prefix pool (`--strategy prefix`)
@@ -132,7 +132,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="router-loop-stall-"))
     tokens_dir = make_tokenizer(Path("/tmp/vllm-operator-router-bench"))
     up_port = free_port()
-    fake = subprocess.Popen(["taskset", "-c", "1", str(VENV_PY), "-m", "vllm_operator.sim.fake_vllm", "--port",
+    fake = subprocess.Popen(["taskset", "-c", "1", str(VENV_PY), "-m", "fakevllm", "--port",
                              str(up_port), "--no-record", "--max-model-len", "262144", "--tokens", "16",
                              "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -18,10 +18,10 @@ from typing import Any
 
 import aiohttp
 
+from fakevllm.engine import FakeVllm
 from tests.support.prometheus import Prometheus, Target
 from vllm_operator import constants
 from vllm_operator.health.snapshot import format_time
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 NAMESPACE = "health"
 DEPLOYMENT = "chat"

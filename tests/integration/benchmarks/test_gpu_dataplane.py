@@ -51,7 +51,7 @@ def tokenizer(tmp: Path) -> None:
 def test_split_and_unified_through_the_router(tmp_path: Path) -> None:
     plans(tmp_path, "shared", "unified")
     tokenizer(tmp_path)
-    engine = (f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --model llama-3.1-8b "
+    engine = (f"{sys.executable} -m fakevllm --port {{port}} --model llama-3.1-8b "
               "--max-model-len 32768 --ttft-ms 2")
     done, out = dataplane(tmp_path, "split,unified", engine, "--loadgen-args", TINY)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

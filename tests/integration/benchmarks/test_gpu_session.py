@@ -28,7 +28,7 @@ TINY = (
 
 
 def test_rehearsal_with_fake_engine(tmp_path: Path) -> None:
-    engine = f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --max-model-len 32768 --ttft-ms 5"
+    engine = f"{sys.executable} -m fakevllm --port {{port}} --max-model-len 32768 --ttft-ms 5"
     out = tmp_path / "results"
     cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "long,short", "--plans", str(tmp_path),
            "--out", str(out), "--site", "", "--port", str(free_port()), "--model", "fake-model",
@@ -102,7 +102,7 @@ def group_members(pgid: int) -> list[int]:
 
 def test_budget_skips_what_would_not_fit_and_still_archives(tmp_path: Path) -> None:
     """A GPU command is killed at its time limit; a session that ran past it would bring nothing back."""
-    engine = f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --max-model-len 32768"
+    engine = f"{sys.executable} -m fakevllm --port {{port}} --max-model-len 32768"
     out = tmp_path / "results"
     cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "short,bf16", "--plans", str(tmp_path),
            "--out", str(out), "--site", "", "--port", str(free_port()), "--model", "fake-model",
@@ -120,7 +120,7 @@ def test_budget_skips_what_would_not_fit_and_still_archives(tmp_path: Path) -> N
 
 def test_sigterm_stops_the_engine_and_still_archives(tmp_path: Path) -> None:
     """`timeout -s TERM` around a call: the engine's group is stopped, what ran is kept, the archive is written."""
-    engine = f"{sys.executable} -m vllm_operator.sim.fake_vllm --port {{port}} --max-model-len 32768 --ttft-ms 5"
+    engine = f"{sys.executable} -m fakevllm --port {{port}} --max-model-len 32768 --ttft-ms 5"
     out, port = tmp_path / "results", free_port()
     loadgen = "--duration 600 --short-rate 2 --long-bursts 0 --tokens-per-word 1 --warmup 0"
     cmd = [sys.executable, str(GPU_BENCH / "session.py"), "--steps", "short,bf16", "--plans", str(tmp_path),

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from fakevllm.engine import FakeVllm
 from tests.support.loadgen import LOADGEN_PATH, load_loadgen
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 lg: Any = load_loadgen()
 MODEL = "fake-model"
@@ -170,7 +170,7 @@ def test_cli_run_writes_raw_and_summary(tmp_path: Path) -> None:
     fake_cmd = [
         sys.executable,
         "-m",
-        "vllm_operator.sim.fake_vllm",
+        "fakevllm",
         "--port",
         "0",
         "--max-model-len",

@@ -1,4 +1,4 @@
-"""The engine wrapper follows a start as phases: `vllm-operator engine -- python -m vllm_operator.sim.fake_vllm`.
+"""The engine wrapper follows a start as phases: `vllm-operator engine -- python -m fakevllm`.
 
 The fake vLLM prints vLLM 0.32's real start-up lines (and progress bars with `\\r`) before it serves, can stall in a
 phase, and can write a Hub download into `$HF_HOME`. The wrapper must serve the phases on its own port (`/status`,
@@ -30,7 +30,7 @@ from vllm_operator.rendering import engine as engine_rendering
 pytestmark = pytest.mark.integration
 WRAPPER = [sys.executable, "-m", "vllm_operator.cli", "engine", "--preflight=off", "--status-host=127.0.0.1",
            "--watch-interval=0.2"]
-FAKE = [sys.executable, "-m", "vllm_operator.sim.fake_vllm", "--host=127.0.0.1"]
+FAKE = [sys.executable, "-m", "fakevllm", "--host=127.0.0.1"]
 ORDER = ["Launching", "LoadingWeights", "Compiling", "ProfilingMemory", "KVCacheAllocated", "Serving"]
 
 

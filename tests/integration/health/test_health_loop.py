@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 import yaml
 
+from fakevllm.engine import FakeVllm
 from tests.support.health_harness import Engine, client_loop, engines, record_timing
 from tests.support.operator import running_operator
 from tests.support.paths import EXAMPLES
@@ -34,7 +35,6 @@ from vllm_operator.health import loop
 from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi, Resource
 from vllm_operator.sim.cluster import SimCluster
 from vllm_operator.sim.controllers.scheduling import ContainerState
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 pytestmark = pytest.mark.integration
 

@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fakevllm.engine import ThreadedFakeVllm, run_in_thread
 from testcluster import keda
 from testcluster.cluster import Cluster
 from tests.support.helm import CHART_DIR
@@ -45,7 +46,6 @@ from tests.support.paths import ROOT
 from tests.support.prometheus import Prometheus, Target, running_prometheus
 from tests.support.router import MODEL, router_config, router_in_thread, word_counter, words
 from vllm_operator import constants, names
-from vllm_operator.sim.fake_vllm import ThreadedFakeVllm, run_in_thread
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from fakevllm.engine import FakeVllm
 from tests.support.router import MODEL, word_counter
 from vllm_operator.router.tokens import TokenCounter
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakevllm.engine import FakeVllm
 from tests.support.router import MODEL, router_config, running_router, words
 from vllm_operator.router.tokens import TokenCounter
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 CHAT = "/v1/chat/completions"
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO vllm_operator.router.access: "

@@ -18,9 +18,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from fakevllm.engine import ThreadedFakeVllm, run_in_thread
 from tests.support.router import MODEL, router_config, router_in_thread, word_counter
 from vllm_operator import constants
-from vllm_operator.sim.fake_vllm import ThreadedFakeVllm, run_in_thread
 
 ADAPTERS = {"both": ["short", "long"], "long-only": ["long"], "short-only": ["short"]}
 

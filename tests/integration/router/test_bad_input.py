@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakevllm.engine import FakeVllm
 from tests.support.router import MODEL, router_config, running_router, sample
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

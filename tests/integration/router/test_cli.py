@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from fakevllm.engine import FakeVllm
 from tests.support.net import free_port
 from tests.support.router import MODEL, router_config, words, write_word_tokenizer
 from tests.support.waiting import eventually
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 
 @contextlib.asynccontextmanager

@@ -13,11 +13,11 @@ import aiohttp
 import kubernetes.client
 import pytest
 
+from fakevllm.engine import FakeVllm
 from tests.support.cluster import SimApi
 from tests.support.router import MODEL, router_config, running_router, sample, words
 from tests.support.waiting import eventually
 from vllm_operator.router.tokens import TokenCounter
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 NS = "default"
 CHAT = "/v1/chat/completions"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import aiohttp
 
+from fakevllm.engine import FakeVllm
 from tests.integration.router.test_cli import router_process
 from tests.support.net import free_port
 from tests.support.router import MODEL, router_config, words, write_word_tokenizer
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 STARTED = re.compile(rb"Started router for .* \((\d+) start-up objects frozen out of GC scans\)")
 

@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 import tokenizers
 
+from fakevllm.engine import FakeVllm
 from tests.support.router import MODEL, router_config, running_router, words, write_word_tokenizer
 from vllm_operator.api.router_config import TokenizerConfig
 from vllm_operator.router import tokens as t
 from vllm_operator.router.proxy import HEADER_COUNT_METHOD, HEADER_POOL, HEADER_PROMPT_TOKENS, THREAD_COUNT_CHARS
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 
 class Recording:

@@ -10,9 +10,9 @@ import aiohttp
 import openai
 import pytest
 
+from fakevllm.engine import FakeVllm, ThreadedFakeVllm, run_in_thread
 from tests.support.router import MODEL, router_config, router_in_thread, running_router, sample, word_counter, words
 from vllm_operator.router.metrics import RouterMetrics
-from vllm_operator.sim.fake_vllm import FakeVllm, ThreadedFakeVllm, run_in_thread
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakevllm.engine import FakeVllm
 from tests.support.router import MODEL, router_config, running_router, sample, words
 from tests.support.waiting import eventually
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.tokens import TokenCounter
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 CHAT = "/v1/chat/completions"
 

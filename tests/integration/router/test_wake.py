@@ -13,12 +13,12 @@ from typing import Any
 
 import aiohttp
 
+from fakevllm.engine import FakeVllm
 from tests.support.router import MODEL, router_config, running_router, sample, words
 from tests.support.waiting import eventually
 from vllm_operator import constants
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.tokens import TokenCounter
-from vllm_operator.sim.fake_vllm import FakeVllm
 
 CHAT = "/v1/chat/completions"
 LONG_PROMPT = 80  # words: above the threshold (50), so the long pool

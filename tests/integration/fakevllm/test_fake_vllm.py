@@ -20,7 +20,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_operator.sim.fake_vllm import Behaviour, FakeVllm, ThreadedFakeVllm, run_in_thread
+from fakevllm.engine import Behaviour, FakeVllm, ThreadedFakeVllm, run_in_thread
 
 MODEL = "fake-model"
 
@@ -547,7 +547,7 @@ async def test_headers_held_back_with_ttft(fake: FakeVllm, http: aiohttp.ClientS
 
 
 def test_standalone_cli_serves_and_refuses_bad_flags() -> None:
-    cmd = [sys.executable, "-m", "vllm_operator.sim.fake_vllm", "--port", "0", "--tokens", "3", "--model", "m1"]
+    cmd = [sys.executable, "-m", "fakevllm", "--port", "0", "--tokens", "3", "--model", "m1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -1236,7 +1236,7 @@ def _download(repo: str, total: int, steps: int, step_s: float) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m vllm_operator.sim.fake_vllm",
+        prog="python -m fakevllm",
         description="A fake vLLM server (OpenAI API, /health, /metrics) for tests and benchmarks.",
     )
     p.add_argument("--host", default="127.0.0.1")
