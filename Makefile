@@ -17,10 +17,10 @@ $(BIN)/vllm-operator: pyproject.toml
 venv: $(BIN)/vllm-operator
 
 ## demo: create .venv, install, build the control plane, and run the main job: the chart and the operator on a real
-## kube-apiserver with kwok GPU nodes (testcluster/demo.py; `vllm-operator demo` is the in-process emulator version).
+## kube-apiserver with kwok GPU nodes (testcluster/demo.py; EXAMPLES=DIR for another directory).
 demo: venv cluster-bin
 	scripts/install-helm.sh
-	$(BIN)/python -m testcluster.demo
+	$(BIN)/python -m testcluster.demo --examples $(or $(EXAMPLES),examples)
 
 ## test: install everything the tests need from scratch, then run all tiers (lint, unit, integration, e2e).
 test: venv test-deps

@@ -3,10 +3,12 @@
 Starts the cluster (testcluster.cluster, in its own network namespace), registers one kwok GPU node per GPU type the
 examples use (labelled as GPU feature discovery labels real nodes) plus a CPU node, installs the chart with `helm
 install`, runs the operator as the chart's ServiceAccount (a TokenRequest token, so only the chart's RBAC applies),
-applies every file in examples/ with kubectl, waits until each VLLMDeployment is Ready and prints the real
-`kubectl get vllmd -A`. Then two bad edits: one the API server refuses itself (a CEL rule of the CRD), one the
-operator refuses (a long pool the GPU cannot hold: SpecValid=False with the numbers, running pods untouched).
-Everything it started is stopped at the end.
+applies every VLLMDeployment of the examples directory (`--examples DIR`, default `./examples`; a file that is not
+a valid VLLMDeployment is skipped with a line naming it, one the API server refuses likewise), waits until each is
+Ready or refused by the planner (shown with its SpecValid message) and prints the real `kubectl get vllmd -A`. Then
+two bad edits: one the API server refuses itself (a CEL rule of the CRD), one the operator refuses (a long pool the
+GPU cannot hold: SpecValid=False with the numbers, running pods untouched). Everything it started is stopped at the
+end. Exit 2 when the directory has nothing usable (before any cluster starts), 1 when the demo itself failed.
 """
 
 from __future__ import annotations
@@ -24,34 +26,46 @@ import yaml
 
 from testcluster import binaries, cluster
 from testcluster.binaries import MissingBinaries
+from testcluster.examples import PROG, ExamplesError, describe_pools, load_examples, nodes_for, settled
+from testcluster.examples import condition as _condition
 from testcluster.netns import NetnsError
-from testcluster.nodes import KWOK_ANNOTATION
 from vllm_operator import constants
-from vllm_operator.demo import EXAMPLES, describe_pools, load_examples, nodes_for
 
 RELEASE, OPERATOR_NAMESPACE = "vllm-operator", "vllm-system"
-
-
-def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((dict(c) for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
 def _get_json(kube: cluster.Cluster, *args: str) -> Any:
     return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
 
 
-def _wait_ready(kube: cluster.Cluster, examples: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+def _wait_settled(kube: cluster.Cluster, examples: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Each example once it is Ready or refused by the planner; TimeoutError naming the ones that are neither."""
     deadline = time.monotonic() + timeout
     while True:
         current = [_get_json(kube, "vllmd", o["metadata"]["name"], "-n", o["metadata"]["namespace"])
                    for o in examples]
-        late = [c for c in current if _condition(c, constants.COND_READY).get("status") != "True"]
+        late = [c for c in current if not settled(c)]
         if not late:
             return current
         if time.monotonic() > deadline:
             raise TimeoutError("not Ready in time: " + "; ".join(
                 f"{c['metadata']['name']}: {_condition(c, constants.COND_READY).get('message')}" for c in late))
         time.sleep(0.5)
+
+
+def _apply_each(kube: cluster.Cluster, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kubectl apply of each example on its own: one the API server refuses (a CEL rule, a duplicate) is one line
+    naming it and is left out, the others go on."""
+    applied: list[dict[str, Any]] = []
+    for obj in examples:
+        who = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        res = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), check=False)
+        if res.returncode != 0:
+            print(f"{PROG}: could not apply {who}: {res.stderr.strip()}".replace("\n", " "), file=sys.stderr)
+            continue
+        print(res.stdout.strip() + f" ({obj['spec'].get('workloadClass')} on {obj['spec']['accelerator']['type']})")
+        applied.append(obj)
+    return applied
 
 
 def _show_refusals(kube: cluster.Cluster, obj: dict[str, Any]) -> None:
@@ -105,16 +119,12 @@ def model_volumes(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return objs
 
 
-def demo(examples_dir: Path, timeout: float, workdir: Path) -> int:
+def demo(examples: list[dict[str, Any]], timeout: float, workdir: Path) -> int:
     started = time.monotonic()
-    examples = load_examples(examples_dir)
     with cluster.running(workdir / "cluster") as kube:
         print(f"Control plane up in {time.monotonic() - started:.1f} s: {kube.server} (network namespace "
               f"{kube.netns.name}, no route off the machine)")
         node_objs = nodes_for(examples)
-        for node in node_objs:
-            node["metadata"].setdefault("annotations", {}).update(KWOK_ANNOTATION)
-            node["status"].pop("conditions", None)  # kwok reports them, as a kubelet would
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(node_objs))
         print("kwok nodes: " + ", ".join(n["metadata"]["name"] for n in node_objs))
         helm = subprocess.run(
@@ -137,18 +147,27 @@ def demo(examples_dir: Path, timeout: float, workdir: Path) -> int:
             volumes = model_volumes(examples)
             if volumes:
                 kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(volumes))
-            applied = kube.kubectl("apply", "-f", str(examples_dir)).stdout
-            print(applied.strip())
-            current = _wait_ready(kube, examples, timeout)
-            print(f"\nAll {len(current)} VLLMDeployments Ready {time.monotonic() - started:.1f} s after start "
-                  "(operator as the chart's ServiceAccount).\n")
-            print("$ kubectl get vllmd -A")
+            applied = _apply_each(kube, examples)
+            if not applied:
+                raise RuntimeError("the API server refused every example (see above)")
+            current = _wait_settled(kube, applied, timeout)
+            ready = [c for c in current if _condition(c, constants.COND_READY).get("status") == "True"]
+            refused = [c for c in current if c not in ready]
+            print(f"\n{'All ' if not refused else ''}{len(ready)} VLLMDeployments Ready "
+                  f"{time.monotonic() - started:.1f} s after start (operator as the chart's ServiceAccount)"
+                  + (f"; {len(refused)} refused by the planner:" if refused else "."))
+            for obj in refused:
+                cond = _condition(obj, constants.COND_SPEC_VALID)
+                print(f"  {obj['metadata']['namespace']}/{obj['metadata']['name']}: SpecValid=False "
+                      f"({cond.get('reason')}): {cond.get('message')}")
+            print("\n$ kubectl get vllmd -A")
             print(kube.kubectl("get", "vllmd", "-A").stdout)
-            for obj in current:
+            for obj in ready:
                 deps = _get_json(kube, "deployments", "-n", obj["metadata"]["namespace"], "-l",
                                  f"{constants.LABEL_DEPLOYMENT}={obj['metadata']['name']}")["items"]
                 print(describe_pools(obj, deps) + "\n")
-            _show_refusals(kube, current[0])
+            if ready:
+                _show_refusals(kube, ready[0])
         finally:
             operator.terminate()
             try:
@@ -164,13 +183,19 @@ def demo(examples_dir: Path, timeout: float, workdir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testcluster.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=Path, default=EXAMPLES, help="directory of VLLMDeployment YAML files")
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=Path, default=Path("examples"),
+                        help="directory of VLLMDeployment YAML files (default: ./examples)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for Ready")
     args = parser.parse_args(argv)
     try:
+        examples = load_examples(args.examples)
+    except ExamplesError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    try:
         with tempfile.TemporaryDirectory(prefix="vllm-operator-demo-") as workdir:
-            return demo(args.examples, args.timeout, Path(workdir))
+            return demo(examples, args.timeout, Path(workdir))
     except (TimeoutError, RuntimeError, NetnsError, MissingBinaries, cluster.ClusterError) as err:
         print(f"demo failed: {err}", file=sys.stderr)
         return 1

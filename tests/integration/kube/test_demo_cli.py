@@ -1,6 +1,7 @@
-"""`vllm-operator demo --examples DIR` on a user's directory: a missing directory or one with nothing usable is one
-line and exit 2; bad files are skipped with a line each naming the file; `accelerator.type: auto` is resolved by the
-operator from the simulated nodes; a spec the planner refuses is shown with its SpecValid message, not a crash."""
+"""`python -m testcluster.demo --examples DIR` (`make demo`) on a user's directory: a missing directory or one with
+nothing usable is one line and exit 2 before any cluster starts; bad files are skipped with a line each naming the
+file; `accelerator.type: auto` is resolved by the operator from the demo's kwok nodes on the real control plane; a
+spec the planner refuses is shown with its SpecValid message, not a crash."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from testcluster.examples import PROG
 from tests.support.paths import EXAMPLES, ROOT
 
+pytestmark = pytest.mark.integration
 
-def demo(directory: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vllm_operator.cli", "demo", "--examples", str(directory),
-                           "--timeout", "60"], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+def demo(directory: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "testcluster.demo", "--examples", str(directory),
+                           "--timeout", "90"], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def chat(name: str, **spec: object) -> str:
@@ -28,9 +33,9 @@ def chat(name: str, **spec: object) -> str:
 def test_missing_directory_is_one_line(tmp_path: Path) -> None:
     res = demo(tmp_path / "nope")
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr == f"vllm-operator demo: examples directory {tmp_path / 'nope'} does not exist\n"
+    assert res.stderr == f"{PROG}: examples directory {tmp_path / 'nope'} does not exist\n"
     res = demo(tmp_path)
-    assert res.returncode == 2 and res.stderr == f"vllm-operator demo: examples directory {tmp_path} has no *.yaml " \
+    assert res.returncode == 2 and res.stderr == f"{PROG}: examples directory {tmp_path} has no *.yaml " \
                                                  "files\n"
 
 
@@ -40,10 +45,10 @@ def test_nothing_usable_names_each_file(tmp_path: Path) -> None:
     res = demo(tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.splitlines() == [
-        f"vllm-operator demo: skipped {tmp_path / 'bad.yaml'}: {tmp_path / 'bad.yaml'} is not valid YAML at line 2, "
+        f"{PROG}: skipped {tmp_path / 'bad.yaml'}: {tmp_path / 'bad.yaml'} is not valid YAML at line 2, "
         "column 1: expected the node content, but found '<stream end>'",
-        f"vllm-operator demo: skipped {tmp_path / 'cm.yaml'}: kind: expected VLLMDeployment, got 'ConfigMap'",
-        f"vllm-operator demo: no usable VLLMDeployment in {tmp_path} (each file's problem is above)"]
+        f"{PROG}: skipped {tmp_path / 'cm.yaml'}: kind: expected VLLMDeployment, got 'ConfigMap'",
+        f"{PROG}: no usable VLLMDeployment in {tmp_path} (each file's problem is above)"]
 
 
 def test_auto_refused_and_bad_files_together(tmp_path: Path) -> None:
@@ -54,13 +59,15 @@ def test_auto_refused_and_bad_files_together(tmp_path: Path) -> None:
     res = demo(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "Traceback" not in res.stderr
-    skipped = [line for line in res.stderr.splitlines() if line.startswith("vllm-operator demo: skipped ")]
+    skipped = [line for line in res.stderr.splitlines() if line.startswith(f"{PROG}: skipped ")]
     assert [line.split(":")[1].split()[-1] for line in skipped] == [str(tmp_path / "c-bad.yaml"),
                                                                      str(tmp_path / "d-invalid.yaml")]
     assert "spec.workloadClass" in skipped[1]
     out = res.stdout
-    assert "nodes: cpu-0, nvidia-l4-24gb-0" in out  # auto alone: the demo gives it a GPU node to resolve to
+    assert "kwok nodes: cpu-0, nvidia-l4-24gb-0" in out  # auto alone: the demo gives it a GPU node to resolve to
     assert "1 VLLMDeployments Ready" in out and "1 refused by the planner:" in out
     assert ("ml/chat-refused: SpecValid=False (SpecInvalid): spec.pools.long.maxModelLen: 262144 exceeds the native "
             "context") in out
-    assert "ml/chat-auto:" in out and "SpecValid=False" in out.split("Bad edit: ml/chat-auto")[1]
+    after_edit = out.split("Bad edit refused by the operator: ml/chat-auto")[1]
+    assert "ml/chat-auto:" in out and "SpecValid=False" in after_edit
+    assert "pods before and after: identical" in out
