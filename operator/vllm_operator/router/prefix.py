@@ -52,8 +52,10 @@ CHARS_PER_TOKEN: Final = 4
 MAX_BLOCKS: Final = 4096
 """Most blocks taken from one prompt (64K tokens at 16 per block): bounds the work per request; the tail of longer
 prompts is not told apart."""
-RECENT: Final = 256
-"""Choices remembered for the tie-break (how many requests each replica got lately)."""
+WINDOW_PER_REPLICA: Final = 12
+"""Choices per replica in the recent window that the share bound and the tie-break count (24 for two replicas):
+short enough that each stretch of traffic, not the router's lifetime, is balanced; long enough that a conversation
+of a few turns can stay on one replica within its share."""
 _ROOT: Final = 0x9E3779B97F4A7C15  # the chain's seed, an arbitrary odd constant
 
 OUTCOME_HIT: Final = "hit"
@@ -89,6 +91,7 @@ class PrefixBalancer:
         self._text_blocks = 0
         self.text_capacity = settings.index_blocks
         self._recent: collections.deque[int] = collections.deque()
+        self.window = WINDOW_PER_REPLICA
         self._recent_counts: collections.Counter[int] = collections.Counter()
 
     # ------------------------------------------------------------------------------------------------ naming
@@ -183,38 +186,53 @@ class PrefixBalancer:
         blocks to `record` for it. `candidates` is in the caller's rotation order (ties go to the first), and not
         empty.
 
+        Two bounds, both load_factor x the mean, this request included: requests in flight (a hot conversation's
+        burst does not queue on one replica) and the share of the pool's last `window` choices (what bounds each
+        replica's share of the requests over time: with few clients the in-flight bound alone let one replica take
+        3 of every 4 for as long as its conversations kept it busy). A replica over either takes no hit; when no
+        replica is under both, the in-flight bound alone decides (the least loaded one is always under it).
+
         A spill credits its replica only with the prefix the busy replica holds: the conversation's next turn then
-        ties between the two and goes by the recent counts, instead of following the momentarily idle replica for
-        good (which let conversations drift to the faster of two unequal replicas)."""
+        ties between the two and goes to the replica with the smaller recent share, so a conversation that spilled
+        because its home's share was over the bound moves to where there is room (its home then stays within the
+        bound), while one that spilled for a momentary burst of requests in flight goes back."""
         depth = self.depths(chain, {c.claim for c in candidates}) if chain else {}
-        total = sum(c.outstanding for c in candidates) + 1
-        bound = math.ceil(self.load_factor * total / len(candidates))
-        recent = self._recent_counts
-        best: Replica | None = None
-        best_key = (-1, 0, 0)
+        n = len(candidates)
+        recent = self._window_before(n)
+        flight_bound = math.ceil(self.load_factor * (sum(c.outstanding for c in candidates) + 1) / n)
+        share_bound = math.ceil(self.load_factor * (sum(recent.get(c.claim, 0) for c in candidates) + 1) / n)
+        roomy = [c for c in candidates if c.outstanding < flight_bound]  # never empty: the least loaded is in it
+        fair = [c for c in candidates if recent.get(c.claim, 0) < share_bound]  # never empty: the least chosen
+        open_ = [c for c in roomy if c in fair] or fair
+        best = max(open_, key=lambda c: (depth.get(c.claim, 0), -recent.get(c.claim, 0), -c.outstanding))
         deepest = max(depth.values(), default=0)
-        for c in candidates:
-            if c.outstanding + 1 > bound:
-                continue
-            key = (depth.get(c.claim, 0), -recent[c.claim], -c.outstanding)
-            if key > best_key:
-                best, best_key = c, key
-        assert best is not None  # the least loaded replica is always within the bound
         if deepest == 0:
             return best, OUTCOME_MISS, len(chain)
-        if best_key[0] == deepest:
+        if depth.get(best.claim, 0) == deepest:
             return best, OUTCOME_HIT, len(chain)
         return best, OUTCOME_SPILL, deepest
+
+    def _window_before(self, replicas: int) -> Mapping[int, int]:
+        """Choices per replica among the window's latest `window - 1`: what the window holds once this choice is
+        in. The window spans WINDOW_PER_REPLICA choices per replica (a fixed length would bound a large pool's
+        replicas to a share of a few choices each, and a small pool's over a long stretch)."""
+        self.window = WINDOW_PER_REPLICA * replicas
+        while len(self._recent) >= self.window:
+            self._forget_oldest()
+        return self._recent_counts
+
+    def _forget_oldest(self) -> None:
+        old = self._recent.popleft()
+        self._recent_counts[old] -= 1
+        if not self._recent_counts[old]:
+            del self._recent_counts[old]
 
     def record(self, claim: int, chain: Sequence[int], live: Collection[int]) -> None:
         """The replica `claim` was sent this chain; owners no longer in `live` are dropped on the way."""
         self._recent.append(claim)
         self._recent_counts[claim] += 1
-        if len(self._recent) > RECENT:
-            old = self._recent.popleft()
-            self._recent_counts[old] -= 1
-            if not self._recent_counts[old]:
-                del self._recent_counts[old]
+        if len(self._recent) > self.window:
+            self._forget_oldest()
         index = self._index
         for h in reversed(chain):  # tail first: the head ends up most recent and is forgotten last
             owners = index.get(h)
