@@ -13,18 +13,23 @@ scorers, production-stack's prefix-aware router and AIBrix):
   most `index_blocks` names (production-stack #687: an unbounded trie grew until the router was OOM-killed). A
   request's blocks are refreshed tail first, so the LRU forgets a conversation from its end, as vLLM evicts a
   finished request's blocks, and what is remembered of a prompt stays a prefix of it.
-* Choice. Among the replicas under the load bound of consistent hashing with bounded loads (requests in flight,
-  this one included, at most ceil(load_factor x mean)), the one with the longest remembered prefix wins; ties (a
-  new conversation matches nothing, or only a prefix several replicas hold) go to the replica that was chosen least
-  often in the pool's last RECENT choices, then to the fewest in flight, then rotate. The bound is what keeps a hot
-  prefix (one busy conversation) from swamping a replica; the recent count is what spreads new conversations evenly
-  — each one brings its later turns along, so an instant's in-flight count predicts their load worse than how many
-  requests a replica has been getting — and a prefix that every replica holds (a shared system prompt) ties
-  everywhere instead of pulling everyone to one replica.
+* Choice. Among the replicas under both load bounds of consistent hashing with bounded loads — requests in flight,
+  this one included, at most ceil(load_factor x mean), and choices among the pool's last WINDOW_PER_REPLICA x n,
+  this one included, at most ceil(load_factor x mean) — the one with the longest remembered prefix wins; ties (a
+  new conversation matches nothing, or only a prefix several replicas hold) go to the replica chosen least often in
+  that window, then to the fewest in flight, then rotate. The in-flight bound keeps a burst of one hot prefix from
+  queueing on one replica; the window bound is what bounds each replica's share of the requests: with few clients
+  the in-flight bound alone let one replica take 3 of every 4 requests for as long as its conversations kept it
+  busy. When no replica is under both, the window bound wins (a moment's queue on a replica that has had less
+  than its share, rather than an imbalance that lasts). The window count is also what spreads new conversations
+  evenly — each one brings its later turns along, so an instant's in-flight count predicts their load worse than
+  how many requests a replica has been getting — and a prefix that every replica holds (a shared system prompt)
+  ties everywhere instead of pulling everyone to one replica.
 * Membership. A prefix is tied to the replica that has it, not to a position on a hash ring, so a replica that joins
-  takes no existing prefix (it gets new conversations, being the least loaded) and one that leaves moves only its
-  own — fewer moves than a consistent-hash ring's 1/n. A replica re-admitted after an ejection starts with no claims
-  (its engine may have restarted with an empty cache).
+  takes no existing prefix it is not needed for (it gets new conversations, being the least chosen, and those that
+  the window bound pushes off the others) and one that leaves moves only its own plus what the bound moves — fewer
+  than a consistent-hash ring's 1/n. A replica re-admitted after an ejection starts with no claims (its engine may
+  have restarted with an empty cache).
 * Cost. Tokenizing is the expensive part (microseconds per character), so each text's block names are cached by the
   text's hash in a second bounded LRU, and a conversation's earlier turns are not tokenized again. That is why block
   boundaries restart at each message: a message's blocks then depend on its text only. The chain still covers
@@ -186,11 +191,9 @@ class PrefixBalancer:
         blocks to `record` for it. `candidates` is in the caller's rotation order (ties go to the first), and not
         empty.
 
-        Two bounds, both load_factor x the mean, this request included: requests in flight (a hot conversation's
-        burst does not queue on one replica) and the share of the pool's last `window` choices (what bounds each
-        replica's share of the requests over time: with few clients the in-flight bound alone let one replica take
-        3 of every 4 for as long as its conversations kept it busy). A replica over either takes no hit; when no
-        replica is under both, the in-flight bound alone decides (the least loaded one is always under it).
+        Two bounds, both ceil(load_factor x the mean), this request included: requests in flight and choices in the
+        pool's last `window` (see the module's docstring). A replica over either takes no hit; when no replica is
+        under both, the window bound alone decides (the least chosen replica is always under it).
 
         A spill credits its replica only with the prefix the busy replica holds: the conversation's next turn then
         ties between the two and goes to the replica with the smaller recent share, so a conversation that spilled

@@ -3,8 +3,8 @@
 Why least-outstanding-requests: engine requests vary from milliseconds to minutes, so round robin piles new work
 onto an engine that is still busy with long generations; the number of requests the router has in flight to each
 endpoint is known exactly and costs nothing to track. A pool whose strategy is `prefix` chooses with its
-`PrefixBalancer` instead (prefix.py): the replica likely to hold the prompt's prefix, within a load bound over the
-same in-flight counts.
+`PrefixBalancer` instead (prefix.py): the replica likely to hold the prompt's prefix, within load bounds over the
+same in-flight counts and over its recent share of the pool's requests.
 
 Health is both passive and active (docs/architecture.md, Endpoint discovery): a connect error or a 5xx answer ejects an
 endpoint at once, and a poller GETs `/health` on every endpoint each `health.intervalSeconds` — a 200 re-admits an
