@@ -39,6 +39,7 @@ from tests.support.e2e_stack import (
     http_status,
     metrics_text,
     model_name,
+    prompt_of,
     router_metric,
     running_stack,
     the_plan,
@@ -68,15 +69,6 @@ def client(stack: Stack) -> openai.OpenAI:
 
 def engine_counter(stack: Stack, pool: str, name: str) -> float:
     return counter(metrics_text(engine_url(stack, pool)), name)
-
-
-def prompt_of(tokenizer: tokenizers.Tokenizer, n_tokens: int) -> str:
-    """A completions prompt that the model's tokenizer (BOS included) turns into exactly n_tokens tokens."""
-    words = " ".join(f"w{i % 97}" for i in range(n_tokens * 2))
-    ids = tokenizer.encode(words, add_special_tokens=False).ids[: n_tokens - 1]
-    text = tokenizer.decode(ids)
-    assert len(tokenizer.encode(text).ids) == n_tokens, "prompt construction drifted"
-    return text
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,11 @@ would with `kubectl create configmap --from-file`. Prometheus' scrape job is der
 operator renders for cpu-dev (`podmonitor_scrape_config`: the selector, ports and relabelings the Prometheus
 Operator would turn it into), with kubernetes_sd_configs against the API server as a ServiceAccount that may list
 and watch pods.
+
+With `keda=True` the stack also runs KEDA (testcluster/keda.py: its operator and metrics server, installed before the
+operator starts, so that the operator finds the ScaledObject CRD), and the pools named `sleeping` are expected asleep
+at zero once the stack is Ready (an autoscaled pool with minReplicas 0 starts with one replica and sleeps after its
+idleSeconds).
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import openai
+import tokenizers
 import yaml
 
 from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
@@ -43,6 +49,7 @@ from processnode.netns import entered
 from processnode.processes import Container, descendants
 from testcluster import binaries
 from testcluster import cluster as testcluster
+from testcluster import keda as testkeda
 from testcluster.cluster import Cluster
 from tests.support.paths import EXAMPLES, ROOT
 from tests.support.prometheus import Prometheus
@@ -51,7 +58,7 @@ from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_spec
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.run import OperatorThread
-from vllm_operator.k8s import EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi
+from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.rendering.monitoring import pod_monitor
 
@@ -126,8 +133,13 @@ def _established(kube: Cluster) -> bool:
 class Stack:
     """A running system; API reads and writes go through `call` (a loop thread of the test's own)."""
 
-    def __init__(self, root: Path, model_dir: Path, example: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: Path, model_dir: Path, example: dict[str, Any] | None = None, *, keda: bool = False,
+                 sleeping: Sequence[str] = ()) -> None:
         self.example = example if example is not None else EXAMPLE
+        self.with_keda = keda
+        self.sleeping = tuple(sleeping)
+        """Pools expected at zero replicas (asleep) whenever the stack is Ready."""
+        self.keda: testkeda.Keda | None = None
         self.root = root
         self.model_dir = model_dir
         self.kube_cluster: Cluster | None = None
@@ -156,6 +168,8 @@ class Stack:
         self._exits.callback(lambda: os.environ.pop("KUBECONFIG", None) if old_kubeconfig is None
                              else os.environ.__setitem__("KUBECONFIG", old_kubeconfig))
         self._admin_objects(kube)
+        if self.with_keda:
+            self.keda = self._exits.enter_context(testkeda.running(kube))
         config = NodeConfig(name=NODE, node_ip=kube.netns.address, pod_cidr=node_pod_cidr(kube.netns.pod_cidr, 0),
                             cluster_pod_cidr=kube.netns.pod_cidr, work_dir=self.root / "pods",
                             run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=testcluster.API_PORT,
@@ -213,8 +227,8 @@ class Stack:
         root.mkdir(parents=True, exist_ok=True)
         token = root / "token"
         token.write_text(kube.kubectl("create", "token", PROMETHEUS_SA, "-n", NS, "--duration=4h").stdout.strip())
-        jobs = podmonitor_scrape_config(pod_monitor(the_plan()), api_server=kube.server, ca_file=kube.ca_file,
-                                        token_file=token)
+        jobs = podmonitor_scrape_config(pod_monitor(the_plan(self.example)), api_server=kube.server,
+                                        ca_file=kube.ca_file, token_file=token)
         (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
         prom = Prometheus(root, scrape_configs=jobs, host=kube.netns.address,
                           executable=str(binaries.prometheus()))
@@ -266,12 +280,21 @@ class Stack:
         assert len(pods) == 1
         return f"http://{pods[0]['status']['podIP']}:{constants.ROUTER_PORT}"
 
+    def replicas(self, pool: str) -> int | None:
+        """The pool Deployment's spec.replicas (None while it does not exist)."""
+        dep = self.call(lambda k: k.get(DEPLOYMENTS, NS, pool_service(pool)))
+        return None if dep is None else int(dep.get("spec", {}).get("replicas", 1))
+
     def ready(self) -> bool:
-        """VLLMDeployment Ready, every engine and router pod Ready, the router serving."""
+        """VLLMDeployment Ready, one Ready engine pod per awake pool, each sleeping pool at 0 replicas with no pod
+        left, the router pod Ready and serving."""
         if cond(self.obj(), constants.COND_READY).get("status") != "True":
             return False
-        pods = self.pods("short") + self.pods("long") + self.pods(component=constants.COMPONENT_ROUTER)
-        if len(pods) != 3 or not all(cond(p, "Ready").get("status") == "True" for p in pods):
+        if any(self.replicas(p) != 0 or self.pods(p) for p in self.sleeping):
+            return False
+        awake = [p for p in ("short", "long") if p not in self.sleeping]
+        pods = [pod for p in awake for pod in self.pods(p)] + self.pods(component=constants.COMPONENT_ROUTER)
+        if len(pods) != len(awake) + 1 or not all(cond(p, "Ready").get("status") == "True" for p in pods):
             return False
         return http_status(self.router_url() + "/health") == 200
 
@@ -288,7 +311,8 @@ class Stack:
                              f"{self.diagnostics()}")
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        self.wait(self.ready, timeout, interval=1.0, what="both pools and the router Ready")
+        asleep = f" ({', '.join(self.sleeping)} asleep at 0)" if self.sleeping else ""
+        self.wait(self.ready, timeout, interval=1.0, what=f"the pools and the router Ready{asleep}")
 
     def diagnostics(self) -> str:
         """What a failed wait shows: the VLLMDeployment's status and recent events (the operator's decisions), then
@@ -321,10 +345,11 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
 
 
 @contextlib.contextmanager
-def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = None) -> Iterator[Stack]:
+def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = None, *, keda: bool = False,
+                  sleeping: Sequence[str] = ()) -> Iterator[Stack]:
     """The stack, cpu-dev.yaml (or `example`, a variant of it) applied and Ready (or a failure with every pod's log
-    tail); stopped afterwards."""
-    stack = Stack(root, model_dir, example)
+    tail); stopped afterwards. `keda` and `sleeping`: see the module's docstring."""
+    stack = Stack(root, model_dir, example, keda=keda, sleeping=sleeping)
     try:
         stack.start()
         stack.wait_ready()
@@ -340,9 +365,10 @@ def pool_service(pool: str) -> str:
     return names.pool(NAME, pool)
 
 
-def the_plan() -> Plan:
-    """What the operator plans for cpu-dev.yaml with no remediation applied."""
-    return plan(parse_spec(EXAMPLE["spec"]), None, RemediationState(pools={}), name=NAME, namespace=NS)
+def the_plan(example: Mapping[str, Any] | None = None) -> Plan:
+    """What the operator plans for cpu-dev.yaml (or `example`) with no remediation applied."""
+    spec = (example if example is not None else EXAMPLE)["spec"]
+    return plan(parse_spec(spec), None, RemediationState(pools={}), name=NAME, namespace=NS)
 
 
 def metrics_text(url: str) -> str:
@@ -362,6 +388,16 @@ def counter(text: str, name: str, **labels: str) -> float:
         if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
             total += float(m.group(2))
     return total
+
+
+def prompt_of(tokenizer: tokenizers.Tokenizer, n_tokens: int, salt: int = 0) -> str:
+    """A completions prompt that the model's tokenizer (BOS included) turns into exactly n_tokens tokens; another
+    `salt` gives another prompt of the same length (no prefix shared with the first, for vLLM's prefix cache)."""
+    words = " ".join(f"w{(i + salt * 31) % 97}" for i in range(n_tokens * 2))
+    ids = tokenizer.encode(words, add_special_tokens=False).ids[: n_tokens - 1]
+    text = tokenizer.decode(ids)
+    assert len(tokenizer.encode(text).ids) == n_tokens, "prompt construction drifted"
+    return text
 
 
 def model_name() -> str:
