@@ -1,12 +1,14 @@
-"""Autoscaling on the real control plane: KEDA (built from its module), kube-controller-manager's HPA controller, a
-real Prometheus, the real router, and the operator run as the chart's ServiceAccount.
+"""Autoscaling on the real control plane: KEDA (built from its module), kube-controller-manager's HPA controller, a real
+Prometheus, the real router, and the operator run as the chart's ServiceAccount.
 
-First, without KEDA's CRD, a pool that asks for autoscaling runs unscaled at its starting count and the Autoscaling
-condition says why. Then with KEDA: the operator's ScaledObjects are applied and the operator never writes the pool
-Deployments' replicas; the new long pool (minReplicas 0) starts with one replica and sleeps after idleSeconds; the
-short pool scales up when its engines report waiting requests and back down after the stabilization window; a long
-request sent to the router while the long pool sleeps is held, the held-requests gauge wakes the pool (0 -> 1), the
-request is answered, and the pool goes back to 0 when idle.
+Without KEDA's CRD (removed first if an earlier test left it), a pool that asks for autoscaling runs unscaled at its
+starting count and the Autoscaling condition says why. Then with KEDA: the operator's ScaledObjects are applied and
+the operator never writes the pool Deployments' replicas; the new long pool (minReplicas 0) starts with one replica
+and sleeps after idleSeconds; the short pool scales up when its engines report waiting requests and back down after
+the stabilization window; a long request sent to the router while the long pool sleeps is held, the held-requests
+gauge wakes the pool (0 -> 1), the request is answered, and the pool goes back to 0 when idle — with the operator's
+health loop on (reading the same Prometheus), which must neither fight KEDA over replicas nor treat a pool asleep at
+zero as failing.
 
 Pods are kwok pods, so their engines are fake vLLMs (tests/support: the project's fake, metrics pinned by the test)
 that this test starts for each Running pod, and Prometheus discovers them through file_sd targets with the label
@@ -62,6 +64,8 @@ AUTOSCALING = {
 # One wake chain here: Prometheus 1 s + KEDA polling 15 s + HPA 2 s + scheduling and kwok ~1 s, on a loaded 2-core
 # machine; every wait allows several.
 CHAIN_S = 120
+HEALTH_INTERVAL_S = 2
+"""The health loop's pass interval (the chat class's is longer): it runs beside KEDA on every step of the test."""
 
 
 def spec(namespace: str, node_label: dict[str, str], name: str = NAME) -> dict[str, Any]:
@@ -70,6 +74,7 @@ def spec(namespace: str, node_label: dict[str, str], name: str = NAME) -> dict[s
     doc["metadata"]["name"] = name
     doc["spec"]["pools"] = {pool: {"nodeSelector": dict(node_label), "autoscaling": dict(AUTOSCALING[pool])}
                             for pool in ("short", "long")}
+    doc["spec"]["remediation"] = {"intervalSeconds": HEALTH_INTERVAL_S}
     return dict(doc)
 
 
@@ -204,10 +209,20 @@ def release(kube: Cluster) -> Iterator[Release]:
     kube.kubectl("delete", "namespace", rel.watched, rel.namespace, "--wait=false", check=False)
 
 
+@pytest.fixture
+def without_keda(kube: Cluster) -> None:
+    """The session's cluster without KEDA's CRDs, whatever ran before (`with_keda` leaves them, as `keda.uninstall`
+    does on a shared cluster): removed here, so this module's tests pass in any order and after any other module."""
+    for path in keda.crd_files(keda.locate()):
+        crd = yaml.safe_load(path.read_text())["metadata"]["name"]
+        kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true", "--timeout=60s", timeout=70)
+    crds = kube.kubectl("get", "crd", "scaledobjects.keda.sh", check=False)
+    assert crds.returncode != 0, f"KEDA's CRD is still served: {crds.stdout}"
+
+
+@pytest.mark.usefixtures("without_keda")
 def test_without_keda_the_pool_runs_unscaled_and_the_condition_says_so(kube: Cluster, release: Release,
                                                                        tmp_path: Path) -> None:
-    crds = kube.kubectl("get", "crd", "scaledobjects.keda.sh", check=False)
-    assert crds.returncode != 0, "this test needs a cluster without KEDA's CRD (run it before KEDA is installed)"
     name = "nokeda"
     token = kube.token_kubeconfig(release.namespace, release.service_account, tmp_path / "operator.kubeconfig")
     label = {"vllm-operator.dev/test-node": release.watched}
@@ -230,7 +245,7 @@ def test_without_keda_the_pool_runs_unscaled_and_the_condition_says_so(kube: Clu
     assert_clean_log(tmp_path / "operator.log")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def with_keda(kube: Cluster) -> Iterator[keda.Keda]:
     with keda.running(kube) as running:
         yield running
@@ -258,7 +273,7 @@ def test_keda_scales_up_down_to_zero_and_back(kube: Cluster, release: Release, w
         stack.callback(engines.stop)
         token = kube.token_kubeconfig(release.namespace, release.service_account, tmp_path / "operator.kubeconfig")
         stack.enter_context(operator_process(kube, token, tmp_path / "operator.log", f"--namespace={ns}",
-                                             "--no-health", f"--prometheus-url={prom.url}"))
+                                             f"--prometheus-url={prom.url}"))
         # KEDA resolves the scale target's container env when it builds its scalers, secretKeyRef included: without
         # the Secret the engine's HF_TOKEN names, it creates no HPA ("error resolving secrets for ScaleTarget").
         kube.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=unused", check=False)
@@ -336,6 +351,16 @@ def test_keda_scales_up_down_to_zero_and_back(kube: Cluster, release: Release, w
         assert long_status["autoscaler"]["decision"].startswith("asleep at 0"), long_status
         ready = condition(vllmd(kube, ns), constants.COND_READY)
         assert ready is not None and ready["status"] == "True", f"a sleeping pool is not a failing one: {ready}"
+        # The health loop ran beside KEDA (it read the engines' signals from the same Prometheus) and saw nothing to
+        # heal: not Degraded, and it deleted no pod (KEDA's scale-downs are the ReplicaSet controller's deletes).
+        # (A pod just woken is Ready before Prometheus has scraped it, so MetricsAvailable may be False for a pass.)
+        def metrics_available() -> dict[str, Any] | None:
+            cond = condition(vllmd(kube, ns), constants.COND_METRICS_AVAILABLE)
+            return cond if cond and cond["status"] == "True" else None
+
+        wait_for("MetricsAvailable=True from the health loop", metrics_available, timeout=60)
+        degraded = condition(vllmd(kube, ns), constants.COND_DEGRADED)
+        assert degraded is None or degraded["status"] != "True", degraded
         events = json.loads(kube.kubectl("get", "events", "-n", ns, "--field-selector",
                                          f"involvedObject.name={NAME},involvedObject.kind={constants.KIND}",
                                          "-o", "json").stdout)["items"]
@@ -355,3 +380,7 @@ def test_keda_scales_up_down_to_zero_and_back(kube: Cluster, release: Release, w
                  if e.get("user", {}).get("username", "").endswith(f":{release.service_account}")
                  and e.get("responseStatus", {}).get("code") == 403]
     assert not forbidden, [(e["verb"], e["requestURI"]) for e in forbidden]
+    healed = [e["requestURI"] for e in kube.audit_events()
+              if e.get("user", {}).get("username", "").endswith(f":{release.service_account}")
+              and e.get("verb") == "delete" and (e.get("objectRef") or {}).get("resource") == "pods"]
+    assert not healed, f"the health loop deleted pods of a healthy autoscaled deployment: {healed}"
