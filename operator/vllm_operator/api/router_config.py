@@ -45,9 +45,9 @@ class PrefixRouting(ApiModel):
         "bounds the router's memory for prefix state.")
     load_factor: float = Field(
         default=1.25, ge=1.0, le=10.0,
-        description="A replica takes a request only while its requests in flight, and its requests among the pool's "
-        "last 12 per replica, this one included, stay within load_factor x the pool's mean (consistent hashing with "
-        "bounded loads).")
+        description="A replica takes a request only while its requests among the pool's last 12 per replica, and "
+        "its requests in flight less one, this one included, stay within load_factor x the pool's mean (consistent "
+        "hashing with bounded loads).")
 
 
 class PoolRoute(ApiModel):

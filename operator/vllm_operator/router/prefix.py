@@ -14,7 +14,7 @@ scorers, production-stack's prefix-aware router and AIBrix):
   request's blocks are refreshed tail first, so the LRU forgets a conversation from its end, as vLLM evicts a
   finished request's blocks, and what is remembered of a prompt stays a prefix of it.
 * Choice. Among the replicas under both load bounds of consistent hashing with bounded loads — requests in flight,
-  this one included, at most ceil(load_factor x mean), and choices among the pool's last WINDOW_PER_REPLICA x n,
+  this one included, at most ceil(load_factor x mean) + FLIGHT_SLACK, and choices among the pool's last WINDOW_PER_REPLICA x n,
   this one included, at most ceil(load_factor x mean) — the one with the longest remembered prefix wins; ties (a
   new conversation matches nothing, or only a prefix several replicas hold) go to the replica chosen least often in
   that window, then to the fewest in flight, then rotate. The in-flight bound keeps a burst of one hot prefix from
@@ -57,6 +57,12 @@ CHARS_PER_TOKEN: Final = 4
 MAX_BLOCKS: Final = 4096
 """Most blocks taken from one prompt (64K tokens at 16 per block): bounds the work per request; the tail of longer
 prompts is not told apart."""
+FLIGHT_SLACK: Final = 1
+"""Requests in flight a replica may have over ceil(load_factor x mean) and still take a hit. With a few requests in
+flight the ceiling alone is coarse — 3 of 4 on two replicas — and every hit over it spilled: a full prefill on the
+other replica (benchmarks/router-prefix: 7-12 spills in 72 requests, hit rate 0.64-0.70 against 0.79 with none,
+balance the same under the window bound). Against many requests in flight one more is small, and the bound still
+keeps long generations from queueing up on one replica."""
 WINDOW_PER_REPLICA: Final = 12
 """Choices per replica in the recent window that the share bound and the tie-break count (24 for two replicas):
 short enough that each stretch of traffic, not the router's lifetime, is balanced; long enough that a conversation
@@ -191,8 +197,8 @@ class PrefixBalancer:
         blocks to `record` for it. `candidates` is in the caller's rotation order (ties go to the first), and not
         empty.
 
-        Two bounds, both ceil(load_factor x the mean), this request included: requests in flight and choices in the
-        pool's last `window` (see the module's docstring). A replica over either takes no hit; when no replica is
+        Two bounds of ceil(load_factor x the mean), this request included: requests in flight (+ FLIGHT_SLACK) and
+        choices in the pool's last `window` (see the module's docstring). A replica over either takes no hit; when no replica is
         under both, the window bound alone decides (the least chosen replica is always under it).
 
         A spill credits its replica only with the prefix the busy replica holds: the conversation's next turn then
@@ -202,7 +208,7 @@ class PrefixBalancer:
         depth = self.depths(chain, {c.claim for c in candidates}) if chain else {}
         n = len(candidates)
         recent = self._window_before(n)
-        flight_bound = math.ceil(self.load_factor * (sum(c.outstanding for c in candidates) + 1) / n)
+        flight_bound = math.ceil(self.load_factor * (sum(c.outstanding for c in candidates) + 1) / n) + FLIGHT_SLACK
         share_bound = math.ceil(self.load_factor * (sum(recent.get(c.claim, 0) for c in candidates) + 1) / n)
         roomy = [c for c in candidates if c.outstanding < flight_bound]  # never empty: the least loaded is in it
         fair = [c for c in candidates if recent.get(c.claim, 0) < share_bound]  # never empty: the least chosen

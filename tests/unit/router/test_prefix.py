@@ -160,23 +160,29 @@ async def test_a_shared_system_prompt_spreads_once_requests_overlap() -> None:
 
 
 async def test_a_busy_replica_spills_beyond_the_load_bound() -> None:
+    """The in-flight bound, with the window even (two conversations, one a replica, two turns each): a replica takes
+    a hit up to one request over ceil(1.25 x mean in flight) and spills beyond."""
     pool = prefix_pool(2)
-    msgs = conversation(7, 3)
+    msgs, elsewhere = conversation(7, 4), conversation(8, 4)
     home = await route(pool, chat(*msgs[:1]))
-    home.outstanding = 1  # one request of the conversation still running: 2 of 2 in flight is within the bound
-    assert await route(pool, chat(*msgs[:2])) is home
-    home.outstanding = 2  # 3 of 3 would be over ceil(1.25 x 3 / 2) = 2
-    other = await route(pool, chat(*msgs[:3]))
+    other = await route(pool, chat(*elsewhere[:1]))
     assert other is not home
+    assert await route(pool, chat(*msgs[:2])) is home
+    assert await route(pool, chat(*elsewhere[:2])) is other
+    home.outstanding = 3  # 4 of 4 in flight: ceil(1.25 x 4 / 2) = 3, plus the slack of one
+    assert await route(pool, chat(*msgs[:3])) is home
+    home.outstanding = 5  # 6 of 6 would be over ceil(1.25 x 6 / 2) + 1 = 5
+    spilled = await route(pool, chat(*msgs[:4]))
+    assert spilled is other
     assert pool.metrics.child(pool.metrics.prefix_choices, "short", OUTCOME_SPILL).value == 1
-    # the spill credited the other replica only with what home holds (turns 1-2): the next turn ties and goes to
-    # the replica chosen less often lately (home had turns 1 and 2), so spills do not drag conversations along
+    # the spill credited the other replica only with what home holds (turns 1-3): the conversation's next turn ties
+    # between the two and goes by the window (home has had 3 of the last 5), so a spill for a moment's queue does
+    # not drag the conversation along for good unless the window says so
     home.outstanding = 0
     assert pool.balancer is not None
-    held = len(pool.balancer.chain(chat(*msgs[:2])))
+    held = len(pool.balancer.chain(chat(*msgs[:3])))
     key = await pool.route_key(chat(*msgs))
     assert pool.balancer.depths(key, {home.claim, other.claim}) == {home.claim: held, other.claim: held}
-    assert await route(pool, chat(*msgs)) is other
 
 
 class Rep:
