@@ -14,17 +14,17 @@ scorers, production-stack's prefix-aware router and AIBrix):
   request's blocks are refreshed tail first, so the LRU forgets a conversation from its end, as vLLM evicts a
   finished request's blocks, and what is remembered of a prompt stays a prefix of it.
 * Choice. Among the replicas under both load bounds of consistent hashing with bounded loads — requests in flight,
-  this one included, at most ceil(load_factor x mean) + FLIGHT_SLACK, and choices among the pool's last WINDOW_PER_REPLICA x n,
-  this one included, at most ceil(load_factor x mean) — the one with the longest remembered prefix wins; ties (a
-  new conversation matches nothing, or only a prefix several replicas hold) go to the replica chosen least often in
-  that window, then to the fewest in flight, then rotate. The in-flight bound keeps a burst of one hot prefix from
-  queueing on one replica; the window bound is what bounds each replica's share of the requests: with few clients
-  the in-flight bound alone let one replica take 3 of every 4 requests for as long as its conversations kept it
-  busy. When no replica is under both, the window bound wins (a moment's queue on a replica that has had less
-  than its share, rather than an imbalance that lasts). The window count is also what spreads new conversations
-  evenly — each one brings its later turns along, so an instant's in-flight count predicts their load worse than
-  how many requests a replica has been getting — and a prefix that every replica holds (a shared system prompt)
-  ties everywhere instead of pulling everyone to one replica.
+  this one included, at most ceil(load_factor x mean) + FLIGHT_SLACK, and choices among the pool's last
+  WINDOW_PER_REPLICA x n, this one included, at most ceil(load_factor x mean) — the one with the longest remembered
+  prefix wins; ties (a new conversation matches nothing, or only a prefix several replicas hold) go to the replica
+  chosen least often in that window, then to the fewest in flight, then rotate. The in-flight bound keeps long
+  generations or a burst of one hot prefix from queueing on one replica; the window bound is what bounds each
+  replica's share of the requests: with few clients the in-flight bound alone let one replica take 3 of every 4
+  requests for as long as its conversations kept it busy. When no replica is under both, the window bound wins (a
+  moment's queue on a replica that has had less than its share, rather than an imbalance that lasts). The window
+  count is also what spreads new conversations evenly — each one brings its later turns along, so an instant's
+  in-flight count predicts their load worse than how many requests a replica has been getting — and a prefix that
+  every replica holds (a shared system prompt) ties everywhere instead of pulling everyone to one replica.
 * Membership. A prefix is tied to the replica that has it, not to a position on a hash ring, so a replica that joins
   takes no existing prefix it is not needed for (it gets new conversations, being the least chosen, and those that
   the window bound pushes off the others) and one that leaves moves only its own plus what the bound moves — fewer
@@ -198,8 +198,8 @@ class PrefixBalancer:
         empty.
 
         Two bounds of ceil(load_factor x the mean), this request included: requests in flight (+ FLIGHT_SLACK) and
-        choices in the pool's last `window` (see the module's docstring). A replica over either takes no hit; when no replica is
-        under both, the window bound alone decides (the least chosen replica is always under it).
+        choices in the pool's last `window` (see the module's docstring). A replica over either takes no hit; when
+        no replica is under both, the window bound alone decides (the least chosen replica is always under it).
 
         A spill credits its replica only with the prefix the busy replica holds: the conversation's next turn then
         ties between the two and goes to the replica with the smaller recent share, so a conversation that spilled
