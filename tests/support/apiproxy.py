@@ -8,7 +8,11 @@ put between two events:
 - `hold(plural)`: open watches of that resource end (as a dropped connection would); new ones are answered 200 and
   then kept silent — a watch that is connected but hears nothing, while the test changes objects behind it;
 - `expire(plural)`: every held watch of it gets the API server's `ERROR` event with code 410 (Gone: "too old
-  resource version") and ends, and the hold is lifted: a client must list again to continue.
+  resource version") and ends, and the hold is lifted: a client must list again to continue;
+- `fail(plural, lists=, watches=, status=)`: the next lists and watches of that resource are answered `status`
+  (a Status body, as the API server writes one) instead of being relayed;
+- `go_away()` / `come_back()`: the API server is unreachable in between: open watches are cut (their connections
+  dropped mid-stream) and every new connection is closed before an answer, as a crashed server's address does.
 
 `requests` records (method, path, is_watch) for every request, so a test can show a relist came after the 410.
 It listens on 127.0.0.1 only.
@@ -44,11 +48,19 @@ class _Watch:
     held: bool = False
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     gone: bool = False
+    cut: bool = False
+    """End by dropping the connection (no final chunk), as when the server goes away."""
 
 
 def _plural(path: str) -> str:
     """The resource of a collection path: /apis/g/v/namespaces/ns/PLURAL or /api/v1/PLURAL."""
     return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _drop(request: web.Request) -> None:
+    """Close the client's connection at once, with no end to the chunked body: the stream breaks off."""
+    if request.transport is not None:
+        request.transport.abort()
 
 
 class ApiProxy:
@@ -64,6 +76,12 @@ class ApiProxy:
         self.port = 0
         self.requests: list[tuple[str, str, bool]] = []
         self.gone_sent = 0
+        self.failed: list[tuple[str, str, int]] = []
+        """(verb, path, status) of every request answered by `fail` instead of the API server."""
+        self._fail: dict[tuple[str, str], tuple[int, int]] = {}  # (plural, "list"|"watch") -> (left, status)
+        self._away = False
+        self.dropped = 0
+        """Connections dropped unanswered while the API server was away."""
         self._held: set[str] = set()
         self._watches: list[_Watch] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -96,6 +114,18 @@ class ApiProxy:
     def expire(self, plural: str) -> None:
         self._call(self._expire, plural)
 
+    def fail(self, plural: str, *, lists: int = 0, watches: int = 0, status: int = 500) -> None:
+        self._call(self._set_fail, plural, lists, watches, status)
+
+    def failures_left(self, plural: str) -> dict[str, int]:
+        return {verb: self._fail.get((plural, verb), (0, 0))[0] for verb in ("list", "watch")}
+
+    def go_away(self) -> None:
+        self._call(self._go_away)
+
+    def come_back(self) -> None:
+        self._call(self._come_back)
+
     def held_watches(self, plural: str) -> int:
         return sum(1 for w in list(self._watches) if w.plural == plural and w.held and not w.stop.is_set())
 
@@ -108,6 +138,19 @@ class ApiProxy:
         for watch in self._watches:
             if watch.plural == plural:
                 watch.stop.set()
+
+    async def _set_fail(self, plural: str, lists: int, watches: int, status: int) -> None:
+        self._fail[(plural, "list")] = (lists, status)
+        self._fail[(plural, "watch")] = (watches, status)
+
+    async def _go_away(self) -> None:
+        self._away = True
+        for watch in self._watches:
+            watch.cut = True
+            watch.stop.set()
+
+    async def _come_back(self) -> None:
+        self._away = False
 
     async def _expire(self, plural: str) -> None:
         self._held.discard(plural)
@@ -152,9 +195,20 @@ class ApiProxy:
             await runner.cleanup()
 
     async def _handle(self, session: aiohttp.ClientSession, request: web.Request) -> web.StreamResponse:
+        if self._away:
+            self.dropped += 1
+            _drop(request)  # the connection drops before any answer; aiohttp discards this one
+            return web.Response(status=503)
         is_watch = request.query.get("watch") in {"true", "1"}
         self.requests.append((request.method, request.path, is_watch))
         plural = _plural(request.path)
+        left, status = self._fail.get((plural, "watch" if is_watch else "list"), (0, 0))
+        if left > 0 and request.method == "GET":
+            self._fail[(plural, "watch" if is_watch else "list")] = (left - 1, status)
+            self.failed.append(("watch" if is_watch else "list", request.path, status))
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                      "message": "injected by the test proxy", "reason": "InternalError",
+                                      "code": status}, status=status)
         if is_watch and plural in self._held:
             return await self._held_watch(request, plural)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -173,7 +227,9 @@ class ApiProxy:
             try:
                 await response.prepare(request)
                 if is_watch and upstream.status == 200:
-                    await self._relay_watch(upstream, response, plural)
+                    if await self._relay_watch(upstream, response, plural):
+                        _drop(request)
+                        return response
                 else:
                     async for chunk in upstream.content.iter_any():
                         await response.write(chunk)
@@ -182,7 +238,9 @@ class ApiProxy:
                 pass  # the client went away (an operator stopping, a watch it closed)
             return response
 
-    async def _relay_watch(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse, plural: str) -> None:
+    async def _relay_watch(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse, plural: str
+                           ) -> bool:
+        """Relay the watch until it ends or is stopped; True when it was cut (the connection is to be dropped)."""
         watch = _Watch(plural)
         self._watches.append(watch)
         stop = asyncio.ensure_future(watch.stop.wait())
@@ -205,6 +263,7 @@ class ApiProxy:
         finally:
             stop.cancel()
             self._watches.remove(watch)
+        return watch.cut
 
     async def _held_watch(self, request: web.Request, plural: str) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -213,6 +272,9 @@ class ApiProxy:
         self._watches.append(watch)
         try:
             await watch.stop.wait()
+            if watch.cut:
+                _drop(request)
+                return response
             if watch.gone:
                 self.gone_sent += 1
                 await response.write(GONE.encode())
