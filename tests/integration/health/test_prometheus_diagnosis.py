@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aiohttp import web
 
+from testcluster import binaries
 from tests.support.health_harness import DEPLOYMENT, NAMESPACE, Engine, engines, pod_json, record_timing
 from tests.support.net import free_port
 from tests.support.prometheus import Prometheus, Target, running_prometheus
@@ -38,7 +39,7 @@ def record(kind: str, seconds: float) -> None:
 
 @pytest.fixture
 def prom() -> Iterator[Prometheus]:
-    with running_prometheus() as p:
+    with running_prometheus(executable=str(binaries.prometheus())) as p:
         yield p
 
 

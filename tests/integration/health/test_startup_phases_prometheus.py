@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from testcluster import binaries
 from tests.support.health_harness import DEPLOYMENT, NAMESPACE, pod_json
 from tests.support.net import free_port
 from tests.support.prometheus import Prometheus, Target, running_prometheus
@@ -28,7 +29,7 @@ POD = "chat-short-a"
 
 @pytest.fixture
 def prom() -> Iterator[Prometheus]:
-    with running_prometheus() as p:
+    with running_prometheus(executable=str(binaries.prometheus())) as p:
         yield p
 
 
