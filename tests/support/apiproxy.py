@@ -243,6 +243,12 @@ class ApiProxy:
         """Relay the watch until it ends or is stopped; True when it was cut (the connection is to be dropped)."""
         watch = _Watch(plural)
         self._watches.append(watch)
+        # A hold or an outage that began while this watch was on its way to the API server applies to it too.
+        if self._away:
+            watch.cut = True
+            watch.stop.set()
+        elif plural in self._held:
+            watch.stop.set()
         stop = asyncio.ensure_future(watch.stop.wait())
         try:
             while True:
