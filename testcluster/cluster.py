@@ -126,6 +126,22 @@ class Cluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed (rc={proc.returncode}): {proc.stderr.strip()}")
         return proc
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Wait until each named CRD is Established. `kubectl wait --for=condition=Established` right after the
+        apply fails at once ("status.conditions accessor error: <nil>") while the API server has not yet written the
+        CRD's first status, which a loaded machine shows; this polls the conditions instead."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = json.loads(self.kubectl("get", *(f"crd/{c}" for c in crds), "-o", "json").stdout)
+            items = got.get("items", [got])
+            if len(items) == len(crds) and all(
+                    any(c.get("type") == "Established" and c.get("status") == "True"
+                        for c in (item.get("status") or {}).get("conditions") or []) for item in items):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRDs {', '.join(crds)} were not Established within {timeout:.0f} s")
+            time.sleep(0.2)
+
     def token_kubeconfig(self, namespace: str, service_account: str, path: Path, *,
                          duration: str = "2h") -> Path:
         """A kubeconfig holding a TokenRequest token for a ServiceAccount (what a pod of it would be given)."""

@@ -34,6 +34,8 @@ _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
 ENGINE_GPU = "engine-gpu"
 ENGINE_CPU = "engine-cpu"
 ROUTER = "router"
+PROJECT_IMAGE_USER = 2000
+"""uid/gid of the `vllm` user images/engine-*.Dockerfile create (HOME=/home/vllm)."""
 
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?))*(?::[0-9]+)?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -112,7 +114,8 @@ def add_image_repository_argument(parser: argparse.ArgumentParser, default: Imag
 
 
 def add_image_pull_secret_argument(parser: argparse.ArgumentParser, default: Sequence[str] = ()) -> None:
-    """--image-pull-secret NAME (repeatable), on `run` and `render`; `with_pull_secrets` folds it into args.images."""
+    """--image-pull-secret NAME (repeatable), on `run`, `plan` and `render`; `with_pull_secrets` folds it into
+    args.images."""
     parser.add_argument("--image-pull-secret", dest="image_pull_secrets", action="append", default=None,
                         metavar="NAME", help="a Secret (in each VLLMDeployment's namespace) every engine and router "
                         "pod pulls its image with, after the spec's own imagePullSecrets (repeatable"

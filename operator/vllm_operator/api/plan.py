@@ -7,13 +7,13 @@ prepends its own command — so a plan can be run anywhere without translation.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
 from vllm_operator.api.base import ApiModel
 from vllm_operator.api.router_config import RouterConfig
-from vllm_operator.api.spec import RemediationThresholds
+from vllm_operator.api.spec import RemediationThresholds, SecretKeyRef, Toleration
 
 Text = Annotated[str, StringConstraints(max_length=32768)]
 
@@ -60,6 +60,9 @@ class AutoscalingPlan(ApiModel):
     idle_seconds: int = Field(ge=1, description="Idle time before a minReplicas-0 pool sleeps (KEDA cooldown).")
 
 
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
 class PoolPlan(ApiModel):
     """One pool's plan."""
 
@@ -81,19 +84,70 @@ class PoolPlan(ApiModel):
     served_model_name: Text = Field(description="--served-model-name.")
     engine_args: list[Text] = Field(description="Arguments after `vllm serve MODEL`, each --flag=value or --flag.")
     env: dict[str, str] = Field(default_factory=dict, description="Literal environment for the engine container.")
+    secret_env: dict[str, SecretKeyRef] = Field(
+        default_factory=dict, description="Environment taken from Secret keys: the model's Hub token as HF_TOKEN and "
+                                          "the spec's secretKeyRef entries (a name is in env or here, never both).")
     resources: Resources = Field(description="Engine container resources.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector (the spec's).")
     gpu_products: list[Text] = Field(
         default_factory=list,
         description="GPU feature discovery product strings the engine pods may run on (every variant of the type), "
                     "as required node affinity that also excludes time-sliced nodes; empty for CPU pools.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="The spec's tolerations plus, for GPU pools, the nvidia.com/gpu NoSchedule "
+                                          "taint's; sorted, each once.")
     image: Text = Field(description="Engine image.")
+    image_pull_policy: PullPolicy | None = Field(default=None, description="spec.engine.imagePullPolicy.")
+    image_pull_secrets: list[Text] = Field(
+        default_factory=list, description="imagePullSecrets: the spec's, then the operator's, each once.")
+    run_as_user: int | None = Field(
+        default=None, description="uid/gid the engine runs as, non-root: the project's images' user; none for an "
+                                  "image the spec names, which keeps its own user.")
+    model_claim: Text | None = Field(
+        default=None, description="PersistentVolumeClaim holding the model, mounted read-only at /models; none: "
+                                  "/models is an emptyDir the engine downloads the model into.")
     kv: KVPlan = Field(description="KV cache plan.")
     step_down_level: int = Field(ge=0, description="Step-down rung applied.")
     kv_level: int = Field(default=0, ge=0, description="KVCacheTooSmall-path rung applied.")
     warnings: list[Text] = Field(default_factory=list, description="Warnings for this pool.")
     adapters: list[Text] = Field(
         default_factory=list, description="LoRA adapters this pool serves (loaded at run time by the engine wrapper).")
+
+
+class AdapterPlan(ApiModel):
+    """Where one LoRA adapter's files come from, as the engine wrapper reads it from the adapters ConfigMap."""
+
+    name: Text = Field(description="Model name clients send for the adapter.")
+    hf_repo: Text | None = Field(default=None, description="Hub repository the wrapper downloads.")
+    hf_revision: Text | None = Field(default=None, description="Hub revision.")
+    claim_name: Text | None = Field(default=None, description="PersistentVolumeClaim the adapter lives on.")
+    path: Text | None = Field(default=None, description="Container path of a PVC adapter's directory.")
+
+
+class RouterPod(ApiModel):
+    """The router Deployment's settings (its configuration is `Plan.router`)."""
+
+    replicas: int = Field(ge=0, description="Router pods (spec.router.replicas, default 2).")
+    image: Text = Field(description="Router image.")
+    image_pull_policy: PullPolicy | None = Field(default=None, description="spec.engine.imagePullPolicy.")
+    image_pull_secrets: list[Text] = Field(default_factory=list, description="As the engines'.")
+    resources: Resources = Field(description="Router container resources (the spec's over the defaults).")
+    env: dict[str, str] = Field(default_factory=dict, description="Literal environment of the router container.")
+    api_key_secret: Text | None = Field(
+        default=None, description="Secret mounted at router.apiKeysDir (spec.routing.apiKeySecretRef).")
+    tokenizer_config_map: Text | None = Field(
+        default=None, description="ConfigMap mounted at router.tokenizer.path (spec.model.tokenizer.configMap).")
+    hf_token_secret: SecretKeyRef | None = Field(
+        default=None, description="Secret key mounted as router.tokenizer.hfTokenFile: the tokenizer's Hub token, "
+                                  "else the model's.")
+
+
+class MonitoringPlan(ApiModel):
+    """Which Prometheus Operator objects are rendered, and the labels they carry (spec.monitoring)."""
+
+    pod_monitor: bool = Field(default=True, description="Render the PodMonitor.")
+    prometheus_rule: bool = Field(default=True, description="Render the PrometheusRule.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of both.")
 
 
 class AcceleratorFacts(ApiModel):
@@ -120,6 +174,9 @@ class Plan(ApiModel):
     accelerator: AcceleratorFacts = Field(description="The accelerator planned for.")
     pools: dict[str, PoolPlan] = Field(description="short and long.")
     router: RouterConfig = Field(description="The router's configuration (router.json).")
+    router_pod: RouterPod = Field(description="The router Deployment.")
+    adapters: list[AdapterPlan] = Field(default_factory=list, description="LoRA adapter sources, by name.")
+    monitoring: MonitoringPlan = Field(default_factory=MonitoringPlan, description="Monitoring objects.")
     warnings: list[Text] = Field(default_factory=list, description="Deployment-wide warnings.")
     thresholds: RemediationThresholds | None = Field(
         default=None, description="Detection thresholds in effect: spec.remediation.thresholds over the workload "

@@ -367,8 +367,8 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     autoscaling = await _autoscaling_state(kube, the_plan, bool(prometheus_url))
-    options = RenderOptions(images=images, prometheus_url=prometheus_url if autoscaling.active else None)
-    manifests = [m for m in render(the_plan, resource.spec, options=options)
+    options = RenderOptions(prometheus_url=prometheus_url if autoscaling.active else None)
+    manifests = [m for m in render(the_plan, options=options)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
     existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring, autoscaling.keda)
     # KEDA's HPA owns the replicas of a pool with a ScaledObject from its first apply; without KEDA (or without a

@@ -25,7 +25,13 @@ from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import AcceleratorFacts, Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.spec import ModelFacts, VLLMDeploymentSpec
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults, add_image_repository_argument
+from vllm_operator.images import (
+    DEFAULT_IMAGES,
+    ImageDefaults,
+    add_image_pull_secret_argument,
+    add_image_repository_argument,
+    with_pull_secrets,
+)
 from vllm_operator.planning import catalog, classfile, profiles
 from vllm_operator.planning.planner import RemediationState, plan, resolve_class
 
@@ -60,10 +66,12 @@ def add_input_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help="a file of VLLMWorkloadClass objects the spec's workloadClass is resolved among "
                              "(repeatable; classes inside the -f file count too; built-ins need none)")
     add_image_repository_argument(parser)
+    add_image_pull_secret_argument(parser)
 
 
 def input_file(args: argparse.Namespace) -> str:
-    """The one input file of `-f FILE` / the positional path; UsageError when none or two different ones."""
+    """The one input file of `-f FILE` / the positional path (and --image-pull-secret folded into args.images);
+    UsageError when none or two different ones."""
     if args.file and args.path and args.file != args.path:
         raise UsageError(f"two files given ({args.file}, {args.path}); give one -f FILE at a time")
     path: str | None = args.file or args.path
@@ -71,6 +79,10 @@ def input_file(args: argparse.Namespace) -> str:
         raise UsageError("the following arguments are required: -f/--file (or a FILE argument; '-' for stdin)")
     if args.weights_gib is not None and not args.model_config:
         raise UsageError("--weights-gib only applies with --model-config")
+    try:
+        args.images = with_pull_secrets(args)  # the plan names every image and pull secret the pods get
+    except ValueError as err:
+        raise UsageError(f"--image-pull-secret: {err}") from None
     return path
 
 

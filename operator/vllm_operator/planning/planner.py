@@ -61,10 +61,9 @@ from vllm_operator.api.spec import (
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, lora, profiles
+from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, lora, pods, profiles
 from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
 
-HF_HOME = f"{constants.MODELS_MOUNT}/.hf-cache"
 API_KEYS_DIR = "/etc/vllm-operator/api-keys"
 TOKENIZER_DIR = "/etc/vllm-operator/tokenizer"
 HF_TOKEN_FILE = "/etc/vllm-operator/hf-token/token"
@@ -337,24 +336,6 @@ def _model_path(spec: VLLMDeploymentSpec) -> str:
     return spec.model.name
 
 
-def _env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, pool: str, *,
-         lora_on: bool = False) -> dict[str, str]:
-    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HOME": HF_HOME}
-    if lora_on:  # vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set
-        env[constants.ENV_RUNTIME_LORA_UPDATING] = "True"
-    src = spec.model.source
-    if src is not None and src.pvc is not None:
-        env["HF_HUB_OFFLINE"] = "1"
-    for i, var in enumerate(ps.env or []):
-        if var.value is None:
-            continue  # Secret references are the renderer's to wire
-        if not acc.is_gpu and var.name == "VLLM_CPU_KVCACHE_SPACE":
-            raise SpecError(f"spec.pools.{pool}.env[{i}]", "VLLM_CPU_KVCACHE_SPACE would override the planned "
-                            "--kv-cache-memory-bytes; size the pool with accelerator.memoryGiB instead")
-        env[var.name] = var.value
-    return dict(sorted(env.items()))
-
-
 def _resources(ps: PoolSpec, acc: AcceleratorFacts, spec: VLLMDeploymentSpec, weights_bytes: int) -> Resources:
     """Container resources: CPU pools get exactly the planned memory (the KV math sized it) and their cores; GPU
     pools the GPUs plus CPU and host-memory requests (host_resources.py says why and how much)."""
@@ -480,14 +461,19 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     image = runtime.image if runtime and runtime.image else images.engine(gpu=acc.is_gpu, version=version_text)
     scaling = _autoscaling(ps, draft.class_autoscaling, draft.class_name, name)
     start = max(scaling.min_replicas, 1) if scaling is not None else (ps.replicas if ps.replicas is not None else 1)
+    env, secret_env = pods.engine_env(spec, ps, acc, name, lora_on=pool_lora is not None)
     return PoolPlan(
         name=name, enabled=draft.enabled, replicas=start, autoscaling=scaling,
         external_autoscaler=bool(ps.external_autoscaler), max_model_len=s.max_model_len, max_tokens=s.max_tokens,
         max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
         prompt_range=(0, s.max_model_len), model=_model_path(spec), served_model_name=served, engine_args=args,
-        env=_env(spec, ps, acc, name, lora_on=pool_lora is not None), resources=_resources(ps, acc, spec, weights),
-        node_selector=dict(sorted(node_selector.items())), gpu_products=products, image=image,
+        env=env, secret_env=secret_env, resources=_resources(ps, acc, spec, weights),
+        node_selector=dict(sorted(node_selector.items())), gpu_products=products,
+        tolerations=pods.tolerations(ps, acc), image=image,
+        image_pull_policy=spec.engine.image_pull_policy if spec.engine is not None else None,
+        image_pull_secrets=pods.pull_secrets(spec, images), run_as_user=pods.run_as_user(spec, acc),
+        model_claim=pods.model_claim(spec),
         kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
@@ -829,7 +815,9 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     result = Plan(name=name, namespace=namespace, workload_class=klass.name,
                   workload_class_generation=klass.generation,
                   engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},
-                  router=router, warnings=warnings, hash="",
+                  router=router, router_pod=pods.router_pod(spec, images),
+                  adapters=pods.adapters(spec, [a for p in (short, long) if p.enabled for a in p.adapters]),
+                  monitoring=pods.monitoring(spec), warnings=warnings, hash="",
                   thresholds=merge_thresholds(spec.remediation.thresholds if spec.remediation else None,
                                               klass.thresholds))
     return result.model_copy(update={"hash": plan_hash(result)})

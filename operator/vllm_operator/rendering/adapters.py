@@ -8,19 +8,17 @@ through subPath) in place, the wrapper sees the new file and loads what was adde
     {"adapters": [{"name": "sql", "path": "/adapters/<claim>/<path>"},
                   {"name": "chat", "hfRepo": "org/repo", "hfRevision": "abc"}]}
 
-PVC-sourced adapters are read from `/adapters/<claimName>` (`engine.adapter_claims` mounts each claim once,
-read-only); Hub-sourced ones are downloaded by the wrapper into an emptyDir at `/adapters/.hub` (the model's `/models`
-may be a read-only PVC).
+Each adapter's source is the plan's (`Plan.adapters`). PVC-sourced adapters are read from `/adapters/<claimName>`
+(`engine.adapter_volumes` mounts each claim once, read-only); Hub-sourced ones are downloaded by the wrapper into an
+emptyDir at `/adapters/.hub` (the model's `/models` may be a read-only PVC).
 """
 
 from __future__ import annotations
 
-import posixpath
 from typing import Any
 
 from vllm_operator import constants, names
-from vllm_operator.api.plan import Plan, PoolPlan
-from vllm_operator.api.spec import AdapterSpec, VLLMDeploymentSpec
+from vllm_operator.api.plan import AdapterPlan, Plan, PoolPlan
 from vllm_operator.rendering import common
 
 
@@ -33,29 +31,21 @@ def file_name(pool: str) -> str:
     return f"{pool}.json"
 
 
-def adapter_path(adapter: AdapterSpec) -> str:
-    """The container path of a PVC-sourced adapter's directory."""
-    assert adapter.source.pvc is not None
-    pvc = adapter.source.pvc
-    return posixpath.normpath(posixpath.join(constants.ADAPTERS_PVC_ROOT, pvc.claim_name, pvc.path.lstrip("/")))
-
-
-def entry(adapter: AdapterSpec) -> dict[str, Any]:
-    hub = adapter.source.hugging_face
-    if hub is not None:
-        out: dict[str, Any] = {"name": adapter.name, "hfRepo": hub.repo}
-        if hub.revision:
-            out["hfRevision"] = hub.revision
+def entry(adapter: AdapterPlan) -> dict[str, Any]:
+    if adapter.hf_repo is not None:
+        out: dict[str, Any] = {"name": adapter.name, "hfRepo": adapter.hf_repo}
+        if adapter.hf_revision:
+            out["hfRevision"] = adapter.hf_revision
         return out
-    return {"name": adapter.name, "path": adapter_path(adapter)}
+    return {"name": adapter.name, "path": adapter.path}
 
 
-def pool_file(pool: PoolPlan, spec: VLLMDeploymentSpec) -> str:
-    by_name = {a.name: a for a in spec.adapters or []}
+def pool_file(plan: Plan, pool: PoolPlan) -> str:
+    by_name = {a.name: a for a in plan.adapters}
     return common.canonical_json({"adapters": [entry(by_name[n]) for n in pool.adapters]}) + "\n"
 
 
-def config_map(plan: Plan, spec: VLLMDeploymentSpec) -> common.Manifest | None:
+def config_map(plan: Plan) -> common.Manifest | None:
     """The ConfigMap, or None when no pool has LoRA on."""
     pools = [p for p in sorted(plan.pools.values(), key=lambda p: p.name) if p.enabled and lora_enabled(p)]
     if not pools:
@@ -65,5 +55,5 @@ def config_map(plan: Plan, spec: VLLMDeploymentSpec) -> common.Manifest | None:
         "kind": "ConfigMap",
         "metadata": common.metadata(plan, names.adapters(plan.name), common.base_labels(plan,
                                                                                        constants.COMPONENT_ENGINE)),
-        "data": {file_name(p.name): pool_file(p, spec) for p in pools},
+        "data": {file_name(p.name): pool_file(plan, p) for p in pools},
     }

@@ -23,6 +23,10 @@ history), exact when the OOMs are what restarts the engine.
 The no-progress alert requires requests running for the whole stall window (`min_over_time`), so an idle engine
 that just received a request is not a stall; it is the same rule the health loop's Stalled diagnosis uses, and it
 fires as soon as the window is covered (no extra `for`).
+
+The KV-usage alert is the health loop's KVPressure rule too: the pod's usage averaged over `windowSeconds` at
+`kvUsagePressure` or above, with no extra `for`. An instant sample held for ten minutes (what it was before) fired
+on a cache that sat just above the threshold between scrapes and ignored the window the loop judges by.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ RESTARTS_METRIC = f"{constants.METRIC_ENGINE_RESTARTS}_total"
 OOM_REASONS = ("OOMKilled", "EngineOOM")
 SCRAPE_DOWN_FOR = "30s"
 LENGTH_FOR = "10m"
-KV_FOR = "10m"
 ENGINE_CONTAINER = "engine"
 ENGINE_LABELS = "namespace, vllmdeployment, pool"
 POD_LABELS = "namespace, vllmdeployment, pool, pod"
@@ -114,8 +117,10 @@ def no_progress_expr(plan: Plan, stall_seconds: float) -> str:
     return f"({running}) and on ({POD_LABELS}) ({tokens})"
 
 
-def kv_usage_expr(plan: Plan, usage: float) -> str:
-    return f"max by ({POD_LABELS}) ({{{metric_name(METRIC_KV_USAGE)},{_engines(plan)}}}) > {usage:g}"
+def kv_usage_expr(plan: Plan, usage: float, window_s: float) -> str:
+    """A pod whose KV cache usage averaged `usage` or more over the window: the health loop's KVPressure rule."""
+    return (f"max by ({POD_LABELS}) (avg_over_time({{{metric_name(METRIC_KV_USAGE)},{_engines(plan)}}}"
+            f"[{duration(window_s)}])) >= {usage:g}")
 
 
 def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, description: str) -> dict[str, Any]:
@@ -157,9 +162,9 @@ def alert_groups(plan: Plan, settings: HealthSettings | None = None) -> list[dic
               f"Requests were running on {pod} for the whole last {duration(stall)} and "
               "vllm:generation_tokens_total did not move: the engine is stalled (the operator deletes the pod "
               "within its restart budget)."),
-        _rule("VLLMKVCacheUsageHigh", kv_usage_expr(plan, usage), KV_FOR, "info",
-              f"KV cache of {pod} ({who} pool {pool}) above {usage:.0%}",
-              f"vllm:kv_cache_usage_perc has been {{{{ $value | humanizePercentage }}}} for {KV_FOR}: requests queue "
-              "or get preempted; add replicas or lower max_num_seqs."),
+        _rule("VLLMKVCacheUsageHigh", kv_usage_expr(plan, usage, s.window_s), None, "info",
+              f"KV cache of {pod} ({who} pool {pool}) averaged {usage:.0%} or more over {window}",
+              f"vllm:kv_cache_usage_perc averaged {{{{ $value | humanizePercentage }}}} over {window}: requests "
+              "queue or get preempted; add replicas or lower max_num_seqs."),
     ]
     return [{"name": f"vllm-operator.{plan.namespace}.{plan.name}", "rules": rules}]

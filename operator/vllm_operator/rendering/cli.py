@@ -21,7 +21,7 @@ import yaml
 
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.spec import ModelFacts
-from vllm_operator.images import add_image_pull_secret_argument, with_pull_secrets
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.planning.cli_inputs import (
     Parser,
     Planned,
@@ -55,7 +55,6 @@ def _labels(text: str) -> dict[str, str]:
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Render a VLLMDeployment to the manifests the operator would apply.")
     add_input_arguments(p, "rendered")
-    add_image_pull_secret_argument(p)
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                    help="multi-document YAML (default) or one JSON v1 List, as kubectl prints them")
     p.add_argument("--scraper-pod-labels", type=_labels, metavar="K=V,...",
@@ -111,16 +110,15 @@ def render_planned(planned: Sequence[Planned], options: RenderOptions | None = N
         if scaled and not (options and options.prometheus_url):
             warnings.append(f"{who}: pools {', '.join(scaled)} set autoscaling, but without --prometheus-url no KEDA "
                             "ScaledObject was rendered (the operator renders them with its own --prometheus-url)")
-        objects += render(the_plan, item.spec, options=options)
+        objects += render(the_plan, options=options)
     return objects, warnings
 
 
 def render_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
                      options: RenderOptions | None = None, facts: ModelFacts | None = None,
-                     ) -> tuple[list[dict[str, Any]], list[str]]:
-    """(objects of every document in turn, plan warnings); SpecError for a refused document. The plans use the
-    options' image repository, as the operator does."""
-    images = (options or RenderOptions()).images
+                     images: ImageDefaults = DEFAULT_IMAGES) -> tuple[list[dict[str, Any]], list[str]]:
+    """(objects of every document in turn, plan warnings); SpecError for a refused document. The plans use `images`
+    (repository and pull secrets), as the operator's do."""
     return render_planned(plan_documents(docs, gpu=gpu, engine_version=engine_version, facts=facts, images=images),
                           options)
 
@@ -132,11 +130,7 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
-    try:
-        options = RenderOptions(images=with_pull_secrets(args))
-    except ValueError as err:
-        print(f"{PROG}: --image-pull-secret: {err}", file=sys.stderr)
-        return 2
+    options = RenderOptions()
     if args.scraper_pod_labels is not None:
         options = dataclasses.replace(options, scraper_pod_labels=args.scraper_pod_labels)
     if args.scraper_namespace_labels is not None:

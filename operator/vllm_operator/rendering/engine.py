@@ -35,15 +35,15 @@ pod would sit Pending until the rollout deadline. CPU pools surge one pod first 
 memory is usually there, and capacity never dips. `progressDeadlineSeconds` covers the longest startup probe window,
 so a slow but healthy model load is not reported as a failed rollout.
 
-Security context: every engine container drops all capabilities and may not gain privileges, and every engine pod
-runs under the runtime's default seccomp profile; vLLM needs none of what those take away (NCCL between the GPUs of one
-pod uses shared memory and CUDA IPC, not capabilities). The project's images (the default, from whichever repository
-`--image-repository` names) run as uid/gid 2000 with `runAsNonRoot`, the user their Dockerfiles create with a
-writable HOME for vLLM's compile caches. An image the spec names itself keeps its own user: the official
-`vllm/vllm-openai` image runs as root with HOME=/root, so forcing a uid there breaks its caches and `runAsNonRoot`
-would refuse to start it. No fsGroup: the emptyDirs are world-writable already, and a recursive ownership change of a
-large model PVC on every mount would delay each start (a PVC must be readable by uid 2000, as 0644 files are). The root
-filesystem stays writable: vLLM, torch and Triton write caches under HOME and /tmp.
+Security context: every engine container drops all capabilities and may not gain privileges, and every engine pod runs
+under the runtime's default seccomp profile; vLLM needs none of what those take away (NCCL between the GPUs of one pod
+uses shared memory and CUDA IPC, not capabilities). The project's images (the default, from whichever repository
+`--image-repository` names) run as uid/gid 2000 with `runAsNonRoot` (the plan's `runAsUser`), the user their
+Dockerfiles create with a writable HOME for vLLM's compile caches. An image the spec names itself keeps its own user:
+the official `vllm/vllm-openai` image runs as root with HOME=/root, so forcing a uid there breaks its caches and
+`runAsNonRoot` would refuse to start it. No fsGroup: the emptyDirs are world-writable already, and a recursive
+ownership change of a large model PVC on every mount would delay each start (a PVC must be readable by uid 2000, as
+0644 files are). The root filesystem stays writable: vLLM, torch and Triton write caches under HOME and /tmp.
 
 Resources: CPU pools get the planned memory as request and limit (the KV math sized it); GPU pools the GPUs plus CPU
 and host-memory requests from the plan, reasoned in `planning/host_resources.py`.
@@ -51,10 +51,10 @@ and host-memory requests from the plan, reasoned in `planning/host_resources.py`
 Volumes: `/dev/shm` is a memory-backed emptyDir (PyTorch and NCCL use shared memory between vLLM's processes; the
 container runtime's 64 MiB default is too small), sized 2 GiB per GPU (1 GiB on CPU, where it counts against the pod's
 memory limit). The model lives under `/models`: a PersistentVolumeClaim mounted read-only when `model.source.pvc` is
-set, otherwise an emptyDir holding the Hugging Face cache (`HF_HOME` under /models: the plan's value, else
-`/models/.cache`), which a restarted container
-reuses, so a crash does not mean a second download. The emptyDir has no size limit on purpose: exceeding one evicts
-the pod, and a checkpoint's size on disk is not known exactly before the download.
+set (the plan's `modelClaim`), otherwise an emptyDir holding the Hugging Face cache (the plan sets `HF_HOME` under
+/models then), which a restarted container reuses, so a crash does not mean a second download. The emptyDir has no
+size limit on purpose: exceeding one evicts the pod, and a checkpoint's size on disk is not known exactly before the
+download.
 """
 
 from __future__ import annotations
@@ -64,8 +64,6 @@ from typing import Any
 
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan, PoolPlan
-from vllm_operator.api.spec import PoolSpec, VLLMDeploymentSpec
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.rendering import adapters, common
 
 CONTAINER = "engine"
@@ -74,7 +72,6 @@ STATUS_PORT_NAME = constants.ENGINE_STATUS_PORT_NAME
 HEALTH_PATH = "/health"
 STARTUP_PATH = "/startup"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-HF_CACHE = f"{constants.MODELS_MOUNT}/.cache"
 ENGINE_COMMAND = ("vllm-operator", "engine", "--", "vllm", "serve")
 
 SHM_VOLUME = "dshm"
@@ -95,40 +92,13 @@ READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, "su
 LIVENESS = {"periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4, "successThreshold": 1}
 PROGRESS_DEADLINE_MARGIN_S = 600
 
-IMAGE_USER = 2000  # the `vllm` user images/engine-*.Dockerfile create (HOME=/home/vllm)
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
-GPU_TOLERATION = {"key": constants.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
-
-def pool_spec(spec: VLLMDeploymentSpec, pool: str) -> PoolSpec:
-    """The spec's overrides for one pool (empty when the spec leaves the pool to the class profile)."""
-    found = getattr(spec.pools, pool, None) if spec.pools is not None else None
-    return found if isinstance(found, PoolSpec) else PoolSpec()
-
-
-def project_image(plan: Plan, spec: VLLMDeploymentSpec) -> bool:
-    """True when the pool runs the project's engine image (the spec names none), whose user is known."""
-    runtime = (spec.engine.gpu if plan.accelerator.is_gpu else spec.engine.cpu) if spec.engine else None
-    return runtime is None or not runtime.image
-
-
-def pod_security(plan: Plan, spec: VLLMDeploymentSpec) -> dict[str, Any]:
-    """Pod securityContext (module docstring: why the user depends on the image)."""
-    out: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
-    if project_image(plan, spec):
-        out.update(runAsNonRoot=True, runAsUser=IMAGE_USER, runAsGroup=IMAGE_USER)
-    return out
-
-
-def from_hub(spec: VLLMDeploymentSpec) -> bool:
-    return spec.model.source is None or spec.model.source.pvc is None
-
-
-def startup_failure_threshold(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> int:
+def startup_failure_threshold(plan: Plan, pool: PoolPlan) -> int:
     """The startup probe's backstop in periods (module docstring): all phase limits, plus a slow Hub download."""
     seconds = STARTUP_BACKSTOP_S
-    if from_hub(spec):
+    if pool.model_claim is None:
         weights = pool.kv.breakdown.weights_bytes * (plan.accelerator.count if plan.accelerator.is_gpu else 1)
         seconds += weights / DOWNLOAD_BYTES_PER_S
     return math.ceil(seconds / STARTUP_PERIOD_S)
@@ -138,57 +108,23 @@ def http_probe(timing: dict[str, int], path: str = HEALTH_PATH, port: str = PORT
     return {"httpGet": {"path": path, "port": port, "scheme": "HTTP"}, **timing}
 
 
-def env(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[dict[str, Any]]:
-    """Environment, lowest precedence first: the model source's (HF_HOME unless the plan sets it, HF_TOKEN), the
-    plan's literals (which already include the spec's literal entries), the spec's Secret-backed entries; POD_IP
-    always comes from the downward API, because `--host=$(POD_IP)` depends on it."""
-    merged: dict[str, dict[str, Any]] = {}
-    if from_hub(spec):
-        merged["HF_HOME"] = {"value": HF_CACHE}
-        hub = spec.model.source.hugging_face if spec.model.source is not None else None
-        if hub is not None and hub.token_secret_ref is not None:
-            ref = hub.token_secret_ref
-            merged["HF_TOKEN"] = {"valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-    merged.update({k: {"value": v} for k, v in pool.env.items()})
-    for var in pool_spec(spec, pool.name).env or []:
-        if var.secret_key_ref is not None:
-            ref = var.secret_key_ref
-            merged[var.name] = {"valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        else:
-            merged[var.name] = {"value": var.value or ""}
+def env(pool: PoolPlan) -> list[dict[str, Any]]:
+    """The plan's literals and Secret keys; POD_IP always comes from the downward API, first, because
+    `--host=$(POD_IP)` depends on it."""
+    merged: dict[str, dict[str, Any]] = {k: {"value": v} for k, v in pool.env.items()}
+    merged.update({k: {"valueFrom": {"secretKeyRef": ref.to_wire()}} for k, ref in pool.secret_env.items()})
     merged["POD_IP"] = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}
     return common.env_list(merged, first=("POD_IP",))
 
 
-def resources(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> dict[str, dict[str, str]]:
-    """The spec's extra resources under the plan's (the plan's memory and GPU count are what the KV math assumed).
-    GPUs are requested under limits only: for extended resources the request equals the limit."""
-    extra = pool_spec(spec, pool.name).resources
-    requests = {**((extra.requests if extra else None) or {}), **pool.resources.requests}
-    limits = {**((extra.limits if extra else None) or {}), **pool.resources.limits}
-    if plan.accelerator.is_gpu:
-        limits[constants.GPU_RESOURCE] = str(plan.accelerator.count)
-        requests.pop(constants.GPU_RESOURCE, None)
-    out: dict[str, dict[str, str]] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
-    return out
+def resources(pool: PoolPlan) -> dict[str, dict[str, str]]:
+    return {k: dict(v) for k, v in (("requests", pool.resources.requests), ("limits", pool.resources.limits)) if v}
 
 
-def adapter_claims(pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[str]:
-    """The PVCs the pool's PVC-sourced adapters live on, each mounted once at /adapters/<claim>."""
-    served = set(pool.adapters)
-    return sorted({a.source.pvc.claim_name for a in spec.adapters or []
-                   if a.name in served and a.source.pvc is not None})
-
-
-def adapter_volumes(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec,
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def adapter_volumes(plan: Plan, pool: PoolPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts) for a pool with LoRA on: the adapters ConfigMap as a directory (no subPath, so the
     kubelet updates it in place and the wrapper sees adapters come and go), an emptyDir the wrapper downloads Hub
-    adapters into, and each adapter PVC, read-only."""
+    adapters into, and each PVC the pool's adapters live on, once, read-only at /adapters/<claim>."""
     if not adapters.lora_enabled(pool):
         return [], []
     vols: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "configMap": {"name": names.adapters(plan.name)}}]
@@ -196,7 +132,8 @@ def adapter_volumes(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec,
                                      "readOnly": True}]
     vols.append({"name": ADAPTER_HUB_VOLUME, "emptyDir": {}})
     mounts.append({"name": ADAPTER_HUB_VOLUME, "mountPath": constants.ADAPTERS_HUB_CACHE})
-    for claim in adapter_claims(pool, spec):
+    claims = sorted({a.claim_name for a in plan.adapters if a.name in pool.adapters and a.claim_name})
+    for claim in claims:
         volume = names.dns_label("adapter", claim.replace(".", "-"))
         vols.append({"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": volume, "mountPath": f"{constants.ADAPTERS_PVC_ROOT}/{claim}", "readOnly": True})
@@ -212,29 +149,19 @@ def command(pool: PoolPlan) -> list[str]:
     return [*wrapper, *launch, pool.model]
 
 
-def volumes(plan: Plan, spec: VLLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def volumes(plan: Plan, pool: PoolPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts) for /dev/shm and /models."""
     shm_gib = SHM_GIB_PER_GPU * plan.accelerator.count if plan.accelerator.is_gpu else SHM_GIB_CPU
     vols: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
-    pvc = spec.model.source.pvc if spec.model.source is not None else None
-    if pvc is not None:
-        vols.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
+    if pool.model_claim is not None:
+        vols.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pool.model_claim,
+                                                                     "readOnly": True}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT, "readOnly": True})
     else:
         vols.append({"name": MODEL_VOLUME, "emptyDir": {}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT})
     return vols, mounts
-
-
-def tolerations(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec) -> list[dict[str, Any]]:
-    """The spec's tolerations plus, for GPU pools, the usual `nvidia.com/gpu` NoSchedule taint of GPU node pools
-    (order does not matter to the scheduler, so they are sorted; duplicates are dropped)."""
-    items = [t.to_wire() for t in pool_spec(spec, pool.name).tolerations or []]
-    if plan.accelerator.is_gpu:
-        items.append(dict(GPU_TOLERATION))
-    unique = {common.canonical_json(t): t for t in items}
-    return [unique[k] for k in sorted(unique)]
 
 
 def gpu_affinity(pool: PoolPlan) -> dict[str, Any] | None:
@@ -270,23 +197,22 @@ def pod_labels(plan: Plan, pool: PoolPlan) -> dict[str, str]:
     return {**common.pool_labels(plan, pool.name), constants.LABEL_CONTEXT_RANGE: f"{low}-{high}"}
 
 
-def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEFAULT_IMAGES,
-               ) -> common.Manifest:
-    """The engine Deployment of one (enabled) pool (`images`: the operator's image settings, for pull secrets)."""
+def deployment(plan: Plan, pool: PoolPlan) -> common.Manifest:
+    """The engine Deployment of one (enabled) pool."""
     gpu = plan.accelerator.is_gpu
-    vols, mounts = volumes(plan, spec)
-    lora_vols, lora_mounts = adapter_volumes(plan, pool, spec)
+    vols, mounts = volumes(plan, pool)
+    lora_vols, lora_mounts = adapter_volumes(plan, pool)
     vols, mounts = vols + lora_vols, mounts + lora_mounts
-    failures = startup_failure_threshold(plan, pool, spec)
+    failures = startup_failure_threshold(plan, pool)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": pool.image,
         "command": command(pool),
         "args": list(pool.engine_args),
-        "env": env(plan, pool, spec),
+        "env": env(pool),
         "ports": [{"name": PORT_NAME, "containerPort": constants.ENGINE_PORT, "protocol": "TCP"},
                   {"name": STATUS_PORT_NAME, "containerPort": constants.ENGINE_STATUS_PORT, "protocol": "TCP"}],
-        "resources": resources(plan, pool, spec),
+        "resources": resources(pool),
         "volumeMounts": mounts,
         "startupProbe": http_probe({"periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": STARTUP_TIMEOUT_S,
                                     "failureThreshold": failures, "successThreshold": 1}, STARTUP_PATH,
@@ -297,26 +223,26 @@ def deployment(plan: Plan, pool: PoolPlan, spec: VLLMDeploymentSpec, images: Ima
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": dict(CONTAINER_SECURITY),
     }
-    if spec.engine is not None and spec.engine.image_pull_policy is not None:
-        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    if pool.image_pull_policy is not None:
+        container["imagePullPolicy"] = pool.image_pull_policy
+    security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if pool.run_as_user is not None:
+        security.update(runAsNonRoot=True, runAsUser=pool.run_as_user, runAsGroup=pool.run_as_user)
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "enableServiceLinks": False,
-        "securityContext": pod_security(plan, spec),
+        "securityContext": security,
         "volumes": vols,
     }
-    selector = {**(pool_spec(spec, pool.name).node_selector or {}), **pool.node_selector}
-    if selector:
-        pod_spec["nodeSelector"] = selector
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
     affinity = gpu_affinity(pool)
     if affinity is not None:
         pod_spec["affinity"] = affinity
-    tols = tolerations(plan, pool, spec)
-    if tols:
-        pod_spec["tolerations"] = tols
-    own = [s.name for s in (spec.engine.image_pull_secrets or [])] if spec.engine is not None else []
-    if pull_secrets := images.pull_secret_refs(own):
-        pod_spec["imagePullSecrets"] = pull_secrets
+    if pool.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]
+    if pool.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in pool.image_pull_secrets]
     strategy = ({"maxSurge": 0, "maxUnavailable": 1} if gpu else {"maxSurge": 1, "maxUnavailable": 0})
     name = names.pool(plan.name, pool.name)
     return {

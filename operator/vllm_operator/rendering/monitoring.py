@@ -1,8 +1,8 @@
 """Prometheus Operator objects of one VLLMDeployment: a PodMonitor and a PrometheusRule (docs/architecture.md,
 Monitoring objects).
 
-They are rendered always (unless `spec.monitoring` turns one off) and the handler drops them when the
-`monitoring.coreos.com` CRDs are absent. `spec.monitoring.labels` are added to both, so a Prometheus whose
+They are rendered always (unless the plan's `monitoring` turns one off) and the handler drops them when the
+`monitoring.coreos.com` CRDs are absent. The plan's `monitoring.labels` are added to both, so a Prometheus whose
 `podMonitorSelector` / `ruleSelector` wants a label (e.g. `release: kube-prometheus-stack`) picks them up.
 
 The PodMonitor scrapes `/metrics` on the `http` port of this deployment's engine and router pods, and on the engine
@@ -15,8 +15,6 @@ health loop and the alerts select on the real name.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
@@ -34,11 +32,11 @@ def _meta_label(label: str) -> str:
                                                     for c in label)
 
 
-def _labels(plan: Plan, extra: Mapping[str, str] | None) -> dict[str, str]:
-    return {**(extra or {}), **common.base_labels(plan, constants.COMPONENT_MONITORING)}
+def _labels(plan: Plan) -> dict[str, str]:
+    return {**plan.monitoring.labels, **common.base_labels(plan, constants.COMPONENT_MONITORING)}
 
 
-def pod_monitor(plan: Plan, extra_labels: Mapping[str, str] | None = None) -> common.Manifest:
+def pod_monitor(plan: Plan) -> common.Manifest:
     relabelings = [
         {"action": "replace", "targetLabel": "vllmdeployment", "replacement": plan.name},
         {"action": "replace", "sourceLabels": [_meta_label(constants.LABEL_POOL)], "targetLabel": "pool"},
@@ -55,7 +53,7 @@ def pod_monitor(plan: Plan, extra_labels: Mapping[str, str] | None = None) -> co
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan, extra_labels)),
+        "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan)),
         "spec": {
             "selector": selector,
             "namespaceSelector": {"matchNames": [plan.namespace]},
@@ -65,11 +63,10 @@ def pod_monitor(plan: Plan, extra_labels: Mapping[str, str] | None = None) -> co
     }
 
 
-def prometheus_rule(plan: Plan, extra_labels: Mapping[str, str] | None = None,
-                    settings: HealthSettings | None = None) -> common.Manifest:
+def prometheus_rule(plan: Plan, settings: HealthSettings | None = None) -> common.Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan, extra_labels)),
+        "metadata": common.metadata(plan, names.monitoring(plan.name), _labels(plan)),
         "spec": {"groups": alerts.alert_groups(plan, settings)},
     }

@@ -1,11 +1,11 @@
 """Cluster-wide rendering settings that are not part of any one VLLMDeployment.
 
 Where Prometheus runs is a property of the cluster, not of a deployment, so the NetworkPolicy's metrics-scraper peer is
-an operator setting: `render(plan, spec, options=RenderOptions(...))`, `vllm-operator render --scraper-pod-labels
+an operator setting: `render(plan, options=RenderOptions(...))`, `vllm-operator render --scraper-pod-labels
 ... --scraper-namespace-labels ...`. The default admits pods labelled `app.kubernetes.io/name: prometheus` in any
 namespace, which is how the Prometheus Operator (and kube-prometheus-stack) labels its Prometheus pods. So is the
-registry the default images come from (`images.py`: the operator's and render's `--image-repository`), and the
-Prometheus the autoscaling triggers query (`--prometheus-url`).
+Prometheus the autoscaling triggers query (`--prometheus-url`). (The registry the default images come from is a
+setting too, `images.py`, but the planner applies it: the plan names every image.)
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 
 DEFAULT_SCRAPER_POD_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "prometheus"}
 
@@ -30,9 +28,6 @@ class RenderOptions:
     prometheus_url: str | None = None
     """The Prometheus the ScaledObjects' triggers query (the operator's --prometheus-url, the health loop's); None:
     pools with autoscaling get no ScaledObject, and the reconcile says so in the AutoscalerReady condition."""
-    images: ImageDefaults = DEFAULT_IMAGES
-    """Where the default router image comes from (the operator's --image-repository; engines get theirs from the
-    plan, which the same setting made)."""
 
     def scraper_peer(self) -> dict[str, Any]:
         """The NetworkPolicyPeer that admits the metrics scraper."""

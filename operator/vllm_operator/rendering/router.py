@@ -8,10 +8,9 @@ the pool Services' EndpointSlices (docs/architecture.md, Endpoint discovery), so
 
 Every path the router reads is mounted where the RouterConfig says it is (api_keys_dir, tokenizer.path, the directory
 of tokenizer.hfTokenFile), so the two cannot disagree. The router runs as a non-root user with a read-only root
-filesystem; `/tmp` is an emptyDir and `HF_HOME` points into it for a tokenizer downloaded from the Hub.
-
-Defaults: 2 replicas (one node drain or one crash never takes the endpoint away), the project's router image, and
-requests of 250m CPU / 512 MiB (a tokenizer such as Llama-3's takes a few hundred MiB) with a 1 GiB memory limit.
+filesystem; `/tmp` is an emptyDir, where the plan's `HF_HOME` points for a tokenizer downloaded from the Hub.
+Replicas, image, resources, environment and the Secrets and ConfigMaps mounted are the plan's `routerPod`
+(defaults in planning/pods.py).
 Probes: readiness is `/health` (503 while no pool has a healthy engine, so Services skip a router that cannot
 serve); startup and liveness are `/livez` (the process answers), because engines that take minutes to load must not
 make the kubelet restart routers. Startup allows 2 minutes for a tokenizer download.
@@ -25,29 +24,18 @@ from typing import Any
 
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
-from vllm_operator.api.spec import VLLMDeploymentSpec
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.rendering import common
 
-DEFAULT_REPLICAS = 2
-DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
 CONTAINER = "router"
 CONFIG_DIR = "/etc/vllm-operator/router"
 CONFIG_PATH = f"{CONFIG_DIR}/{constants.ROUTER_CONFIG_KEY}"
 TMP_DIR = "/tmp"
 RUN_AS = 65532  # the conventional "nonroot" uid/gid of distroless images
-HF_TOKEN_FILE_KEY = "token"
 
 
 def router_json(plan: Plan) -> str:
     """The ConfigMap's `router.json`: sorted keys, indented for reviewers of rendered manifests."""
     return json.dumps(plan.router.to_wire(), sort_keys=True, indent=2) + "\n"
-
-
-def replicas(spec: VLLMDeploymentSpec) -> int:
-    if spec.router is not None and spec.router.replicas is not None:
-        return spec.router.replicas
-    return DEFAULT_REPLICAS
 
 
 def labels(plan: Plan) -> dict[str, str]:
@@ -92,9 +80,9 @@ def role_binding(plan: Plan) -> common.Manifest:
     }
 
 
-def _mounts(plan: Plan, spec: VLLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts), each path taken from the RouterConfig."""
-    name = names.router(plan.name)
+def _mounts(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts), each path taken from the RouterConfig and each source from the plan's router pod."""
+    name, pod, config = names.router(plan.name), plan.router_pod, plan.router
     vols: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": name}},
         {"name": "tmp", "emptyDir": {}},
@@ -103,57 +91,35 @@ def _mounts(plan: Plan, spec: VLLMDeploymentSpec) -> tuple[list[dict[str, Any]],
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": TMP_DIR},
     ]
-    routing = spec.routing
-    if plan.router.api_keys_dir and routing is not None and routing.api_key_secret_ref is not None:
-        vols.append({"name": "api-keys", "secret": {"secretName": routing.api_key_secret_ref.name}})
-        mounts.append({"name": "api-keys", "mountPath": plan.router.api_keys_dir, "readOnly": True})
-    tokenizer = spec.model.tokenizer
-    if plan.router.tokenizer.path and tokenizer is not None and tokenizer.config_map is not None:
-        vols.append({"name": "tokenizer", "configMap": {"name": tokenizer.config_map.name}})
-        mounts.append({"name": "tokenizer", "mountPath": plan.router.tokenizer.path, "readOnly": True})
-    token_file = plan.router.tokenizer.hf_token_file
-    token_ref = _hf_token_ref(spec)
-    if token_file and token_ref is not None:
+    if config.api_keys_dir and pod.api_key_secret is not None:
+        vols.append({"name": "api-keys", "secret": {"secretName": pod.api_key_secret}})
+        mounts.append({"name": "api-keys", "mountPath": config.api_keys_dir, "readOnly": True})
+    if config.tokenizer.path and pod.tokenizer_config_map is not None:
+        vols.append({"name": "tokenizer", "configMap": {"name": pod.tokenizer_config_map}})
+        mounts.append({"name": "tokenizer", "mountPath": config.tokenizer.path, "readOnly": True})
+    token_file, token = config.tokenizer.hf_token_file, pod.hf_token_secret
+    if token_file and token is not None:
         vols.append({"name": "hf-token", "secret": {
-            "secretName": token_ref[0], "items": [{"key": token_ref[1], "path": posixpath.basename(token_file)}]}})
+            "secretName": token.name, "items": [{"key": token.key, "path": posixpath.basename(token_file)}]}})
         mounts.append({"name": "hf-token", "mountPath": posixpath.dirname(token_file), "readOnly": True})
     return vols, mounts
-
-
-def _hf_token_ref(spec: VLLMDeploymentSpec) -> tuple[str, str] | None:
-    """The Secret key holding the HF token for the tokenizer: the tokenizer's own source, else the model's."""
-    sources = []
-    if spec.model.tokenizer is not None:
-        sources.append(spec.model.tokenizer.hugging_face)
-    if spec.model.source is not None:
-        sources.append(spec.model.source.hugging_face)
-    for hub in sources:
-        if hub is not None and hub.token_secret_ref is not None:
-            return hub.token_secret_ref.name, hub.token_secret_ref.key
-    return None
 
 
 def _probe(path: str, **timing: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http", "scheme": "HTTP"}, **timing}
 
 
-def deployment(plan: Plan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEFAULT_IMAGES) -> common.Manifest:
-    name = names.router(plan.name)
-    vols, mounts = _mounts(plan, spec)
-    router_spec = spec.router
-    resources: dict[str, Any] = {k: dict(v) for k, v in DEFAULT_RESOURCES.items()}
-    if router_spec is not None and router_spec.resources is not None:
-        if router_spec.resources.requests is not None:
-            resources["requests"] = dict(router_spec.resources.requests)
-        if router_spec.resources.limits is not None:
-            resources["limits"] = dict(router_spec.resources.limits)
+def deployment(plan: Plan) -> common.Manifest:
+    name, pod = names.router(plan.name), plan.router_pod
+    vols, mounts = _mounts(plan)
+    resources = {k: dict(v) for k, v in (("requests", pod.resources.requests), ("limits", pod.resources.limits)) if v}
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": (router_spec.image if router_spec is not None and router_spec.image else images.router()),
+        "image": pod.image,
         "command": ["vllm-operator", "router", "--config", CONFIG_PATH],
-        "env": [{"name": "HF_HOME", "value": f"{TMP_DIR}/hf-home"}],
+        "env": [{"name": k, "value": v} for k, v in sorted(pod.env.items())],
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],
-        "resources": {k: v for k, v in resources.items() if v},
+        "resources": resources,
         "volumeMounts": mounts,
         "startupProbe": _probe("/livez", periodSeconds=2, timeoutSeconds=2, failureThreshold=60,
                                successThreshold=1),
@@ -168,8 +134,8 @@ def deployment(plan: Plan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEF
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if spec.engine is not None and spec.engine.image_pull_policy is not None:
-        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    if pod.image_pull_policy is not None:
+        container["imagePullPolicy"] = pod.image_pull_policy
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
         "enableServiceLinks": False,
@@ -190,15 +156,14 @@ def deployment(plan: Plan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEF
             "labelSelector": {"matchLabels": common.router_selector(plan)},
         }],
     }
-    own = [s.name for s in (spec.engine.image_pull_secrets or [])] if spec.engine is not None else []
-    if pull_secrets := images.pull_secret_refs(own):
-        pod_spec["imagePullSecrets"] = pull_secrets
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in pod.image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": common.metadata(plan, name, labels(plan)),
         "spec": {
-            "replicas": replicas(spec),
+            "replicas": pod.replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": common.router_selector(plan)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},

@@ -55,7 +55,7 @@ def release(kube: Cluster) -> Iterator[Release]:
 
 
 def test_crd_is_established(kube: Cluster, release: Release) -> None:
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{constants.CRD_NAME}", "--timeout=60s")
+    kube.wait_established(constants.CRD_NAME)
     crd = json.loads(kube.kubectl("get", "crd", constants.CRD_NAME, "-o", "json").stdout)
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions.get("NamesAccepted") == "True", conditions
@@ -81,7 +81,7 @@ def test_every_example_passes_strict_server_validation(kube: Cluster, release: R
 
 
 def test_chart_installs_the_builtin_classes_equal_to_the_profiles(kube: Cluster, release: Release) -> None:
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{constants.CLASS_CRD_NAME}", "--timeout=60s")
+    kube.wait_established(constants.CLASS_CRD_NAME)
     for prof in profiles.PROFILES.values():
         obj = json.loads(kube.kubectl("get", "vllmwc", prof.name, "-o", "json").stdout)
         assert profiles.parse_class(obj).short == prof.short and profiles.parse_class(obj).long == prof.long

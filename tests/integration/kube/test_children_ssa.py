@@ -62,7 +62,7 @@ class Recording:
 @pytest.fixture(scope="module")
 def crd(kube: Cluster) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{constants.CRD_NAME}", "--timeout=60s")
+    kube.wait_established(constants.CRD_NAME)
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def previous_release_children(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     and the applied-fields annotation (the key tree of what it set, leaves `{}`)."""
     resource = parse_resource(dict(obj))
     rendered = render(plan(resource.spec, None, RemediationState(), name="chat",
-                           namespace=obj["metadata"]["namespace"]), resource.spec)
+                           namespace=obj["metadata"]["namespace"]))
     out = []
     for child in rendered:
         if child["apiVersion"].startswith("monitoring.coreos.com/"):

@@ -154,13 +154,12 @@ def test_image_repository_reaches_every_default_image(rendered: dict[str, list[d
     from the mirror — what `vllm-operator render --image-repository` shows."""
     from tests.support.paths import EXAMPLES
     from vllm_operator.handlers.run import parse_args
-    from vllm_operator.rendering import RenderOptions
     from vllm_operator.rendering.cli import load_documents, render_documents
 
     config = parse_args(operator_container(rendered["namespaced-monitoring-tuned"])["args"][1:])
     for example in ("chat", "cpu-dev"):
         objects, _ = render_documents(load_documents(str(EXAMPLES / f"{example}.yaml")),
-                                      options=RenderOptions(images=config.images))
+                                      images=config.images)
         images = {c["image"] for o in objects if o["kind"] == "Deployment"
                   for c in o["spec"]["template"]["spec"]["containers"]}
         assert len(images) == 2 and all(i.startswith("registry.example:5000/mirror/vllm-operator/") for i in images)

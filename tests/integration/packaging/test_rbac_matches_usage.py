@@ -172,7 +172,7 @@ def offline_children(obj: dict[str, Any]) -> list[dict[str, Any]]:
     resource = parse_resource(obj)
     the_plan = plan(resource.spec, None, RemediationState.from_status(None), name=resource.metadata.name,
                     namespace=resource.metadata.namespace)
-    return render_children(the_plan, resource.spec)
+    return render_children(the_plan)
 
 
 def res_of(manifest: Mapping[str, Any]) -> Resource:

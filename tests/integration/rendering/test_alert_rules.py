@@ -83,8 +83,11 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
             series("vllm_request_success_total", f'{long_p2},finished_reason="stop"', "0+7x30"),
             series("vllm:request_success_total", f'{short_p1},finished_reason="length"', "0x30"),
             series("vllm:request_success_total", f'{short_p1},finished_reason="stop"', "0+10x30"),
-            # KV usage: p2 full, p1 moderate.
-            series("vllm_kv_cache_usage_perc", long_p2, "0.97x30"),
+            # KV usage, judged as the health loop judges it (the mean over windowSeconds, 10m, at 0.95 or above):
+            # p2 moderate, then full from minute 10; p4 swings between 100 % and 93 % at every scrape (mean 96.5 %),
+            # which an instant value held for 10m never caught; p1 moderate.
+            series("vllm_kv_cache_usage_perc", long_p2, "0.5x9 0.97x21"),
+            series("vllm:kv_cache_usage_perc", f'{SEL},pool="short",pod="p4"', " ".join(["1 0.93"] * 16)),
             series("vllm:kv_cache_usage_perc", short_p1, "0.5x30"),
         ],
         "alert_rule_test": [
@@ -103,8 +106,10 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
                    {"severity": "critical", **ENGINE, "pool": "short", "pod": "p3"}),
             expect("VLLMLengthShareHigh", "8m"),  # above the share, but not yet for 10 minutes
             expect("VLLMLengthShareHigh", "16m", {"severity": "warning", **ENGINE, "pool": "long"}),
-            expect("VLLMKVCacheUsageHigh", "5m"),
-            expect("VLLMKVCacheUsageHigh", "11m", {"severity": "info", **ENGINE, "pool": "long", "pod": "p2"}),
+            # p2: one moderate sample left in the window at 18m keeps the mean below; a full window at 20m fires.
+            expect("VLLMKVCacheUsageHigh", "18m", {"severity": "info", **ENGINE, "pool": "short", "pod": "p4"}),
+            expect("VLLMKVCacheUsageHigh", "20m", {"severity": "info", **ENGINE, "pool": "long", "pod": "p2"},
+                   {"severity": "info", **ENGINE, "pool": "short", "pod": "p4"}),
         ],
     }, {
         # Pods of another deployment whose name shares the prefix, and OOMs of another container, never count.

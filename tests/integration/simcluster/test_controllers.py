@@ -117,7 +117,7 @@ async def test_rendered_gpu_pool_schedules_on_every_variant_and_never_on_time_sl
     spec = parse_spec({"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "workloadClass": "chat",
                        "accelerator": {"type": "nvidia-a100-80gb"}, "pools": {"short": {"replicas": 2}}})
     the_plan = plan(spec, None, RemediationState(), name="chat", namespace="default")
-    engine_dep = engine.deployment(the_plan, the_plan.pools["short"], spec)
+    engine_dep = engine.deployment(the_plan, the_plan.pools["short"])
     a100 = {"memory_mib": 81920, "compute": (8, 0)}
     nodes = [gpu_node("pcie-0", product="NVIDIA-A100-80GB-PCIe", gpus=1, **a100),  # type: ignore[arg-type]
              gpu_node("shared-0", product="NVIDIA-A100-80GB-PCIe-SHARED", gpus=4,  # type: ignore[arg-type]

@@ -177,7 +177,7 @@ def test_class_thresholds_reach_the_plan_the_alerts_and_the_health_loop(tmp_path
     assert p.thresholds is not None and (p.thresholds.stall_seconds, p.thresholds.window_seconds) == (60, 300)
     settings = remediation.resolve(bare.remediation, thresholds=p.thresholds)
     assert (settings.stall_s, settings.window_s, settings.oom_count) == (60, 300, constants.DEFAULT_OOM_COUNT)
-    rule = next(o for o in render(p, bare) if o["kind"] == "PrometheusRule")
+    rule = next(o for o in render(p) if o["kind"] == "PrometheusRule")
     assert "[1m]" in yaml.safe_dump(rule) and "[2m]" not in yaml.safe_dump(rule)
 
     own = bare.model_copy(update={"remediation": RemediationSpec.model_validate({"thresholds": {"stallSeconds": 30}})})

@@ -164,8 +164,8 @@ def test_migration_leaves_autoscaled_replicas_unowned() -> None:
 
 def test_a_real_rendering_against_itself_writes_nothing() -> None:
     """The rendered objects, as the API server would list them back (owned, same hash), plan no write at all."""
-    plan_, spec = gpu_case()
-    manifests = render(plan_, spec)
+    plan_, _ = gpu_case()
+    manifests = render(plan_)
     live = {key_of(m): {**m, "metadata": {**m["metadata"], "uid": "x", "ownerReferences": [{"uid": UID}]}}
             for m in manifests}
     plan = plan_children(OWNER, manifests, live)

@@ -15,7 +15,7 @@ from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_resource
-from vllm_operator.api.spec import WorkloadClass
+from vllm_operator.api.spec import SecretKeyRef, Toleration, WorkloadClass
 from vllm_operator.planning import RemediationState, catalog, plan, profiles
 from vllm_operator.planning.planner import check_name
 
@@ -256,6 +256,9 @@ def test_gpu_pool_pod_facts() -> None:
     assert short.image == "ghcr.io/vllm-operator/engine-gpu:0.33.0" and p.engine_version == "0.33.0"
     assert short.model == "meta-llama/Llama-3.1-8B-Instruct"
     assert short.env["HF_HOME"].startswith("/models/") and short.env["FOO"] == "bar" and "S" not in short.env
+    assert short.secret_env == {"S": SecretKeyRef(name="s", key="k")}
+    assert short.tolerations == [Toleration(key=constants.GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
+    assert short.run_as_user == 2000 and short.model_claim is None and p.pools["long"].tolerations == short.tolerations
     assert short.gpu_memory_utilization == 0.9 and arg(p, "short", "--gpu-memory-utilization") == "0.9"
 
 
@@ -263,6 +266,25 @@ def test_pvc_model_path_and_offline_env() -> None:
     p = make_plan(model={"source": {"pvc": {"claimName": "models", "path": "/llama/8b/"}}})
     assert p.pools["short"].model == "/models/llama/8b"
     assert p.pools["short"].env["HF_HUB_OFFLINE"] == "1"
+    # The claim is mounted read-only at /models: HF_HOME must not point into it (the renderer's fallback and the
+    # planner's value once both said /models/..., and the planner's always won).
+    assert "HF_HOME" not in p.pools["short"].env and p.pools["short"].model_claim == "models"
+
+
+def test_environment_is_decided_once_a_name_a_literal_or_a_secret() -> None:
+    """The model's Hub token is HF_TOKEN from its Secret; a spec entry of the same name wins, whichever kind it is,
+    and the last entry of a name wins; the router's HF_HOME is the plan's too."""
+    token = {"huggingFace": {"tokenSecretRef": {"name": "hf", "key": "t"}}}
+    p = make_plan(model={"source": token}, pools={"short": {"env": [
+        {"name": "HF_TOKEN", "value": "literal"}, {"name": "DO_NOT_TRACK", "secretKeyRef": {"name": "s", "key": "k"}},
+        {"name": "X", "value": "1"}, {"name": "X", "secretKeyRef": {"name": "s", "key": "x"}}]}})
+    short, long = p.pools["short"], p.pools["long"]
+    assert long.secret_env == {"HF_TOKEN": SecretKeyRef(name="hf", key="t")} and "HF_TOKEN" not in long.env
+    assert short.env["HF_TOKEN"] == "literal" and "HF_TOKEN" not in short.secret_env
+    assert short.secret_env["DO_NOT_TRACK"] == SecretKeyRef(name="s", key="k") and "DO_NOT_TRACK" not in short.env
+    assert short.secret_env["X"] == SecretKeyRef(name="s", key="x") and "X" not in short.env
+    assert p.router_pod.env == {"HF_HOME": "/tmp/hf-home"} and p.router_pod.hf_token_secret == SecretKeyRef(
+        name="hf", key="t")
 
 
 def test_cpu_pool_uses_kv_cache_memory_bytes() -> None:

@@ -1,7 +1,10 @@
 """Hand-built Plans for renderer tests that must not depend on the planner's numbers.
 
 The golden tests render real plans from `examples/`; these fixtures pin the renderer's own behaviour (GPU vs CPU,
-disabled pools, long names, model sources) with plans whose every field is visible here.
+disabled pools, long names, model sources) with plans whose every number is visible here. `with_spec` fills in what
+planning takes from a spec besides the numbers (environment, volume sources, images, tolerations, the router pod,
+adapters, monitoring) with the planner's own code (`planning/pods.py`), so a case pairs hand-built numbers with a real
+spec.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import yaml
 
 from tests.support.paths import EXAMPLES
 from vllm_operator import constants, names
-from vllm_operator.api.plan import AcceleratorFacts, KVBreakdown, KVPlan, Plan, PoolPlan, Resources
+from vllm_operator.api.plan import AcceleratorFacts, KVBreakdown, KVPlan, Plan, PoolPlan, Resources, RouterPod
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.router_config import (
     PoolRoute,
@@ -23,7 +26,11 @@ from vllm_operator.api.router_config import (
     Timeouts,
     TokenizerConfig,
 )
-from vllm_operator.api.spec import OverLimit, VLLMDeploymentSpec
+from vllm_operator.api.spec import OverLimit, PoolSpec, VLLMDeploymentSpec
+from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
+from vllm_operator.planning import pods
+from vllm_operator.planning.planner import RemediationState, plan
+from vllm_operator.rendering import adapters
 
 GIB = 2**30
 
@@ -97,8 +104,36 @@ def make_plan(*, gpu: bool = True, name: str = "chat", namespace: str = "ml", lo
     else:
         accel = AcceleratorFacts(type="cpu", count=1, memory_bytes=4 * GIB, is_gpu=False)
     router = router_config(name, namespace, short, long, api_keys=api_keys, tokenizer=tokenizer)
+    router_pod = RouterPod(replicas=2, image=DEFAULT_IMAGES.router(), resources=pods.ROUTER_RESOURCES,
+                           env={"HF_HOME": pods.ROUTER_HF_HOME})
     return Plan(name=name, namespace=namespace, workload_class="chat", engine_version="0.33.0" if gpu else "0.32.0",
-                accelerator=accel, pools={"short": short, "long": long}, router=router, hash="0" * 64)
+                accelerator=accel, pools={"short": short, "long": long}, router=router, router_pod=router_pod,
+                hash="0" * 64)
+
+
+def with_spec(p: Plan, spec: VLLMDeploymentSpec, images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+    """`p` with what the planner takes from `spec` besides the numbers (module docstring); the pools keep their
+    hand-built literal environment under the spec's."""
+    pools = {}
+    for name, pool in p.pools.items():
+        ps = getattr(spec.pools, name, None) if spec.pools is not None else None
+        ps = ps if isinstance(ps, PoolSpec) else PoolSpec()
+        env, secret_env = pods.engine_env(spec, ps, p.accelerator, name, lora_on=adapters.lora_enabled(pool))
+        pools[name] = pool.model_copy(update={
+            "env": {**pool.env, **env}, "secret_env": secret_env, "tolerations": pods.tolerations(ps, p.accelerator),
+            "node_selector": dict(ps.node_selector or {}), "model_claim": pods.model_claim(spec),
+            "image_pull_policy": spec.engine.image_pull_policy if spec.engine is not None else None,
+            "image_pull_secrets": pods.pull_secrets(spec, images),
+            "run_as_user": pods.run_as_user(spec, p.accelerator)})
+    served = [a for pool in pools.values() if pool.enabled for a in pool.adapters]
+    return p.model_copy(update={
+        "pools": pools, "router_pod": pods.router_pod(spec, images), "adapters": pods.adapters(spec, served),
+        "monitoring": pods.monitoring(spec), "thresholds": spec.remediation.thresholds if spec.remediation else None})
+
+
+def planned(spec: VLLMDeploymentSpec, name: str = "chat", namespace: str = "ml") -> Plan:
+    """The planner's own plan of `spec` (for cases where the spec, not the numbers, is under test)."""
+    return plan(spec, None, RemediationState(), name=name, namespace=namespace)
 
 
 GPU_SPEC_FILE = "chat.yaml"
@@ -107,14 +142,15 @@ CPU_SPEC_FILE = "cpu-dev.yaml"
 
 def gpu_case() -> tuple[Plan, VLLMDeploymentSpec]:
     """Llama-3.1-8B chat on L4 from the Hub with an HF token and API keys (examples/chat.yaml's spec)."""
-    return make_plan(gpu=True, api_keys=True, tokenizer=TokenizerConfig(
-        hf_repo="meta-llama/Llama-3.1-8B-Instruct", hf_token_file="/etc/vllm-operator/hf-token/token")), \
-        example_spec(GPU_SPEC_FILE)
+    spec = example_spec(GPU_SPEC_FILE)
+    return with_spec(make_plan(gpu=True, api_keys=True, tokenizer=TokenizerConfig(
+        hf_repo="meta-llama/Llama-3.1-8B-Instruct", hf_token_file="/etc/vllm-operator/hf-token/token")), spec), spec
 
 
 def cpu_case() -> tuple[Plan, VLLMDeploymentSpec]:
     """A tiny model on CPU pools from a PVC (examples/cpu-dev.yaml's spec), one router replica."""
-    return make_plan(gpu=False, name="cpu-dev", namespace="dev", threshold=512), example_spec(CPU_SPEC_FILE)
+    spec = example_spec(CPU_SPEC_FILE)
+    return with_spec(make_plan(gpu=False, name="cpu-dev", namespace="dev", threshold=512), spec), spec
 
 
-__all__ = ["cpu_case", "gpu_case", "make_plan", "spec_from"]
+__all__ = ["cpu_case", "gpu_case", "make_plan", "planned", "spec_from", "with_spec"]

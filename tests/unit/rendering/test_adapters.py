@@ -23,7 +23,7 @@ def rendered(adapters: list[dict[str, Any]] | None, **extra: Any) -> dict[tuple[
         data["adapters"] = adapters
     data.update(extra)
     spec = parse_spec(data)
-    objs = render(plan(spec, None, RemediationState(pools={}), name="cpu-dev", namespace="dev"), spec)
+    objs = render(plan(spec, None, RemediationState(pools={}), name="cpu-dev", namespace="dev"))
     return {(o["kind"], o["metadata"]["name"]): o for o in objs}
 
 

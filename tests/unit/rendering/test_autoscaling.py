@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.unit.planning.helpers import make_plan, make_spec
+from tests.unit.planning.helpers import make_plan
 from vllm_operator import constants, names
 from vllm_operator.rendering import RenderOptions, autoscaling, render
 
@@ -15,7 +15,7 @@ SPEC = {"pools": {"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 3, "
 
 def rendered(prometheus_url: str | None = PROM, **patch: Any) -> list[dict[str, Any]]:
     merged = {**SPEC, **patch}
-    return render(make_plan(**merged), make_spec(**merged), options=RenderOptions(prometheus_url=prometheus_url))
+    return render(make_plan(**merged), options=RenderOptions(prometheus_url=prometheus_url))
 
 
 def scaled_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,7 +61,7 @@ def test_kv_usage_query_is_summed_so_keda_divides_by_replicas() -> None:
 
 def test_no_scaled_object_without_prometheus_or_autoscaling() -> None:
     assert scaled_objects(rendered(prometheus_url=None)) == []
-    plain = render(make_plan(), make_spec(), options=RenderOptions(prometheus_url=PROM))
+    plain = render(make_plan(), options=RenderOptions(prometheus_url=PROM))
     assert scaled_objects(plain) == []
 
 

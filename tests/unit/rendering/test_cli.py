@@ -189,8 +189,7 @@ def test_image_repository_moves_every_default_image(capsys: pytest.CaptureFixtur
     doc["spec"]["engine"] = {"gpu": {"image": "vllm/vllm-openai:v0.33.0"}}
     named = yaml.safe_dump(doc)
     from vllm_operator.images import ImageDefaults
-    from vllm_operator.rendering import RenderOptions
-    objects, _ = cli.render_documents([yaml.safe_load(named)], options=RenderOptions(images=ImageDefaults(MIRROR)))
+    objects, _ = cli.render_documents([yaml.safe_load(named)], images=ImageDefaults(MIRROR))
     assert sorted({c["image"] for o in objects if o["kind"] == "Deployment"
                    for c in o["spec"]["template"]["spec"]["containers"]}) == ["quay.example/team/router:7",
                                                                               "vllm/vllm-openai:v0.33.0"]
@@ -214,9 +213,7 @@ def test_operator_wide_pull_secrets_follow_the_spec_own(capsys: pytest.CaptureFi
     doc = yaml.safe_load(CHAT.read_text())
     doc["spec"]["engine"] = {"imagePullSecrets": [{"name": "team-pull"}, {"name": "mirror-pull"}]}
     from vllm_operator.images import ImageDefaults
-    from vllm_operator.rendering import RenderOptions
-    objects, _ = cli.render_documents([doc], options=RenderOptions(images=ImageDefaults(
-        MIRROR, pull_secrets=("mirror-pull", "other-pull"))))
+    objects, _ = cli.render_documents([doc], images=ImageDefaults(MIRROR, pull_secrets=("mirror-pull", "other-pull")))
     deployments = [o for o in objects if o["kind"] == "Deployment"]
     assert len(deployments) == 3
     for dep in deployments:
@@ -231,6 +228,12 @@ def test_operator_wide_pull_secrets_follow_the_spec_own(capsys: pytest.CaptureFi
                    if d["kind"] == "Deployment")
     rc, out, err = run([str(CHAT), "--image-pull-secret", "Bad_Name"], capsys)
     assert rc == 2 and out == "" and err.count("\n") == 1 and "'Bad_Name' is not a Secret name" in err
+    # `plan` takes the flag too and shows the pull secrets the pods get: the plan names everything rendered.
+    assert plan_cli.main([str(CHAT), "-o", "json", "--image-pull-secret", "b"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["pools"]["short"]["imagePullSecrets"] == planned["routerPod"]["imagePullSecrets"] == ["b"]
+    assert plan_cli.main([str(CHAT), "--image-pull-secret", "Bad_Name"]) == 2
+    assert "'Bad_Name' is not a Secret name" in capsys.readouterr().err
 
 
 def test_run_takes_pull_secrets_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,7 +79,7 @@ def test_an_image_the_spec_names_keeps_its_user() -> None:
 @pytest.mark.parametrize("dockerfile", ["engine-gpu.Dockerfile", "engine-cpu.Dockerfile"])
 def test_the_uid_is_the_one_the_engine_images_create(dockerfile: str) -> None:
     from tests.support.paths import ROOT
-    from vllm_operator.rendering.engine import IMAGE_USER
+    from vllm_operator.images import PROJECT_IMAGE_USER as IMAGE_USER
 
     text = (ROOT / "images" / dockerfile).read_text()
     assert f"USER {IMAGE_USER}:{IMAGE_USER}" in text and f"--uid {IMAGE_USER}" in text

@@ -1,4 +1,4 @@
-"""render(plan, spec): the object set, determinism, the label/annotation contract, GPU vs CPU pools, names, the router
+"""render(plan): the object set, determinism, the label/annotation contract, GPU vs CPU pools, names, the router
 config hash, policy and monitoring objects — on hand-built plans (tests/unit/rendering/plans.py)."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from tests.unit.rendering.plans import cpu_case, gpu_case, make_plan, spec_from
+from tests.unit.rendering.plans import cpu_case, gpu_case, make_plan, planned, spec_from, with_spec
 from vllm_operator import constants, names
 from vllm_operator.api import remediation
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.router_config import Timeouts, TokenizerConfig
 from vllm_operator.api.spec import VLLMDeploymentSpec
+from vllm_operator.planning import pods
 from vllm_operator.rendering import RenderOptions, alerts, common, engine, render
 
 Case = Callable[[], tuple[Plan, VLLMDeploymentSpec]]
@@ -37,8 +38,8 @@ def engine_container(obj: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("case", CASES)
 def test_object_set(case: Case) -> None:
-    plan, spec = case()
-    got = [(o["kind"], o["metadata"]["name"]) for o in render(plan, spec)]
+    plan, _ = case()
+    got = [(o["kind"], o["metadata"]["name"]) for o in render(plan)]
     n = plan.name
     assert got == [
         ("ServiceAccount", f"{n}-router"), ("Role", f"{n}-router"), ("RoleBinding", f"{n}-router"),
@@ -53,8 +54,8 @@ def test_object_set(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_deterministic_and_key_order_normalised(case: Case) -> None:
-    plan, spec = case()
-    first, second = render(plan, spec), render(copy.deepcopy(plan), copy.deepcopy(spec))
+    plan, _ = case()
+    first, second = render(plan), render(copy.deepcopy(plan))
     assert first == second
     # Same dict order too (json.dumps without sort_keys sees insertion order).
     assert json.dumps(first) == json.dumps(second)
@@ -72,8 +73,8 @@ def test_deterministic_and_key_order_normalised(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_label_and_annotation_contract(case: Case) -> None:
-    plan, spec = case()
-    for obj in render(plan, spec):
+    plan, _ = case()
+    for obj in render(plan):
         meta = obj["metadata"]
         where = f"{obj['kind']} {meta['name']}"
         assert meta["namespace"] == plan.namespace, where
@@ -97,21 +98,21 @@ def test_label_and_annotation_contract(case: Case) -> None:
 
 
 def test_spec_hashes_differ_between_objects_and_follow_content() -> None:
-    plan, spec = gpu_case()
-    objs = render(plan, spec)
+    plan, _ = gpu_case()
+    objs = render(plan)
     hashes = [o["metadata"]["annotations"][constants.ANNOTATION_SPEC_HASH] for o in objs]
     assert len(set(hashes)) == len(hashes)
     more = plan.model_copy(update={"pools": {**plan.pools, "short": plan.pools["short"].model_copy(
         update={"replicas": 5})}})
-    changed = {o["metadata"]["name"] for o in render(more, spec)
+    changed = {o["metadata"]["name"] for o in render(more)
                if o["metadata"]["annotations"][constants.ANNOTATION_SPEC_HASH] not in hashes}
     assert changed == {"chat-short"}  # only the short pool's Deployment
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_engine_pod_contract(case: Case) -> None:
-    plan, spec = case()
-    deployments = by_kind(render(plan, spec), "Deployment")
+    plan, _ = case()
+    deployments = by_kind(render(plan), "Deployment")
     for pool in plan.pools.values():
         dep = deployments[names.pool(plan.name, pool.name)]
         pod = dep["spec"]["template"]["spec"]
@@ -153,7 +154,7 @@ def test_engine_pod_contract(case: Case) -> None:
 
 def test_gpu_pool_specifics() -> None:
     plan, spec = gpu_case()
-    objs = render(plan, spec)
+    objs = render(plan)
     for pool in ("short", "long"):
         dep = by_kind(objs, "Deployment")[f"chat-{pool}"]
         pod = dep["spec"]["template"]["spec"]
@@ -169,7 +170,7 @@ def test_gpu_pool_specifics() -> None:
         assert terms == [
             {"matchExpressions": [product, {"key": constants.GFD_REPLICAS, "operator": "DoesNotExist"}]},
             {"matchExpressions": [product, {"key": constants.GFD_REPLICAS, "operator": "In", "values": ["1"]}]}]
-        assert engine.GPU_TOLERATION in pod["tolerations"]
+        assert pods.GPU_TOLERATION.to_wire() in pod["tolerations"]
         # Hub source: the model cache is an emptyDir, the token comes from its Secret, and startup allows a download.
         assert {"emptyDir": {}, "name": engine.MODEL_VOLUME} in pod["volumes"]
         assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"key": "token", "name": "hf-token"}}} in c["env"]
@@ -184,8 +185,8 @@ def test_gpu_pool_specifics() -> None:
 
 
 def test_cpu_pool_specifics() -> None:
-    plan, spec = cpu_case()
-    objs = render(plan, spec)
+    plan, _ = cpu_case()
+    objs = render(plan)
     for pool in ("short", "long"):
         dep = by_kind(objs, "Deployment")[f"cpu-dev-{pool}"]
         pod = dep["spec"]["template"]["spec"]
@@ -199,12 +200,14 @@ def test_cpu_pool_specifics() -> None:
             in pod["volumes"]
         assert {"mountPath": "/models", "name": engine.MODEL_VOLUME, "readOnly": True} in c["volumeMounts"]
         assert not any(e["name"] == "HF_TOKEN" for e in c["env"])
+        # /models is the read-only claim: no HF_HOME into it (the image's own, under its writable HOME, stays).
+        assert not any(e["name"] == "HF_HOME" for e in c["env"])
+        assert {"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"]
         assert c["startupProbe"]["failureThreshold"] == 660  # phase limits only: no download from a PVC
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "1Gi"
 
 
 def test_spec_extras_reach_the_engine_pods() -> None:
-    plan, _ = gpu_case()
     spec = spec_from({
         "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "workloadClass": "chat",
         "accelerator": {"type": "nvidia-l4-24gb"},
@@ -215,7 +218,8 @@ def test_spec_extras_reach_the_engine_pods() -> None:
             "resources": {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "48Gi"}},
             "nodeSelector": {"topology.kubernetes.io/zone": "a"}}},
     })
-    dep = by_kind(render(plan, spec), "Deployment")["chat-short"]
+    plan = planned(spec)
+    dep = by_kind(render(plan), "Deployment")["chat-short"]
     pod, c = dep["spec"]["template"]["spec"], engine_container(dep)
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert c["imagePullPolicy"] == "IfNotPresent"
@@ -225,13 +229,13 @@ def test_spec_extras_reach_the_engine_pods() -> None:
     assert c["resources"] == {"requests": {"cpu": "4", "memory": "32Gi"},
                               "limits": {"memory": "48Gi", constants.GPU_RESOURCE: "1"}}
     assert pod["nodeSelector"] == {"topology.kubernetes.io/zone": "a"}
-    router_pod = by_kind(render(plan, spec), "Deployment")["chat-router"]["spec"]["template"]["spec"]
+    router_pod = by_kind(render(plan), "Deployment")["chat-router"]["spec"]["template"]["spec"]
     assert router_pod["imagePullSecrets"] == [{"name": "regcred"}]
 
 
 def test_headless_pool_services() -> None:
-    plan, spec = gpu_case()
-    services = by_kind(render(plan, spec), "Service")
+    plan, _ = gpu_case()
+    services = by_kind(render(plan), "Service")
     for pool in ("short", "long"):
         svc = services[f"chat-{pool}"]["spec"]
         assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is False
@@ -243,9 +247,8 @@ def test_headless_pool_services() -> None:
 
 
 def test_disabled_pool_has_no_objects() -> None:
-    plan = make_plan(long_enabled=False)
     _, spec = gpu_case()
-    objs = render(plan, spec)
+    objs = render(with_spec(make_plan(long_enabled=False), spec))
     assert not [o for o in objs if o["metadata"]["name"] == "chat-long"]
     assert by_kind(objs, "Deployment").keys() == {"chat-short", "chat-router"}
 
@@ -256,9 +259,8 @@ LONG_NAME = "a-very-long-vllmdeployment-name-" + "x" * 200
 @pytest.mark.parametrize("name", [pytest.param(LONG_NAME, id="253-chars"), pytest.param("vllm", id="named-vllm"),
                                   pytest.param("chat", id="short")])
 def test_names_fit_and_no_service_is_named_vllm(name: str) -> None:
-    plan = make_plan(name=name)
     _, spec = gpu_case()
-    objs = render(plan, spec)
+    objs = render(with_spec(make_plan(name=name), spec))
     seen = set()
     for obj in objs:
         meta = obj["metadata"]
@@ -275,11 +277,11 @@ def test_names_fit_and_no_service_is_named_vllm(name: str) -> None:
 
 
 def test_router_config_change_rolls_router_only() -> None:
-    plan, spec = gpu_case()
-    before = render(plan, spec)
+    plan, _ = gpu_case()
+    before = render(plan)
     router = plan.router.model_copy(update={"timeouts": Timeouts(connect_seconds=2, first_byte_seconds=90,
                                                                  idle_seconds=30, total_seconds=600)})
-    after = render(plan.model_copy(update={"router": router}), spec)
+    after = render(plan.model_copy(update={"router": router}))
 
     def pod_hash(objs: list[dict[str, Any]]) -> str:
         tmpl = by_kind(objs, "Deployment")["chat-router"]["spec"]["template"]["metadata"]
@@ -291,8 +293,8 @@ def test_router_config_change_rolls_router_only() -> None:
 
 
 def test_router_objects() -> None:
-    plan, spec = gpu_case()
-    objs = render(plan, spec)
+    plan, _ = gpu_case()
+    objs = render(plan)
     cm = by_kind(objs, "ConfigMap")["chat-router"]
     text = cm["data"][constants.ROUTER_CONFIG_KEY]
     assert json.loads(text) == plan.router.to_wire()
@@ -331,7 +333,7 @@ def test_router_tokenizer_config_map_and_single_replica() -> None:
                       "workloadClass": "chat", "accelerator": {"type": "nvidia-l4-24gb"},
                       "router": {"replicas": 1, "image": "example.com/router:dev",
                                  "resources": {"requests": {"cpu": "1"}}}})
-    objs = render(plan, spec)
+    objs = render(with_spec(plan, spec))
     dep = by_kind(objs, "Deployment")["chat-router"]
     tmpl = dep["spec"]["template"]["spec"]
     c = tmpl["containers"][0]
@@ -344,8 +346,8 @@ def test_router_tokenizer_config_map_and_single_replica() -> None:
 
 
 def test_pool_pdbs_allow_one_down() -> None:
-    plan, spec = gpu_case()
-    pdbs = by_kind(render(plan, spec), "PodDisruptionBudget")
+    plan, _ = gpu_case()
+    pdbs = by_kind(render(plan), "PodDisruptionBudget")
     for pool in ("short", "long"):
         assert pdbs[f"chat-{pool}"]["spec"] == {"maxUnavailable": 1, "selector": {
             "matchLabels": common.engine_selector(plan, pool)}}
@@ -360,8 +362,8 @@ def test_pool_pdbs_allow_one_down() -> None:
                   "podSelector": {"matchLabels": {"app": "vmagent"}}}, id="configured"),
 ])
 def test_network_policy(options: RenderOptions | None, peer: dict[str, Any]) -> None:
-    plan, spec = gpu_case()
-    policy = by_kind(render(plan, spec, options=options), "NetworkPolicy")["chat-engines"]["spec"]
+    plan, _ = gpu_case()
+    policy = by_kind(render(plan, options=options), "NetworkPolicy")["chat-engines"]["spec"]
     assert policy["podSelector"] == {"matchLabels": common.engine_selector(plan)}
     assert policy["policyTypes"] == ["Ingress"]
     port = [{"port": 8000, "protocol": "TCP"}]
@@ -382,7 +384,7 @@ def test_monitoring_flags(monitoring: dict[str, Any] | None, kinds: set[str]) ->
     body: dict[str, Any] = {"model": {"name": "m"}, "workloadClass": "chat", "accelerator": {"type": "nvidia-l4-24gb"}}
     if monitoring is not None:
         body["monitoring"] = {**monitoring, "labels": {"release": "kube-prometheus-stack"}}
-    objs = render(plan, spec_from(body))
+    objs = render(with_spec(plan, spec_from(body)))
     got = {o["kind"] for o in objs if o["apiVersion"] == "monitoring.coreos.com/v1"}
     assert got == kinds
     for obj in objs:
@@ -391,8 +393,8 @@ def test_monitoring_flags(monitoring: dict[str, Any] | None, kinds: set[str]) ->
 
 
 def test_pod_monitor_relabels_to_the_label_contract() -> None:
-    plan, spec = gpu_case()
-    pm = by_kind(render(plan, spec), "PodMonitor")["chat-vllm-operator"]["spec"]
+    plan, _ = gpu_case()
+    pm = by_kind(render(plan), "PodMonitor")["chat-vllm-operator"]["spec"]
     assert pm["namespaceSelector"] == {"matchNames": ["ml"]}
     endpoints = pm["podMetricsEndpoints"]
     assert [(e["port"], e["path"]) for e in endpoints] == [("http", "/metrics"), ("status", "/metrics")]
@@ -406,8 +408,8 @@ def test_pod_monitor_relabels_to_the_label_contract() -> None:
 
 
 def test_prometheus_rule_has_the_five_alerts() -> None:
-    plan, spec = gpu_case()
-    rule = by_kind(render(plan, spec), "PrometheusRule")["chat-vllm-operator"]["spec"]
+    plan, _ = gpu_case()
+    rule = by_kind(render(plan), "PrometheusRule")["chat-vllm-operator"]["spec"]
     assert rule["groups"] == alerts.alert_groups(plan)
     got = {r["alert"]: r for r in rule["groups"][0]["rules"]}
     assert {a: r["labels"]["severity"] for a, r in got.items()} == {
@@ -423,8 +425,9 @@ def test_prometheus_rule_has_the_five_alerts() -> None:
         assert pattern and all(re.fullmatch(pattern[1], f"vllm{sep}{metric}") for sep in ":_"), "both spellings"
     assert "vllm_operator_engine_restarts_total" in got["VLLMEngineOOMRestarts"]["expr"]
     assert "kube_pod_container_status_last_terminated_reason" in got["VLLMEngineOOMRestarts"]["expr"]
-    assert (got["VLLMEngineScrapeDown"]["for"], got["VLLMLengthShareHigh"]["for"],
-            got["VLLMKVCacheUsageHigh"]["for"]) == ("30s", "10m", "10m")
+    assert (got["VLLMEngineScrapeDown"]["for"], got["VLLMLengthShareHigh"]["for"]) == ("30s", "10m")
+    # KV usage: the health loop's rule (the mean over windowSeconds), so no `for` on top of the window.
+    assert "for" not in got["VLLMKVCacheUsageHigh"] and "avg_over_time(" in got["VLLMKVCacheUsageHigh"]["expr"]
     for r in got.values():
         assert 'vllmdeployment="chat"' in r["expr"] and r["annotations"]["summary"]
 
@@ -435,11 +438,11 @@ def test_alert_thresholds_follow_the_spec() -> None:
                       "remediation": {"thresholds": {"lengthShareAlert": 0.3, "kvUsagePressure": 0.9,
                                                      "stallSeconds": 300, "windowSeconds": 1200, "oomCount": 4,
                                                      "oomWindowSeconds": 1800}}})
-    rules = {r["alert"]: r for r in by_kind(render(plan, spec), "PrometheusRule")["chat-vllm-operator"]
+    rules = {r["alert"]: r for r in by_kind(render(with_spec(plan, spec)), "PrometheusRule")["chat-vllm-operator"]
              ["spec"]["groups"][0]["rules"]}
     assert rules["VLLMLengthShareHigh"]["expr"].endswith("> 0.3")
     assert "[20m]" in rules["VLLMLengthShareHigh"]["expr"]
-    assert rules["VLLMKVCacheUsageHigh"]["expr"].endswith("> 0.9")
+    assert rules["VLLMKVCacheUsageHigh"]["expr"].endswith("[20m])) >= 0.9")
     assert "[5m]" in rules["VLLMNoTokenProgress"]["expr"]
     oom = rules["VLLMEngineOOMRestarts"]
     assert oom["expr"].count("[30m]") == 3 and oom["expr"].count(">= 4") == 2, oom["expr"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.paths import EXAMPLE_FILES
-from tests.unit.rendering.plans import cpu_case, gpu_case, make_plan
+from tests.unit.rendering.plans import cpu_case, gpu_case, make_plan, with_spec
 from vllm_operator.rendering import cli, render
 
 VALIDATOR = Path(sys.executable).parent / "kubernetes-validate"
@@ -23,10 +23,9 @@ def all_objects() -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for example in EXAMPLE_FILES:
         objects += cli.render_documents(cli.load_documents(str(example)))[0]
-    for plan, spec in (gpu_case(), cpu_case()):
-        objects += render(plan, spec)
-    long_name = make_plan(name="n" * 253, long_enabled=False)
-    objects += render(long_name, gpu_case()[1])
+    for plan, _ in (gpu_case(), cpu_case()):
+        objects += render(plan)
+    objects += render(with_spec(make_plan(name="n" * 253, long_enabled=False), gpu_case()[1]))
     return objects
 
 
