@@ -568,11 +568,8 @@ def _tokenizer(spec: VLLMDeploymentSpec) -> TokenizerConfig:
     repo = (hf.repo if hf is not None and hf.repo else None) or (
         model_hf.repo if model_hf is not None and model_hf.repo else spec.model.name)
     revision = hf.revision if hf is not None else None
-    token = hf.token_secret_ref if hf is not None else None
-    if token is None and model_hf is not None:
-        token = model_hf.token_secret_ref
     return TokenizerConfig(hf_repo=repo, hf_revision=revision,
-                           hf_token_file=HF_TOKEN_FILE if token is not None else None)
+                           hf_token_file=HF_TOKEN_FILE if pods.hf_token(spec) is not None else None)
 
 
 def _timeouts(spec: VLLMDeploymentSpec) -> Timeouts:
