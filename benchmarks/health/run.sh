@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fault -> detection / action times of the health loop, measured by the integration and e2e tests that inject each
-# fault (real Prometheus scraping fake vLLM engines; the operator on the simulated cluster; real vLLM on CPU for the
+# fault (real Prometheus scraping fake vLLM engines; the operator on the real control plane; real vLLM on CPU for the
 # engine wrapper). Writes results.jsonl and prints a table; README.md records a run.
 # Usage: benchmarks/health/run.sh [pytest -k expression]
 set -euo pipefail

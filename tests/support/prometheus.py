@@ -1,4 +1,5 @@
-"""A real Prometheus (the Debian package) for integration tests: 127.0.0.1, 1 s scrapes, file_sd targets.
+"""A real Prometheus for integration tests: 127.0.0.1, 1 s scrapes, file_sd targets. The Debian package by default;
+`executable=str(testcluster.binaries.prometheus())` runs v3, built from its module (`make cluster-bin`).
 
 Targets carry the label contract (`namespace`, `pod`, `vllmdeployment`, `pool`) the way the rendered PodMonitor's
 relabelings put them on real engine series. `set_targets` rewrites the file_sd file atomically; Prometheus picks it
