@@ -110,6 +110,8 @@ class NodeAgent:
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._watch_stop = threading.Event()
         self.errors: list[BaseException] = []
+        self._syncs: set[asyncio.Task[None]] = set()
+        """Pod syncs in flight: stopping the agent lets them finish before it closes its API client."""
 
     # -- PodApi (what the runtime reads for volumes) ------------------------------------------------------------
 
@@ -220,14 +222,13 @@ class NodeAgent:
                     self._watch_stop.wait(1.0)
 
     async def _dispatch(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
-        tasks: set[asyncio.Task[None]] = set()
         while True:
             kind, pod = await queue.get()
             if kind == "ERROR" or "metadata" not in pod:
                 continue
             task = asyncio.create_task(self._sync(kind, pod))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            self._syncs.add(task)
+            task.add_done_callback(self._syncs.discard)
 
     async def _sync(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -337,6 +338,13 @@ class NodeAgent:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # A sync stopping a terminating pod (its grace, then the DELETE) ends before the client closes: cut off,
+            # its DELETE failed on the closed client ("cannot schedule new futures after shutdown").
+            if self._syncs:
+                _, pending = await asyncio.wait(set(self._syncs), timeout=self.runtime.max_grace_s + 20.0)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
             for key in list(self._running):
                 await self._stop_pod(key)
             await self.runtime.close()

@@ -10,10 +10,11 @@ releases the held request, which is answered by the long pool. Then warm request
 back to 0 when idle.
 
 Allowances, each waited on as a condition: the stack Ready (one engine and the router, the long pool asleep) within
-READY_TIMEOUT_S; the held request within the router's own wake budget (the planner's 180 s on CPU: Prometheus,
-KEDA's 15 s polling, the HPA, scheduling and a cold vLLM start, 60-120 s measured on this 2-core machine), failing
-with the router's 503 past it; back at 0 within idleSeconds + two KEDA polls + the pod's grace + margin (SLEEP_S).
-Every link's time goes to the log; the benchmark (benchmarks/autoscaling/wake.py) records them.
+READY_TIMEOUT_S; the held request within the router's own wake budget (the planner's 180 s on CPU: Prometheus, KEDA's
+15 s polling, the HPA, scheduling and a cold vLLM start: 50-150 s measured on this 2-core machine at load averages
+7-14, benchmarks/autoscaling/README.md), failing with the router's 503 past it; back at 0 within idleSeconds + two
+KEDA polls + the pod's grace + margin (SLEEP_S), and not sooner than idleSeconds less one KEDA poll after the last
+answer. Every link's time goes to the log; the benchmark (benchmarks/autoscaling/wake.py) records them.
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ def test_a_long_request_wakes_the_sleeping_long_pool_is_answered_and_the_pool_sl
 
     stack.wait(lambda: wake_chain.asleep(stack), SLEEP_S, interval=1.0, what="the long pool back at 0 when idle")
     asleep_after = time.monotonic() - answered
-    assert asleep_after >= wake_chain.IDLE_S - 1, f"slept {asleep_after:.1f} s after the last request"
+    # KEDA last saw the pool busy at a poll before the last answer (it polls every 15 s) and lets it sleep
+    # idleSeconds after that poll: never sooner than idleSeconds - 15 s after the answer.
+    assert asleep_after >= wake_chain.IDLE_S - constants.KEDA_POLLING_INTERVAL_S, \
+        f"slept {asleep_after:.1f} s after the last request"
     stack.wait(stack.ready, 60, what="the stack Ready with the long pool asleep")
 
     reasons = {e.get("reason"): e.get("message") for e in stack.events()

@@ -255,12 +255,14 @@ class Stack:
         assert found is not None
         return found
 
-    def pods(self, pool: str | None = None, component: str = constants.COMPONENT_ENGINE) -> list[dict[str, Any]]:
+    def pods(self, pool: str | None = None, component: str = constants.COMPONENT_ENGINE, *,
+             terminating: bool = False) -> list[dict[str, Any]]:
+        """The pods of a pool (or component), without those being deleted unless `terminating`."""
         selector = f"{constants.LABEL_DEPLOYMENT}={NAME},{constants.LABEL_COMPONENT}={component}"
         if pool is not None:
             selector += f",{constants.LABEL_POOL}={pool}"
         pods = self.call(lambda k: k.list(PODS, NS, selector))
-        return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")),
+        return sorted((p for p in pods if terminating or not p["metadata"].get("deletionTimestamp")),
                       key=lambda p: p["metadata"]["name"])
 
     def events(self) -> list[dict[str, Any]]:
@@ -287,10 +289,10 @@ class Stack:
 
     def ready(self) -> bool:
         """VLLMDeployment Ready, one Ready engine pod per awake pool, each sleeping pool at 0 replicas with no pod
-        left, the router pod Ready and serving."""
+        left (a terminating one included: its engine still runs on the node), the router pod Ready and serving."""
         if cond(self.obj(), constants.COND_READY).get("status") != "True":
             return False
-        if any(self.replicas(p) != 0 or self.pods(p) for p in self.sleeping):
+        if any(self.replicas(p) != 0 or self.pods(p, terminating=True) for p in self.sleeping):
             return False
         awake = [p for p in ("short", "long") if p not in self.sleeping]
         pods = [pod for p in awake for pod in self.pods(p)] + self.pods(component=constants.COMPONENT_ROUTER)

@@ -6,14 +6,16 @@ The request is a streamed completion through the real router with the official `
 long pool. While it is held, this module polls every link of the chain it is waiting on, each time from the request's
 send (a poll every `POLL_S`, so each time is late by at most that plus one round of API reads):
 
-held (router gauge) -> Active (ScaledObject) -> scaled (Deployment replicas 1, KEDA's 0 -> 1) -> HPA desired 1 ->
+held (router gauge) -> Active (ScaledObject) -> scaled (Deployment replicas 1, KEDA's 0 -> 1) -> HPA active ->
 pod scheduled -> engine serving (vLLM's /health 200 at the pod's address) -> pod Ready (the node agent's readiness
 probe) -> endpoint published (the pool Service's EndpointSlice) -> routable (the router's healthy-endpoint gauge)
 -> first token (the client's first streamed text) -> answered.
 
-At zero KEDA itself scales the Deployment to 1 on activation; the HPA (which KEDA made with minReplicas 1) reports
-desiredReplicas 1 at its next sync after that, so `hpa` may come after `scaled`, and its place in the chain is
-bookkeeping rather than cause.
+At zero KEDA itself scales the Deployment to 1 on activation; the HPA (which KEDA made with minReplicas 1) is
+ScalingActive=False while its target has 0 replicas and turns True at its next sync after that (it then owns the
+replicas again), so `hpa` follows `scaled` and is bookkeeping rather than a cause of the wake. (Its
+status.desiredReplicas is no signal: it keeps 1 from the previous wake while the pool sleeps.) Links seen in the same
+poll round as the answer are bounded by it: the router released the request once it saw the endpoint.
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ PROMPT_TOKENS = 600
 """Over cpu-dev's promptLengthThreshold (512): the router sends it to the long pool."""
 MAX_TOKENS = 8
 POLL_S = 0.25
+ASLEEP_S = 60.0
+"""From the stack Ready with the pool at 0 to the HPA's sync that sees it (every 2 s here), on a loaded machine."""
 STEPS = ("held", "active", "scaled", "hpa", "scheduled", "serving", "ready", "published", "routable", "first_token",
          "answered")
 STEP_TITLES = {
     "held": "router holds the request",
     "active": "ScaledObject Active",
     "scaled": "Deployment scaled to 1 (KEDA)",
-    "hpa": "HPA desiredReplicas 1",
+    "hpa": "HPA ScalingActive (owns replicas again)",
     "scheduled": "pod scheduled",
     "serving": "engine serving (/health 200)",
     "ready": "pod Ready",
@@ -152,7 +156,7 @@ def _probes(stack: Stack, pool: str) -> dict[str, Callable[[], bool]]:
 
     def hpa() -> bool:
         found = stack.call(lambda k: k.get(HPAS, NS, f"keda-hpa-{service}"))
-        return int(((found or {}).get("status") or {}).get("desiredReplicas") or 0) >= 1
+        return cond(found, "ScalingActive").get("status") == "True"
 
     def serving() -> bool:
         ips = [p["status"]["podIP"] for p in pods() if (p.get("status") or {}).get("podIP")]
@@ -176,14 +180,20 @@ def _probes(stack: Stack, pool: str) -> dict[str, Callable[[], bool]]:
 
 
 def asleep(stack: Stack, pool: str = POOL) -> bool:
-    return stack.replicas(pool) == 0 and not stack.pods(pool)
+    """The pool at 0 as every party sees it: the Deployment at 0 replicas, no pod left (a terminating one's engine
+    still runs on the node), and KEDA's HPA no longer ScalingActive (its sync after the scale to 0; the `hpa` link
+    of the next wake is its turn back to True)."""
+    if stack.replicas(pool) != 0 or stack.pods(pool, terminating=True):
+        return False
+    hpa = stack.call(lambda k: k.get(HPAS, NS, f"keda-hpa-{pool_service(pool)}"))
+    return cond(hpa, "ScalingActive").get("status") != "True"
 
 
 def wake(stack: Stack, tokenizer: tokenizers.Tokenizer, *, salt: int = 0, pool: str = POOL,
          timeout: float = 300.0, settle_s: float = 30.0) -> Wake:
-    """Send one request for `pool` while it is asleep, observe the chain until it is answered, then up to `settle_s`
-    more for links not seen yet (the HPA's sync may lag the answer)."""
-    assert asleep(stack, pool), f"pool {pool} is not asleep at 0 before the wake"
+    """Once `pool` is asleep (`asleep`), send one request for it, observe the chain until it is answered, then up to
+    `settle_s` more for links not seen yet (the HPA's sync may lag the answer)."""
+    stack.wait(lambda: asleep(stack, pool), ASLEEP_S, what=f"pool {pool} asleep at 0 before the wake")
     url = stack.router_url()
     prompt = prompt_of(tokenizer, PROMPT_TOKENS, salt)
     result: list[Streamed] = []
