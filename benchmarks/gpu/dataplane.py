@@ -16,6 +16,10 @@ Steps (each one or two engine starts; see PLAN-28.md for which call runs which):
            prefill chunk until the engine dies; the wrapper's exit code and termination message; re-planned through
            the health loop's own diagnose/decide (replan.py); restarted at the new rung; the same requests again
   moe      plan `moe`: a MoE shape, KV planned vs `vllm:cache_config_info`, no traffic
+  lora     plan `lora`: the long pool with two LoRA slots of rank 16; KV planned (slots taken off) vs vLLM's after its
+           profiling run with LoRA on; a random rank-16 adapter made here, loaded at run time by the wrapper from its
+           adapters file and asked for by name; the wrapper's start-up phase durations, cold, then a second start
+           (warm page cache) — what a pool waking from zero on a GPU waits for
 
 Standard library (plus loadgen.py's numpy for prompt text, and the operator package on --src for replan.py).
 """
@@ -169,7 +173,8 @@ class Ctx:
         return data
 
     def engine(self, sdir: Path, label: str, plan: dict[str, Any], pool: str, port: int,
-               model_dir: str | None = None, extra_args: tuple[str, ...] = ()) -> tuple[Proc, Path]:
+               model_dir: str | None = None, extra_args: tuple[str, ...] = (), wrapper_args: tuple[str, ...] = (),
+               status_port: int | None = None) -> tuple[Proc, Path]:
         """`vllm-operator engine -- vllm serve MODEL <plan args>` with the termination message in sdir."""
         model = model_dir or self.args.model_dir
         argv, plan_env = engine_cmd.build_argv(plan, pool, model, "127.0.0.1", port,
@@ -185,7 +190,8 @@ class Ctx:
         # Each wrapper serves its start-up status on a port of its own (two engines share this host, and the default
         # status port is the long engine's API port here).
         cmd = [self.py, "-m", "vllm_operator.cli", "engine", *launcher, "--termination-message-path", str(term),
-               "--status-host", "127.0.0.1", "--status-port", str(free_port()), "--", *child]
+               "--status-host", "127.0.0.1", "--status-port", str(status_port or free_port()), *wrapper_args,
+               "--", *child]
         (sdir / f"argv-{label}.json").write_text(json.dumps({"argv": cmd, "env": plan_env}, indent=2) + "\n")
         return Proc(label, cmd, self.env(self.args.site, self.args.src, extra=plan_env), sdir / f"{label}.log"), term
 
@@ -548,7 +554,97 @@ def step_moe(ctx: Ctx) -> dict[str, Any]:
     return rec
 
 
+LORA_TARGETS = ("q_proj", "v_proj")
+ADAPTER = """import json, sys, torch
+from safetensors.torch import save_file
+cfg = json.load(open(sys.argv[1] + "/config.json")); out, r = sys.argv[2], int(sys.argv[3])
+h = cfg["hidden_size"]; kv = cfg["num_key_value_heads"] * cfg.get("head_dim", h // cfg["num_attention_heads"])
+g = torch.Generator().manual_seed(0); t = {}
+for i in range(cfg["num_hidden_layers"]):
+    for m, o in (("q_proj", h), ("v_proj", kv)):
+        k = f"base_model.model.model.layers.{i}.self_attn.{m}"
+        t[k + ".lora_A.weight"] = (torch.randn(r, h, generator=g) * 0.01).to(torch.bfloat16)
+        t[k + ".lora_B.weight"] = (torch.randn(o, r, generator=g) * 0.01).to(torch.bfloat16)
+save_file(t, out + "/adapter_model.safetensors")
+json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r, "lora_dropout": 0.0,
+           "target_modules": ["q_proj", "v_proj"], "bias": "none", "fan_in_fan_out": False,
+           "base_model_name_or_path": sys.argv[1]}, open(out + "/adapter_config.json", "w"))
+print(len(t), "tensors")
+"""
+"""A random LoRA adapter of the carried model's shape (q_proj and v_proj of every layer), made on the GPU machine
+with its torch and safetensors: nothing of the kind is in the carried archives."""
+
+
+def poll_status(url: str) -> dict[str, Any] | None:
+    try:
+        code, text = session.get(url + "/status", 2.0)
+    except OSError:
+        return None
+    if code != 200:
+        return None
+    body: dict[str, Any] = json.loads(text)
+    return body
+
+
+def step_lora(ctx: Ctx) -> dict[str, Any]:
+    sdir = ctx.out / "lora"
+    sdir.mkdir(parents=True, exist_ok=True)
+    rec: dict[str, Any] = {"step": "lora", "starts": []}
+    plan_path = Path(ctx.args.plans) / "lora.json"
+    plan = json.loads(plan_path.read_text())
+    pool = "long"
+    served = plan["pools"][pool]["servedModelName"]
+    adapter_dir = sdir / "a1"
+    adapter_dir.mkdir(exist_ok=True)
+    made = subprocess.run([ctx.py, "-c", ADAPTER, ctx.args.model_dir, str(adapter_dir), "16"], capture_output=True,
+                          text=True, env=ctx.env(ctx.args.site), timeout=120, check=False)
+    rec["adapter"] = (made.stdout + made.stderr).strip()[-400:]
+    adapters_file = sdir / "adapters.json"
+    adapters_file.write_text(json.dumps({"adapters": [{"name": "a1", "path": str(adapter_dir)}]}))
+    if not (adapter_dir / "adapter_model.safetensors").exists():
+        log(f"lora: no adapter made: {rec['adapter']}")
+    url = f"http://127.0.0.1:{ctx.args.long_port}"
+    for attempt in ("cold", "warm"):
+        if not ctx.fits(START_EST_S + 30):
+            rec["starts"].append({"start": attempt, "skipped": f"{ctx.left():.0f} s left"})
+            break
+        status_port = free_port()
+        status_url = f"http://127.0.0.1:{status_port}"
+        proc, term = ctx.engine(sdir, f"engine-{attempt}", plan, pool, ctx.args.long_port,
+                                wrapper_args=("--adapters-file", str(adapters_file)), status_port=status_port)
+        start: dict[str, Any] = {"start": attempt}
+        try:
+            start["healthy_s"] = round(proc.wait_healthy(url, ctx.args.start_timeout), 1)
+            if attempt == "cold":
+                start["kv"] = kv_compare(plan_path, pool, scrape(url), sdir)
+            deadline, loaded = time.monotonic() + 60, None
+            while time.monotonic() < deadline:
+                state = (poll_status(status_url) or {}).get("adapters") or {}
+                if "a1" in state.get("loaded", []) or "a1" in state.get("failed", {}):
+                    loaded = state
+                    break
+                time.sleep(0.25)
+            start["adapter_after_healthy_s"] = round(time.monotonic() - proc.t0 - start["healthy_s"], 2)
+            start["adapter_state"] = loaded
+            for model in (served, "a1"):
+                start[f"completion:{model}"] = http_call(url + "/v1/completions", {
+                    "model": model, "prompt": "Document 1 time year people", "max_tokens": 8, "ignore_eos": True}, 60)
+            start["models"] = http_call(url + "/v1/models", None, 10)
+            start["status"] = poll_status(status_url)
+        except RuntimeError as err:
+            start["error"] = str(err)
+            log(f"lora {attempt} failed: {err}")
+        finally:
+            start["exit"] = proc.stop()
+            start["termination"] = term.read_text() if term.exists() else None
+        rec["starts"].append(start)
+        if "error" in start:
+            break
+    return rec
+
+
 STEPS = {
+    "lora": step_lora,
     "split": lambda ctx: step_layout(ctx, "split", "shared", ("long", "short")),
     "unified": lambda ctx: step_layout(ctx, "unified", "unified", ("long",)),
     "oom": step_oom,

@@ -8,7 +8,7 @@ rm -rf "$DEST/src" "$DEST/bench" "$DEST/plans"; mkdir -p "$DEST/src" "$DEST/benc
 cp -r operator/vllm_operator "$DEST/src/"
 find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
 cp benchmarks/gpu/*.py "$DEST/bench/"; cp -r benchmarks/gpu/deployments "$DEST/bench/"
-for v in shared unified oom moe; do
+for v in shared unified oom moe lora; do
   .venv/bin/vllm-operator plan "benchmarks/gpu/deployments/$v.yaml" -o json --engine-version 0.26.0 > "$DEST/plans/$v.json"
 done
 cp "$UNPACK" "$DEST/unpack.sh"

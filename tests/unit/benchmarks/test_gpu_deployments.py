@@ -91,3 +91,16 @@ def test_variant_commands_differ_in_one_flag(variant: str, flag: str, capsys: py
     base = set(ec.build_argv(planned("default", capsys), "long", "/m", "127.0.0.1", 8000)[0])
     other = set(ec.build_argv(planned(variant, capsys), "long", "/m", "127.0.0.1", 8000)[0])
     assert {a.split("=")[0] for a in base ^ other} == {flag}
+
+
+def test_lora_deployment_plans_two_rank_16_slots_out_of_the_kv_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """The LoRA call's plan: the long pool alone gets --enable-lora with 2 slots of rank 16 and runtime updating on,
+    and its KV tokens are the default long pool's minus the slots' memory (what the GPU run compares with vLLM)."""
+    lora, base = planned("lora", capsys), planned("default", capsys)
+    cmd, env = ec.build_argv(lora, "long", "/tmp/model", "127.0.0.1", 8000, {"/models": "/tmp/models"})
+    assert {"--enable-lora", "--max-loras=2", "--max-lora-rank=16"} <= set(cmd)
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert lora["pools"]["long"]["adapters"] == ["a1"]
+    assert lora["pools"]["long"]["kv"]["breakdown"]["loraBytes"] == 184_713_216  # 2 slots x rank 16, Llama-3.1-8B
+    slot_tokens = ec.facts(base)["long"]["plannedTokens"] - ec.facts(lora)["long"]["plannedTokens"]
+    assert 0 < slot_tokens < ec.facts(base)["long"]["plannedTokens"] * 0.01, slot_tokens
