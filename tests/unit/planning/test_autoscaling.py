@@ -86,7 +86,7 @@ def test_builtin_classes_round_trip_their_autoscaling() -> None:
 
 def test_router_holds_requests_only_for_a_pool_that_sleeps() -> None:
     sleeping = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}})
-    assert sleeping.router.pools.long.wake_seconds == 270.0, "scrape 30 + KEDA 15 + HPA 15 + pod 30 + engine 180"
+    assert sleeping.router.pools.long.wake_seconds == 330.0, "scrape 30 + KEDA 15 + HPA 15 + pod 30 + engine 240"
     assert sleeping.router.pools.short.wake_seconds is None
     awake = make_plan(pools={"long": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}})
     assert awake.router.pools.long.wake_seconds is None
