@@ -212,7 +212,7 @@ class PrefixBalancer:
         share_bound = math.ceil(self.load_factor * (sum(recent.get(c.claim, 0) for c in candidates) + 1) / n)
         roomy = [c for c in candidates if c.outstanding < flight_bound]  # never empty: the least loaded is in it
         fair = [c for c in candidates if recent.get(c.claim, 0) < share_bound]  # never empty: the least chosen
-        open_ = [c for c in roomy if c in fair] or fair
+        open_ = [c for c in roomy if recent.get(c.claim, 0) < share_bound] or fair
         best = max(open_, key=lambda c: (depth.get(c.claim, 0), -recent.get(c.claim, 0), -c.outstanding))
         deepest = max(depth.values(), default=0)
         if deepest == 0:
