@@ -12,20 +12,26 @@ put between two events:
 - `fail(plural, lists=, watches=, status=)`: the next lists and watches of that resource are answered `status`
   (a Status body, as the API server writes one) instead of being relayed;
 - `go_away()` / `come_back()`: the API server is unreachable in between: open watches are cut (their connections
-  dropped mid-stream) and every new connection is closed before an answer, as a crashed server's address does.
+  dropped mid-stream) and every new connection is closed before an answer, as a crashed server's address does;
+- `faults`: a hook `(ProxiedRequest) -> Fault | None` asked for every request that is not a watch: a `Fault` answers
+  it with an API error status (409 Conflict, 500, 503, ... as a `Status` object like the API server's), holds it for
+  `delay` seconds (past the client's timeout: a hung server), or drops the connection without an answer — before
+  the request reaches the API server, or `after_commit` (the write happened, the client hears an error or nothing).
+  `RandomFaults` is a seeded hook for a fraction of one client's writes.
 
-`requests` records (method, path, is_watch) for every request, so a test can show a relist came after the 410.
-It listens on 127.0.0.1 only.
+`requests` records (method, path, is_watch) for every request, so a test can show a relist came after the 410;
+`injected` the (request, fault) pairs the hook chose. It listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +46,96 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 GONE = json.dumps({"type": "ERROR", "object": {
     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
     "message": "too old resource version (injected by the test proxy)", "reason": "Expired", "code": 410}}) + "\n"
+
+
+REASONS = {409: ("Conflict", "the object has been modified; please apply your changes to the latest version and try "
+                             "again (injected by the test proxy)"),
+           429: ("TooManyRequests", "too many requests (injected by the test proxy)"),
+           500: ("InternalError", "an error on the server (injected by the test proxy)"),
+           503: ("ServiceUnavailable", "the server is currently unable to handle the request (injected by the test "
+                                       "proxy)")}
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(frozen=True)
+class ProxiedRequest:
+    """What a fault hook sees of a request: method, path (no query), query, the client's User-Agent."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    user_agent: str
+
+    @property
+    def plural(self) -> str:
+        """The resource (subresources named as the API server's request info would not be: `deployments`,
+        `status`): the path's resource segment after namespaces/<ns>/ or the group version."""
+        parts = self.path.strip("/").split("/")
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+        if rest[:1] == ["namespaces"] and len(rest) > 2:
+            rest = rest[2:]
+        return rest[0] if rest else ""
+
+    @property
+    def subresource(self) -> str:
+        parts = self.path.strip("/").split("/")
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+        if rest[:1] == ["namespaces"] and len(rest) > 2:
+            rest = rest[2:]
+        return rest[2] if len(rest) > 2 else ""
+
+    @property
+    def is_write(self) -> bool:
+        return self.method in WRITE_METHODS
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What the proxy does to one request: wait `delay` seconds, then answer `status` or, with `drop`, close the
+    connection without answering (neither: relay it). With `after_commit`, the request is relayed first (the write
+    happens) and the delay and the answer come after, as when a response is lost on the way back. Without it, a
+    client that gave up during the delay leaves the request unrelayed (a hung server)."""
+
+    status: int | None = None
+    delay: float = 0.0
+    drop: bool = False
+    after_commit: bool = False
+
+    def describe(self) -> str:
+        parts = [f"delay={self.delay:g}s"] if self.delay else []
+        parts += [f"status={self.status}"] if self.status else []
+        parts += ["drop"] if self.drop else []
+        parts += ["after-commit"] if self.after_commit else []
+        return ",".join(parts) or "relay"
+
+
+FaultHook = Callable[[ProxiedRequest], "Fault | None"]
+
+
+class RandomFaults:
+    """A seeded fraction `rate` of one client's (by User-Agent prefix) writes gets a fault drawn from `faults`."""
+
+    def __init__(self, rate: float, faults: Collection[Fault], *, seed: int = 0, user_agent: str = "",
+                 methods: Collection[str] = WRITE_METHODS) -> None:
+        self.rate = rate
+        self.faults = list(faults)
+        self.random = random.Random(seed)
+        self.user_agent = user_agent
+        self.methods = frozenset(methods)
+
+    def __call__(self, request: ProxiedRequest) -> Fault | None:
+        if request.method not in self.methods or not request.user_agent.startswith(self.user_agent):
+            return None
+        if self.random.random() >= self.rate:
+            return None
+        return self.random.choice(self.faults)
+
+
+def status_body(code: int) -> bytes:
+    reason, message = REASONS.get(code, ("InternalError" if code >= 500 else "BadRequest",
+                                         f"injected by the test proxy ({code})"))
+    return json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                       "message": message, "reason": reason, "code": code}).encode()
 
 
 @dataclass
@@ -66,8 +162,10 @@ def _drop(request: web.Request) -> None:
 class ApiProxy:
     """Start with `with ApiProxy(kube, workdir) as proxy:`; `proxy.kubeconfig(...)` for the client under test."""
 
-    def __init__(self, kube: Cluster, workdir: Path) -> None:
+    def __init__(self, kube: Cluster, workdir: Path, faults: FaultHook | None = None) -> None:
         self.kube = kube
+        self.faults = faults
+        self.injected: list[tuple[ProxiedRequest, Fault]] = []
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         authority = pki.Authority(workdir, "proxy-ca")
@@ -211,6 +309,21 @@ class ApiProxy:
                                       "code": status}, status=status)
         if is_watch and plural in self._held:
             return await self._held_watch(request, plural)
+        fault = None
+        if not is_watch and self.faults is not None:
+            proxied = ProxiedRequest(request.method, request.path, dict(request.query),
+                                     request.headers.get("User-Agent", ""))
+            fault = self.faults(proxied)
+            if fault is not None:
+                self.injected.append((proxied, fault))
+        if fault is not None and not fault.after_commit:
+            await asyncio.sleep(fault.delay)
+            if fault.drop or request.transport is None or request.transport.is_closing():
+                _drop(request)  # dropped, or the client gave up while the server hung
+                return web.Response(status=503)  # never reaches the client: its connection is gone
+            if fault.status:
+                return web.Response(status=fault.status, body=status_body(fault.status),
+                                    content_type="application/json")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         # Bodies pass through as they are (gzip included: the proxy does not decompress); watch streams are read
         # line by line, so they are asked for uncompressed.
@@ -222,6 +335,17 @@ class ApiProxy:
         except aiohttp.ClientError as err:
             return web.Response(status=503, text=f"apiproxy: upstream unreachable: {err}")
         async with upstream:
+            if fault is not None and fault.after_commit:
+                await upstream.read()  # the write is done; the answer is what goes missing
+                await asyncio.sleep(fault.delay)
+                if fault.drop or request.transport is None or request.transport.is_closing():
+                    _drop(request)
+                    return web.Response(status=503)
+                if fault.status:
+                    return web.Response(status=fault.status, body=status_body(fault.status),
+                                        content_type="application/json")
+                return web.Response(status=upstream.status, body=await upstream.read(), headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
             response = web.StreamResponse(status=upstream.status, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
             try:

@@ -1,40 +1,41 @@
 """Status writers race (the reconcile, the Deployment-watch refresh, the health loop); the last word must be true.
 
-A slow API server (create responses delayed 2 s after the write committed) lets pods become ready while the
-reconcile is still creating children. Before the fix, the reconcile then wrote the stale "0 ready" status last and
-Ready=False stuck although every Deployment was ready.
+A slow API server — the answers to the operator's server-side apply of Deployments held 2 s after the write
+committed (tests/support/apiproxy.py in front of the real API server) — lets the real controllers and kwok make
+pods ready while the reconcile is still writing children. Before the fix, the reconcile then wrote the stale
+"0 ready" status last and Ready=False stuck although every Deployment was ready.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from tests.integration.controller.conftest import NAMESPACES, example
-from tests.support.operator import running_operator
+from tests.integration.controller.conftest import Tenant, running_operator
+from tests.support.apiproxy import ApiProxy, Fault, ProxiedRequest
 from tests.support.waiting import eventually
 from vllm_operator import constants
-from vllm_operator.demo import nodes_for
 from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS
-from vllm_operator.sim.apiserver import ApiServer
-from vllm_operator.sim.cluster import SimCluster
-from vllm_operator.sim.faults import Fault
-from vllm_operator.sim.requestlog import RequestRecord
 
 
-def slow_deployment_creates(record: RequestRecord) -> Fault | None:
-    if record.resource == "deployments" and record.verb == "create" and constants.APP_NAME in record.user_agent:
+def slow_deployment_applies(request: ProxiedRequest) -> Fault | None:
+    """The operator creates (and updates) children by apply PATCH, so the slow "create" is that PATCH."""
+    if (request.method == "PATCH" and request.plural == "deployments" and not request.subresource
+            and "fieldManager" in request.query and request.user_agent.startswith(f"{constants.APP_NAME}/")):
         return Fault(delay=2.0, after_commit=True)
     return None
 
 
-async def test_ready_is_not_lost_when_pods_get_ready_during_the_reconcile() -> None:
-    obj = example("chat")
+async def test_ready_is_not_lost_when_pods_get_ready_during_the_reconcile(examples_tenant: Tenant,
+                                                                         tmp_path: Path) -> None:
+    tenant = examples_tenant
+    obj = tenant.example("chat")
     ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-    async with SimCluster(api=ApiServer(faults=slow_deployment_creates), nodes=nodes_for([obj]),
-                          ready_after=0.2) as sim:
-        assert sim.client is not None
-        await sim.client.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        async with running_operator(sim) as kube:
+    token = tenant.kube.kubectl("create", "token", tenant.account.name, "-n", tenant.account.namespace,
+                                "--duration=1h").stdout.strip()
+    with ApiProxy(tenant.kube, tmp_path / "proxy", faults=slow_deployment_applies) as proxy:
+        kubeconfig = proxy.kubeconfig(tmp_path / "proxied.kubeconfig", token, ns)
+        async with running_operator(tenant, kubeconfig=kubeconfig) as kube:
             await kube.create(VLLM_DEPLOYMENTS, ns, obj)
 
             async def all_ready() -> bool:
@@ -52,3 +53,4 @@ async def test_ready_is_not_lost_when_pods_get_ready_during_the_reconcile() -> N
 
             current = await eventually(ready_condition, timeout=30)
             assert current["status"]["ready"] == "3/3"  # engine pods: 2 short + 1 long
+    assert len(proxy.injected) >= 3, "every Deployment apply was slowed"
