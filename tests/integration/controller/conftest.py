@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +25,12 @@ import yaml
 
 from testcluster import nodes
 from testcluster.cluster import Cluster
+from tests.support import inprocess
 from tests.support.helm import render
 from tests.support.kube import apply, unique, wait_for
 from tests.support.paths import CLASS_CRD_FILE, CRD_FILE, EXAMPLE_FILES
 from vllm_operator import constants
 from vllm_operator.api.resource import parse_resource
-from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.run import OperatorThread
 from vllm_operator.k8s import ClientKubeApi
 from vllm_operator.planning import catalog
 
@@ -190,37 +188,12 @@ def examples_tenant(tenant: Tenant) -> Tenant:
     return tenant
 
 
-@contextlib.contextmanager
-def _kubeconfig_env(path: Path) -> Iterator[None]:
-    """kopf logs in from $KUBECONFIG (kopf.login_with_kubeconfig reads the environment when it starts)."""
-    before = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = before
-
-
 @contextlib.asynccontextmanager
 async def running_operator(tenant: Tenant, *, kubeconfig: Path | None = None, timeout: float = 30.0,
                            **config: Any) -> AsyncIterator[ClientKubeApi]:
     """The operator, as the chart's ServiceAccount and watching the tenant's namespace, until the block exits;
     yields an admin KubeApi of the test's own (its requests are the test's, not the operator's, in the audit log).
     `kubeconfig`: another way in for the operator (a fault-injecting proxy)."""
-    import asyncio
-
-    settings = {"http_port": 0, "health_enabled": False, "namespaces": (tenant.namespace,), **config}
-    path = str(kubeconfig or tenant.account.kubeconfig)
-    operator = OperatorThread(OperatorConfig(**settings),
-                              lambda: ClientKubeApi.from_environment(kubeconfig=path, timeout=timeout))
-    with _kubeconfig_env(Path(path)):
-        await asyncio.to_thread(operator.start)
-    api = ClientKubeApi.from_environment(kubeconfig=str(tenant.kube.kubeconfig))
-    try:
+    async with inprocess.running_operator(kubeconfig or tenant.account.kubeconfig, tenant.kube.kubeconfig,
+                                          timeout=timeout, namespaces=(tenant.namespace,), **config) as api:
         yield api
-    finally:
-        api.close()
-        await asyncio.to_thread(operator.stop)
