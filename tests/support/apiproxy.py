@@ -17,7 +17,6 @@ put between two events:
   it with an API error status (409 Conflict, 500, 503, ... as a `Status` object like the API server's), holds it for
   `delay` seconds (past the client's timeout: a hung server), or drops the connection without an answer — before
   the request reaches the API server, or `after_commit` (the write happened, the client hears an error or nothing).
-  `RandomFaults` is a seeded hook for a fraction of one client's writes.
 
 `requests` records (method, path, is_watch) for every request, so a test can show a relist came after the 410;
 `injected` the (request, fault) pairs the hook chose. It listens on 127.0.0.1 only.
@@ -27,11 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,25 +108,6 @@ class Fault:
 
 
 FaultHook = Callable[[ProxiedRequest], "Fault | None"]
-
-
-class RandomFaults:
-    """A seeded fraction `rate` of one client's (by User-Agent prefix) writes gets a fault drawn from `faults`."""
-
-    def __init__(self, rate: float, faults: Collection[Fault], *, seed: int = 0, user_agent: str = "",
-                 methods: Collection[str] = WRITE_METHODS) -> None:
-        self.rate = rate
-        self.faults = list(faults)
-        self.random = random.Random(seed)
-        self.user_agent = user_agent
-        self.methods = frozenset(methods)
-
-    def __call__(self, request: ProxiedRequest) -> Fault | None:
-        if request.method not in self.methods or not request.user_agent.startswith(self.user_agent):
-            return None
-        if self.random.random() >= self.rate:
-            return None
-        return self.random.choice(self.faults)
 
 
 def status_body(code: int) -> bytes:
