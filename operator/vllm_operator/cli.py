@@ -18,7 +18,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("vllm_operator.handlers.run", "run the operator (kopf) against the current kubeconfig"),
     "router": ("vllm_operator.router.main", "run the length-aware OpenAI-compatible router"),
     "engine": ("vllm_operator.engine.main", "run vLLM under the entrypoint wrapper (engine pods' command)"),
-    "demo": ("vllm_operator.demo", "run the operator on a simulated cluster and apply every example"),
 }
 
 

@@ -1,7 +1,8 @@
 """Kubernetes access for the operator: a small `KubeApi` Protocol and one implementation on the official client.
 
 The controller and the health loop only need a handful of verbs on a known set of kinds, so they talk to this
-Protocol rather than to a client library; tests hand them the same implementation pointed at the simulated cluster.
+Protocol rather than to a client library; tests hand them the same implementation pointed at the test control
+plane (testcluster).
 The implementation builds its own `ApiClient` from a kubeconfig or the in-cluster service account (no module-level
 client) and runs the synchronous official client in worker threads of its own, so kopf's event loop never blocks on
 I/O and closing it drops queued requests instead of waiting for them (a stopping operator with hundreds of requests

@@ -8,10 +8,10 @@ ConfigMap, the wrappers load and unload in the running engines — same pods, re
 removed adapter is gone from `/v1/models` (router and engines) and answered 404 model_not_found.
 
 The one step a real kubelet does that the process node's runtime does not: refresh a mounted ConfigMap's files
-when the ConfigMap changes (the emulator writes them once, at container start, and gets no new behaviour for this
-test). `kubelet_sync_adapters` does that refresh here: it reads the ConfigMap the operator wrote from the API and
-replaces each engine pod's projected file atomically, as the kubelet's `..data` swap does, with container paths
-mapped to the host as the runtime maps them at start.
+when the ConfigMap changes (the process node writes them once, at container start). `kubelet_sync_adapters` does
+that refresh here: it reads the ConfigMap the operator wrote from the API and replaces each engine pod's projected
+file atomically, as the kubelet's `..data` swap does, with container paths mapped to the host as the runtime maps
+them at start.
 """
 
 from __future__ import annotations

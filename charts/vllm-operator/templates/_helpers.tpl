@@ -53,7 +53,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 RBAC rules the operator needs in every namespace it reconciles: exactly the (group, resource, verb) triples it sends,
 plus what it must hold to grant the router's Role (Kubernetes' escalation check). No wildcards, no Secrets.
-tests/integration/packaging/test_rbac_matches_usage.py compares them with the simulated cluster's request log;
+tests/integration/packaging/test_rbac_matches_usage.py compares them with the requests the operator makes;
 README section "RBAC" explains every line.
 */}}
 {{- define "vllm-operator.namespacedRules" -}}

@@ -18,7 +18,6 @@ class OperatorConfig:
     http_host: str = "0.0.0.0"  # /healthz and /metrics must be reachable by the kubelet and Prometheus
     http_port: int = 8080  # 0 = do not serve /healthz and /metrics (tests)
     health_interval_override: float | None = None  # seconds; tests shorten every deployment's interval
-    api_server: str | None = None  # log kopf in to this URL directly (the simulated cluster); None = kubeconfig
     status_refresh_delay: float = 2.0  # seconds a Deployment change waits for others to join its status write
     images: ImageDefaults = DEFAULT_IMAGES  # where default engine/router images come from (--image-repository)
     webhook: WebhookConfig | None = None  # serve the validating admission webhook (--webhook-port)

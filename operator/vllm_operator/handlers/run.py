@@ -98,19 +98,13 @@ def quiet_routine_successes() -> None:
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     lifecycle.register(registry, config)
-    if config.api_server:
-        server = config.api_server
 
-        @kopf.on.login(registry=registry)
-        def _login(**_: object) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=server, insecure=True)
-    else:
-        # kopf's default login handlers live on its default registry, not on ours: log in as the pod's service
-        # account in a cluster, else from the kubeconfig (KUBECONFIG or ~/.kube/config).
-        @kopf.on.login(registry=registry)
-        def _login_from_environment(settings: kopf.OperatorSettings, **kwargs: object) -> kopf.ConnectionInfo | None:
-            return (kopf.login_with_service_account(settings=settings, **kwargs)
-                    or kopf.login_with_kubeconfig(settings=settings, **kwargs))
+    # kopf's default login handlers live on its default registry, not on ours: log in as the pod's service account
+    # in a cluster, else from the kubeconfig (KUBECONFIG or ~/.kube/config).
+    @kopf.on.login(registry=registry)
+    def _login_from_environment(settings: kopf.OperatorSettings, **kwargs: object) -> kopf.ConnectionInfo | None:
+        return (kopf.login_with_service_account(settings=settings, **kwargs)
+                or kopf.login_with_kubeconfig(settings=settings, **kwargs))
 
     if config.health_enabled:
         health.register(registry, config)
@@ -143,7 +137,7 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
     """Run until `stop_flag` is set (or forever). `kube` defaults to the environment's kubeconfig/in-cluster.
 
     kopf cancels every task created in its event loop after it started when it exits, so anything else that must
-    keep running (a simulated cluster in tests or the demo) belongs in another thread: see `OperatorThread`.
+    keep running (a test's own servers and clients) belongs in another thread: see `OperatorThread`.
     """
     quiet_routine_successes()
     own_kube = kube is None
@@ -185,10 +179,10 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
 
 
 class OperatorThread:
-    """The operator in a thread of its own with its own event loop (tests, demo, benchmarks).
+    """The operator in a thread of its own with its own event loop (tests and benchmarks).
 
     kopf owns its loop: on exit it cancels every task created after it started. Running it in a thread keeps a
-    simulated cluster or a test's own tasks safe, and looks to the API server exactly like a separate process.
+    test's own tasks safe, and looks to the API server exactly like a separate process.
     """
 
     def __init__(self, config: OperatorConfig, kube_factory: Callable[[], KubeApi]) -> None:

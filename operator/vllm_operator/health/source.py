@@ -1,7 +1,7 @@
 """The health loop's only network code: Prometheus through prometheus-api-client, pods through the KubeApi.
 
 Both readers sit behind small interfaces (`MetricsSource`, `KubeApi`) passed in by the caller, so there is no
-module-level client and tests can point them at a real Prometheus and the simulated cluster. Every failure to read
+module-level client and tests can point them at a real Prometheus and the test control plane. Every failure to read
 metrics becomes `MetricsSnapshot.error` — a fact for the diagnosis ("Prometheus unreachable"), never an exception
 that would make the loop guess — and every metric fact keeps its sample time so staleness is visible downstream.
 """
