@@ -312,8 +312,10 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
             with contextlib.suppress(ProcessLookupError):
                 os.kill(core, signal.SIGCONT)
         assert deleted - stopped <= window, f"deleted after {deleted - stopped:.1f} s, window {window} s"
-        reasons = [e for e in healthy.events() if e.get("reason") == "RestartedStalledPod"]
-        assert reasons and pod in reasons[-1].get("message", ""), reasons
+        # The health loop deletes the pod, then posts the event (health/loop.execute): wait for it, not read once.
+        healthy.wait(lambda: any(e.get("reason") == "RestartedStalledPod" and pod in e.get("message", "")
+                                 for e in healthy.events()), 30, interval=0.25,
+                     what=f"the RestartedStalledPod event naming {pod}")
 
         def replacement() -> Container | None:
             pods = healthy.pods(pool)

@@ -1,13 +1,20 @@
 """The whole system on the real control plane for the end-to-end tier: testcluster (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler) + a process node agent + real vLLM engines + the real router + real
-Prometheus discovering the pods from the API server + the operator with its health loop, from
-`examples/cpu-dev.yaml`.
+Prometheus discovering the pods from the API server + the chart's own operator, installed by `helm install` and
+running as a pod with its health loop, from `examples/cpu-dev.yaml`.
 
 Where things run: the control plane in the cluster's network namespace (testcluster), and so does this test process
 while the stack is up (`processnode.netns.entered`: pod addresses exist only in there; the host blackholes them), so
-the test's clients, the operator, the node agent (a thread) and Prometheus all see the pods as a pod in a cluster
-would. Pods run in network namespaces of their own (processnode), bound by the real scheduler to the node
-`cpu-0`; the real endpointslice controller publishes their IPs, from which the router discovers the engines.
+the test's clients, the node agent (a thread) and Prometheus all see the pods as a pod in a cluster would. Pods run
+in network namespaces of their own (processnode), bound by the real scheduler to the node `cpu-0`; the real
+endpointslice controller publishes their IPs, from which the router discovers the engines.
+
+The operator is the chart's (charts/vllm-operator, release `vllm-operator` in `vllm-system`), watching only the
+stack's namespace, with its nodeSelector on `cpu-0` and `operator.prometheusUrl` at the stack's Prometheus: the
+process node maps its image to the project venv's `vllm-operator run` authenticated by the pod's ServiceAccount
+token, so it acts under the chart's RBAC and the test reads what it did only through the API (status, events) and
+its pod's log (in `diagnostics`). The short remediation windows the tier relies on are cpu-dev.yaml's own
+(spec.remediation): no operator flag is needed for them.
 
 The model directory (`scripts/make_model.py --shape tiny`) reaches the pods as a PersistentVolume (hostPath) bound
 to the PVC `models` that cpu-dev.yaml names; the tokenizer ConfigMap is created from that model's files, as an admin
@@ -31,6 +38,8 @@ import json
 import os
 import re
 import secrets
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -51,13 +60,12 @@ from testcluster import binaries
 from testcluster import cluster as testcluster
 from testcluster import keda as testkeda
 from testcluster.cluster import Cluster
+from tests.support.kube import helm
 from tests.support.paths import EXAMPLES, ROOT
 from tests.support.prometheus import Prometheus
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_spec
-from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.run import OperatorThread
 from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.rendering.monitoring import pod_monitor
@@ -73,6 +81,10 @@ ACCESS_LINE = re.compile(r'"GET /(health|metrics|status|startup) HTTP/1\.1" 200'
 """Probe and scrape lines of a pod's access log, left out of a failure's log tails."""
 NODE = "cpu-0"
 PROMETHEUS_SA = "prometheus"
+OPERATOR_NS, OPERATOR_RELEASE = "vllm-system", "vllm-operator"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=vllm-operator"
+OPERATOR_READY_TIMEOUT_S = 120.0
+"""helm install to the operator pod Ready by its /healthz probe: 10-20 s measured (tests/integration/kube)."""
 READY_TIMEOUT_S = 420.0
 """Two engines starting together on a busy 2-core machine: 50-100 s measured, up to ~4 min seen under load."""
 
@@ -124,6 +136,27 @@ def podmonitor_scrape_config(monitor: Mapping[str, Any], *, api_server: str, ca_
     return jobs
 
 
+@dataclass
+class NodeProcess:
+    """A further process node whose agent runs as a process of its own (`python -m processnode`), so that a test
+    can SIGKILL it as a node failure: its Lease stops being renewed and its pods' processes die with it."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    work_dir: Path
+    log_path: Path
+
+    def log_tails(self, lines: int = 25) -> str:
+        """The agent's log tail, then each of its containers' (access lines left out)."""
+        parts = [f"\n--- node agent {self.name} (exit {self.proc.poll()}) log tail:\n"
+                 + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])]
+        for log in sorted(self.work_dir.rglob("container.log")):
+            kept = [ln for ln in log.read_text(errors="replace").splitlines() if not ACCESS_LINE.search(ln)]
+            parts.append(f"\n--- {self.name}: {log.parent.relative_to(self.work_dir)} log tail:\n"
+                         + "\n".join(kept[-lines:]))
+        return "".join(parts)
+
+
 def _established(kube: Cluster) -> bool:
     items = json.loads(kube.kubectl("get", "crd", "-o", "json").stdout)["items"]
     return bool(items) and all(any(c["type"] == "Established" and c["status"] == "True"
@@ -145,8 +178,8 @@ class Stack:
         self.kube_cluster: Cluster | None = None
         self.node: AgentThread | None = None
         self.prom: Prometheus | None = None
-        self.operator: OperatorThread | None = None
         self.kube: ClientKubeApi | None = None
+        self.node_processes: list[NodeProcess] = []
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="e2e-calls", daemon=True)
         self._exits = contextlib.ExitStack()
@@ -163,10 +196,6 @@ class Stack:
         self._exits.callback(kube.stop)
         self.kube_cluster = kube
         self._exits.enter_context(entered(kube.netns.name))  # from here on this thread is inside
-        old_kubeconfig = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's login in the operator thread
-        self._exits.callback(lambda: os.environ.pop("KUBECONFIG", None) if old_kubeconfig is None
-                             else os.environ.__setitem__("KUBECONFIG", old_kubeconfig))
         self._admin_objects(kube)
         if self.with_keda:
             self.keda = self._exits.enter_context(testkeda.running(kube))
@@ -182,23 +211,74 @@ class Stack:
         self._exits.callback(lambda: (self.loop.call_soon_threadsafe(self.loop.stop), self._loop_thread.join(10)))
         self.kube = ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig))
         self._exits.callback(self.kube.close)
-        self.operator = OperatorThread(
-            OperatorConfig(http_port=0, health_enabled=True, prometheus_url=self.prom.url),
-            lambda: ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig), timeout=30))
-        self.operator.start()
-        self._exits.callback(self.operator.stop)
+        self._install_operator(kube)
         self.call(lambda k: k.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example)))
 
     def stop(self) -> None:
         self._exits.close()
 
-    def _admin_objects(self, kube: Cluster) -> None:
-        kube.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    def start_node_process(self, name: str, labels: Mapping[str, str]) -> NodeProcess:
+        """Another process node (pod CIDR after cpu-0's and the earlier ones'), its agent a process of its own,
+        stopped with the stack; returns once the agent runs (the caller waits for the Node Ready). The agent is
+        pinned to the machine's last core, so its engines bind there (cpu-0's runtime binds its first engines from
+        the lowest core up; separate runtimes do not know each other's bindings)."""
+        kube = self.kube_cluster
+        assert kube is not None
+        index = 1 + len(self.node_processes)
+        work_dir = self.root / f"node-{name}"
+        work_dir.mkdir(parents=True)
+        log_path = self.root / f"node-{name}.log"
+        argv = [sys.executable, "-m", "processnode", f"--kubeconfig={kube.kubeconfig}", f"--name={name}",
+                f"--node-ip={kube.netns.address}", f"--api-port={testcluster.API_PORT}",
+                f"--pod-cidr={node_pod_cidr(kube.netns.pod_cidr, index)}",
+                f"--cluster-pod-cidr={kube.netns.pod_cidr}", f"--work-dir={work_dir}",
+                *(f"--label={k}={v}" for k, v in labels.items())]
+        with log_path.open("wb") as log:  # this thread is inside the cluster's namespace: the agent starts there
+            proc = subprocess.Popen(["taskset", "-c", str(max(os.sched_getaffinity(0))), *argv], cwd=ROOT,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        node = NodeProcess(name, proc, work_dir, log_path)
+        self.node_processes.append(node)
+
+        def stop_agent() -> None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+
+        self._exits.callback(stop_agent)
+        return node
+
+    def node_ready(self, name: str) -> bool | None:
+        """The Node's Ready condition: True, False (False or Unknown), None while the Node does not exist."""
+        assert self.kube_cluster is not None
+        proc = self.kube_cluster.kubectl("get", "node", name, "-o", "json", check=False)
+        if proc.returncode != 0:
+            return None
+        status = cond(json.loads(proc.stdout), "Ready").get("status")
+        return True if status == "True" else False if status in ("False", "Unknown") else None
+
+    def _install_operator(self, kube: Cluster) -> None:
+        """`helm install` of the chart (its CRDs included), then wait for the operator pod Ready on `cpu-0`; the
+        VLLMDeployment is created after that, so the chart's admission webhook checks it as in a cluster."""
+        values = {"watch": {"mode": "namespaced", "namespaces": [NS]},
+                  "nodeSelector": {"kubernetes.io/hostname": NODE},
+                  "operator": {"health": True, "prometheusUrl": self.prom.url if self.prom else ""}}
+        values_file = self.root / "operator-values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        helm(kube, "install", OPERATOR_RELEASE, str(ROOT / "charts" / "vllm-operator"), "--namespace", OPERATOR_NS,
+             "--create-namespace", "-f", str(values_file))
         deadline = time.monotonic() + 60
         while not _established(kube):
             if time.monotonic() > deadline:
-                raise AssertionError("the CRDs were not Established within 60 s")
+                raise AssertionError("the chart's CRDs were not Established within 60 s")
             time.sleep(0.2)
+        self.wait(lambda: (pod := self.operator_pod()) is not None and cond(pod, "Ready").get("status") == "True",
+                  OPERATOR_READY_TIMEOUT_S, what="the chart's operator pod Ready")
+
+    def _admin_objects(self, kube: Cluster) -> None:
         docs = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": TOKENIZER_CONFIGMAP, "namespace": NS},
@@ -265,6 +345,20 @@ class Stack:
         return sorted((p for p in pods if terminating or not p["metadata"].get("deletionTimestamp")),
                       key=lambda p: p["metadata"]["name"])
 
+    def operator_pod(self) -> dict[str, Any] | None:
+        """The chart's operator pod (None unless exactly one, not being deleted)."""
+        pods = [p for p in self.call(lambda k: k.list(PODS, OPERATOR_NS, OPERATOR_SELECTOR))
+                if not p["metadata"].get("deletionTimestamp")]
+        return pods[0] if len(pods) == 1 else None
+
+    def operator_log(self) -> str:
+        """The operator pod's log, as its container wrote it (empty before the pod ran)."""
+        pod = self.operator_pod()
+        if pod is None or self.node is None or self.node.agent is None:
+            return ""
+        found = self.node.agent.runtime.containers.get((OPERATOR_NS, pod["metadata"]["name"]))
+        return found.log_tail(1 << 30) if found is not None else ""
+
     def events(self) -> list[dict[str, Any]]:
         return self.call(lambda k: k.list(EVENTS, NS))
 
@@ -318,7 +412,8 @@ class Stack:
 
     def diagnostics(self) -> str:
         """What a failed wait shows: the VLLMDeployment's status and recent events (the operator's decisions), then
-        each pod's log tail without the probe and scrape access lines that would fill it."""
+        each pod's log tail without the probe and scrape access lines that would fill it; the operator pod's tail is
+        longer (its decisions and errors are what a failed wait most often needs)."""
         parts = []
         with contextlib.suppress(Exception):
             status = self.obj().get("status", {})
@@ -331,8 +426,12 @@ class Stack:
                 for e in events[-15:]))
         for c in list(self.runtime.containers.values()):
             lines = [ln for ln in c.log_tail(20000).splitlines() if not ACCESS_LINE.search(ln)]
-            parts.append(f"\n--- {c.pod} ({c.ip}, restarts {c.restart_count}, last {c.last_terminated}) log tail:\n"
-                         + "\n".join(lines[-25:]))
+            keep = 60 if c.namespace == OPERATOR_NS else 25
+            parts.append(f"\n--- {c.namespace}/{c.pod} ({c.ip}, restarts {c.restart_count}, last {c.last_terminated}) "
+                         "log tail:\n" + "\n".join(lines[-keep:]))
+        for node in self.node_processes:
+            with contextlib.suppress(OSError):
+                parts.append(node.log_tails())
         return "".join(parts)
 
 
