@@ -33,11 +33,13 @@ test-deps: venv cluster-bin
 ## cluster-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go modules
 ## in cluster/ into ~/.cache/vllm-operator/kube-<hash>/, KEDA (cluster/keda) into ~/.cache/vllm-operator/keda-<hash>/
 ## and Prometheus with Kubernetes service discovery (cluster/prometheus) into ~/.cache/vllm-operator/prometheus-<hash>/
+## and prometheus-operator (cluster/prometheus-operator) into ~/.cache/vllm-operator/prometheus-operator-<hash>/
 ## (outside the clone; each a no-op when built; cold: ~15 min + KEDA's + Prometheus', see the README).
 cluster-bin:
 	scripts/build-cluster-bin.sh
 	scripts/build-keda-bin.sh
 	scripts/build-prometheus.sh
+	scripts/build-prometheus-operator.sh
 
 lint: venv
 	$(BIN)/ruff check .
