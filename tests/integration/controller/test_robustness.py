@@ -38,7 +38,9 @@ async def assert_converged(kube: ClientKubeApi, ns: str, name: str) -> None:
         assert [r["uid"] for r in refs] == [uid], f"{kid['kind']} {kid['metadata']['name']} is orphaned or doubly owned"
 
 
-@pytest.mark.parametrize("seed", range(20), ids=[f"seed{s}" for s in range(20)])
+# Eight stop points inside the first reconcile (each run is ~8 s on the real control plane; twenty took 159 s of the
+# integration tier's time for stop points the first eight already spread over the 0-0.25 s window).
+@pytest.mark.parametrize("seed", range(8), ids=[f"seed{s}" for s in range(8)])
 async def test_restart_at_random_points_converges(examples_tenant: Tenant, seed: int) -> None:
     rng = random.Random(seed)
     obj = examples_tenant.example("long-doc")
