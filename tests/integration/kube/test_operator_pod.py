@@ -11,7 +11,6 @@ to Ready on kwok GPU nodes, and stop with its process when the release is uninst
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
+from processnode.agent import AgentThread
 from testcluster.cluster import Cluster
 from tests.support.helm import CHART_DIR
 from tests.support.kube import add_gpu_nodes, apply, helm, unique, wait_for
 from tests.support.paths import ROOT
+from tests.support.procnode import running_node
 
 pytestmark = pytest.mark.integration
 TAINT = {"key": "vllm-operator.dev/process-node", "value": "operator", "effect": "NoSchedule"}
@@ -33,19 +33,9 @@ POD_CIDR_INDEX = 11  # other process nodes of the integration tier take 7, 8 and
 
 @pytest.fixture(scope="module")
 def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
-    name = unique("opnode")
-    config = NodeConfig(name=name, node_ip=kube.netns.address,
-                        pod_cidr=node_pod_cidr(kube.netns.pod_cidr, POD_CIDR_INDEX),
-                        cluster_pod_cidr=kube.netns.pod_cidr, work_dir=tmp_path_factory.mktemp("opnode"),
-                        run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
-                        labels={"vllm-operator.dev/test-node": name}, taints=[TAINT],
-                        runtime={"backoff_initial_s": 1.0, "max_grace_s": 10.0})
-    agent = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
-    try:
+    with running_node(kube, tmp_path_factory.mktemp("opnode"), prefix="opnode", cidr_index=POD_CIDR_INDEX,
+                      taint=TAINT, runtime={"backoff_initial_s": 1.0, "max_grace_s": 10.0}) as agent:
         yield agent
-    finally:
-        agent.stop()
-        kube.kubectl("delete", "node", name, "--wait=false", check=False)
 
 
 def _get(kube: Cluster, *args: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from processnode.processes import descendants
 from testcluster.cluster import Cluster
 from tests.support.kube import apply, unique, wait_for
 from tests.support.paths import ROOT
+from tests.support.procnode import running_node
 
 pytestmark = pytest.mark.integration
 TAINT = {"key": "vllm-operator.dev/process-node", "value": "test", "effect": "NoSchedule"}
@@ -37,17 +38,9 @@ def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ag
     stale = f"vp{node_tag(name)}beef0"  # a link an earlier run of this node left behind
     proc = kube.netns.run("ip", "link", "add", stale, "type", "veth", "peer", "name", f"vq{node_tag(name)}beef0")
     assert proc.returncode == 0, proc.stderr
-    config = NodeConfig(name=name, node_ip=kube.netns.address, pod_cidr=node_pod_cidr(kube.netns.pod_cidr, 7),
-                        cluster_pod_cidr=kube.netns.pod_cidr, work_dir=tmp_path_factory.mktemp("procnode"),
-                        run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
-                        labels={"vllm-operator.dev/test-node": name}, taints=[TAINT],
-                        runtime={"backoff_initial_s": 1.0, "max_grace_s": 5.0})
-    agent = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
-    try:
+    with running_node(kube, tmp_path_factory.mktemp("procnode"), prefix="procnode", cidr_index=7, taint=TAINT,
+                      runtime={"backoff_initial_s": 1.0, "max_grace_s": 5.0}, name=name) as agent:
         yield agent
-    finally:
-        agent.stop()
-        kube.kubectl("delete", "node", name, "--wait=false", check=False)
 
 
 def _get(kube: Cluster, *args: str) -> dict[str, Any]:

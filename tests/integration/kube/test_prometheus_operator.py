@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import secrets
 import subprocess
 import sys
 import urllib.parse
@@ -32,13 +31,14 @@ from typing import Any
 import pytest
 import yaml
 
-from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
+from processnode.agent import AgentThread
 from testcluster import binaries, prometheus_operator
 from testcluster.cluster import Cluster, stop_processes
 from testcluster.prometheus_operator import PrometheusOperator
 from tests.support import helm
 from tests.support.kube import apply, unique, wait_for
 from tests.support.paths import EXAMPLES, ROOT
+from tests.support.procnode import running_node
 from vllm_operator import constants
 from vllm_operator.health import queries
 
@@ -154,19 +154,9 @@ def operator(kube: Cluster, namespace: str) -> Iterator[PrometheusOperator]:
 
 @pytest.fixture(scope="module")
 def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
-    name = unique("promnode")
-    config = NodeConfig(name=name, node_ip=kube.netns.address,
-                        pod_cidr=node_pod_cidr(kube.netns.pod_cidr, POD_CIDR_INDEX),
-                        cluster_pod_cidr=kube.netns.pod_cidr, work_dir=tmp_path_factory.mktemp("promnode"),
-                        run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
-                        labels={"vllm-operator.dev/test-node": name}, taints=[TAINT],
-                        runtime={"max_grace_s": 5.0})
-    agent = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
-    try:
+    with running_node(kube, tmp_path_factory.mktemp("promnode"), prefix="promnode", cidr_index=POD_CIDR_INDEX,
+                      taint=TAINT) as agent:
         yield agent
-    finally:
-        agent.stop()
-        kube.kubectl("delete", "node", name, "--wait=false", check=False)
 
 
 def scrape_job(config: dict[str, Any], name: str) -> dict[str, Any]:
