@@ -98,7 +98,7 @@ def install_crds(cluster: Cluster, directory: Path) -> None:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for path in crd_files(directory):
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        cluster.wait_established(name)
 
 
 def _certificates(cluster: Cluster, directory: Path) -> tuple[Path, str]:

@@ -117,7 +117,7 @@ def install_crds(cluster: Cluster, directory: Path) -> tuple[str, ...]:
     for path in crd_files(directory):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for name in names:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        cluster.wait_established(name)
     return tuple(n for n in names if f"customresourcedefinition.apiextensions.k8s.io/{n}" not in present)
 
 

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,11 +78,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp, cluster.running(Path(tmp)) as kube:
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-        for _ in range(60):  # `kubectl wait` fails outright while the new CRD has no status yet
-            if kube.kubectl("wait", "--for=condition=Established", "crd/vllmdeployments.vllm-operator.dev",
-                            "--timeout=60s", check=False).returncode == 0:
-                break
-            time.sleep(0.5)
+        kube.wait_established("vllmdeployments.vllm-operator.dev")
         results = {"baseline": measure(args.baseline.resolve(), kube.kubeconfig, "bench-baseline"),
                    "this": measure(ROOT, kube.kubeconfig, "bench-this")}
     print(json.dumps(results, indent=1))

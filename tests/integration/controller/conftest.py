@@ -78,7 +78,7 @@ def install_crds(kube: Cluster) -> None:
     for crd in (CRD_FILE, CLASS_CRD_FILE):
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     for name in (constants.CRD_NAME, constants.CLASS_CRD_NAME):
-        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        kube.wait_established(name)
     # Established comes before the API server's storage for the new resource is ready: until then a list is a 429
     # ("storage is (re)initializing"), which kopf logs as an ERROR and retries.
     wait_for("the CRDs' storage", lambda: kube.kubectl("get", f"{constants.PLURAL},{constants.CLASS_PLURAL}",

@@ -80,7 +80,7 @@ def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
          "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{ns}}}",
          "--set", "workloadClasses.builtins=false")
     for crd, kind in ((constants.CRD_NAME, "vllmd"), (constants.CLASS_CRD_NAME, "vllmwc")):
-        kube.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        kube.wait_established(crd)
         wait_for(f"{kind} to be listable", lambda k=kind: kube.kubectl("get", k, "-A", check=False).returncode == 0,
                  timeout=30)
     label = {"vllm-operator.dev/test-node": ns}

@@ -201,7 +201,7 @@ def release(kube: Cluster) -> Iterator[Release]:
     # The operator starts right after: let the API server's watch caches of the new CRDs finish initialising (a
     # watch before that is a 429 "storage is (re)initializing", which kopf logs as an ERROR and retries).
     for crd, kind in ((constants.CRD_NAME, "vllmd"), (constants.CLASS_CRD_NAME, "vllmwc")):
-        kube.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        kube.wait_established(crd)
         wait_for(f"{kind} to be listable", lambda k=kind: kube.kubectl("get", k, "-A", "--watch-only=false",
                                                                       check=False).returncode == 0, timeout=30)
     yield rel

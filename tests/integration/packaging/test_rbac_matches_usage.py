@@ -167,7 +167,7 @@ def rbac_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         apply(kube, *MONITORING_CRDS)
         for name in (constants.CRD_NAME, constants.CLASS_CRD_NAME, "podmonitors.monitoring.coreos.com",
                      "prometheusrules.monitoring.coreos.com"):
-            kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+            kube.wait_established(name)
         wait_for("the CRDs' storage", lambda: kube.kubectl(
             "get", f"{constants.PLURAL},{constants.CLASS_PLURAL},podmonitors,prometheusrules", "-A",
             check=False).returncode == 0, timeout=60)
