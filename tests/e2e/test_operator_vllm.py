@@ -29,7 +29,7 @@ from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     EXAMPLE,
     NS,
-    READY_TIMEOUT_S,
+    RESTART_READY_TIMEOUT_S,
     Stack,
     Traffic,
     cond,
@@ -253,7 +253,7 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
                 phases_seen.append(phase)
             return next((e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed), None)
 
-        healthy.wait(ready_again, READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
+        healthy.wait(ready_again, RESTART_READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
         ready = next(e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed)
         serving = healthy.wait(lambda: traffic.first(killed, pool), 120, interval=0.2, what="short pool serving again")
     answers = list(traffic.results)
