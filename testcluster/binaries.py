@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,9 @@ OWN_STAGES = Path(__file__).resolve().parent / "stages"
 
 class MissingBinaries(RuntimeError):
     """The cluster binaries are not built; the message says which command builds them."""
+
+
+KUBE_EXECUTABLES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 @dataclass(frozen=True)
@@ -59,35 +63,33 @@ class Binaries:
         return files + sorted(OWN_STAGES.glob("*.yaml"))
 
 
-def locate() -> Binaries:
-    """The built binaries; raises `MissingBinaries` naming `make cluster-bin` when they are absent."""
-    override = os.environ.get("VLLM_OPERATOR_KUBE_BIN")
+def built_directory(script: Path, what: str, executables: Sequence[str], override_env: str | None = None) -> Path:
+    """The cache directory a build script (scripts/build-*.sh, `--print-dir`) names, or `override_env`'s, holding
+    every one of `executables`; `MissingBinaries` naming `make cluster-bin` otherwise."""
+    override = os.environ.get(override_env) if override_env else None
     if override:
         directory = Path(override)
     else:
-        proc = subprocess.run([str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False)
+        proc = subprocess.run([str(script), "--print-dir"], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise MissingBinaries(f"the cluster binaries are not built: run `make cluster-bin` "
-                                  f"({proc.stderr.strip()})")
+            raise MissingBinaries(f"{what} not built: run `make cluster-bin` ({proc.stderr.strip()})")
         directory = Path(proc.stdout.strip().splitlines()[-1])
-    bins = Binaries(directory)
-    missing = [p.name for p in (bins.etcd, bins.kube_apiserver, bins.kube_controller_manager, bins.kube_scheduler,
-                                bins.kwok) if not os.access(p, os.X_OK)]
+    missing = [name for name in executables if not os.access(directory / name, os.X_OK)]
     if missing:
         raise MissingBinaries(f"{directory} lacks {', '.join(missing)}: run `make cluster-bin`")
-    return bins
+    return directory
+
+
+def locate() -> Binaries:
+    """The built binaries; raises `MissingBinaries` naming `make cluster-bin` when they are absent."""
+    return Binaries(built_directory(BUILD_SCRIPT, "the cluster binaries are", KUBE_EXECUTABLES,
+                                    "VLLM_OPERATOR_KUBE_BIN"))
 
 
 def prometheus() -> Path:
     """Prometheus with Kubernetes service discovery, built from its Go module (scripts/build-prometheus.sh, part of
     `make cluster-bin`): Debian's 2.42 has no kubernetes_sd_configs."""
-    proc = subprocess.run([str(PROMETHEUS_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise MissingBinaries(f"Prometheus is not built: run `make cluster-bin` ({proc.stderr.strip()})")
-    path = Path(proc.stdout.strip().splitlines()[-1]) / "prometheus"
-    if not os.access(path, os.X_OK):
-        raise MissingBinaries(f"{path} is missing: run `make cluster-bin`")
-    return path
+    return built_directory(PROMETHEUS_SCRIPT, "Prometheus is", ("prometheus",)) / "prometheus"
 
 
 def kubectl() -> str:

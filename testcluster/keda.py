@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import ssl
 import subprocess
 import time
@@ -41,8 +40,8 @@ from pathlib import Path
 
 import yaml
 
-from testcluster import pki
-from testcluster.binaries import ROOT, MissingBinaries
+from testcluster import binaries, pki
+from testcluster.binaries import ROOT
 from testcluster.cluster import Cluster, ClusterError, _Launcher, _save, _tail, stop_processes
 
 BUILD_SCRIPT = ROOT / "scripts" / "build-keda-bin.sh"
@@ -74,18 +73,7 @@ class Keda:
 
 def locate() -> Path:
     """KEDA's build directory; MissingBinaries naming `make cluster-bin` when it is not built."""
-    override = os.environ.get("VLLM_OPERATOR_KEDA_BIN")
-    if override:
-        directory = Path(override)
-    else:
-        proc = subprocess.run([str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise MissingBinaries(f"KEDA is not built: run `make cluster-bin` ({proc.stderr.strip()})")
-        directory = Path(proc.stdout.strip().splitlines()[-1])
-    missing = [n for n in COMPONENTS if not os.access(directory / n, os.X_OK)]
-    if missing:
-        raise MissingBinaries(f"{directory} lacks {', '.join(missing)}: run `make cluster-bin`")
-    return directory
+    return binaries.built_directory(BUILD_SCRIPT, "KEDA is", COMPONENTS, "VLLM_OPERATOR_KEDA_BIN")
 
 
 def crd_files(directory: Path) -> list[Path]:

@@ -27,10 +27,8 @@ import base64
 import contextlib
 import gzip
 import json
-import os
 import re
 import ssl
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from testcluster.binaries import ROOT, MissingBinaries
+from testcluster import binaries
+from testcluster.binaries import ROOT
 from testcluster.cluster import Cluster, ClusterError, _Launcher, _save, stop_processes
 
 BUILD_SCRIPT = ROOT / "scripts" / "build-prometheus-operator.sh"
@@ -83,17 +82,8 @@ class PrometheusOperator:
 
 def locate() -> Path:
     """The build directory; MissingBinaries naming `make cluster-bin` when it is not built."""
-    override = os.environ.get("VLLM_OPERATOR_PROMETHEUS_OPERATOR_BIN")
-    if override:
-        directory = Path(override)
-    else:
-        proc = subprocess.run([str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise MissingBinaries(f"prometheus-operator is not built: run `make cluster-bin` ({proc.stderr.strip()})")
-        directory = Path(proc.stdout.strip().splitlines()[-1])
-    if not os.access(directory / COMPONENT, os.X_OK):
-        raise MissingBinaries(f"{directory} lacks {COMPONENT}: run `make cluster-bin`")
-    return directory
+    return binaries.built_directory(BUILD_SCRIPT, "prometheus-operator is", (COMPONENT,),
+                                    "VLLM_OPERATOR_PROMETHEUS_OPERATOR_BIN")
 
 
 def crd_files(directory: Path) -> list[Path]:
