@@ -9,6 +9,7 @@ The operator under test runs as a subprocess with the ServiceAccount token the c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import subprocess
@@ -90,3 +91,34 @@ def operator_process(kube: Cluster, kubeconfig: Path, log_path: Path, *args: str
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclasses.dataclass(frozen=True)
+class NamespacedRelease:
+    """A `helm install` of the chart watching one namespace of its own, and its ServiceAccount's token."""
+
+    name: str
+    system: str  # where the chart lives
+    watched: str  # the one namespace it watches
+    kubeconfig: Path  # a TokenRequest token of the chart's ServiceAccount
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.system}:{self.name}-vllm-operator"
+
+
+@contextlib.contextmanager
+def namespaced_release(kube: Cluster, prefix: str, token_dir: Path) -> Iterator[NamespacedRelease]:
+    """The chart namespaced to a fresh namespace (no built-in classes: other tests' releases own them), as the
+    operator under test needs it on the shared cluster; uninstalled and both namespaces deleted afterwards."""
+    name, system, watched = unique(f"vo{prefix}"), unique(f"vo{prefix}-sys"), unique(prefix)
+    kube.kubectl("create", "namespace", watched)
+    helm(kube, "install", name, str(ROOT / "charts" / "vllm-operator"), "--namespace", system, "--create-namespace",
+         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{watched}}}",
+         "--set", "workloadClasses.builtins=false")
+    token = kube.token_kubeconfig(system, f"{name}-vllm-operator", token_dir / "operator.kubeconfig")
+    try:
+        yield NamespacedRelease(name, system, watched, token)
+    finally:
+        helm(kube, "uninstall", name, "--namespace", system, check=False)
+        kube.kubectl("delete", "namespace", watched, system, "--wait=false", check=False)

@@ -38,8 +38,7 @@ from fakevllm.engine import FakeVllm
 from testcluster import binaries
 from testcluster.cluster import Cluster
 from tests.support.health_harness import Engine, client_loop, engines, record_timing
-from tests.support.helm import CHART_DIR
-from tests.support.kube import add_gpu_nodes, helm, unique, wait_for
+from tests.support.kube import add_gpu_nodes, namespaced_release, unique, wait_for
 from tests.support.kubelet import ContainerReport, report
 from tests.support.paths import EXAMPLES
 from tests.support.prometheus import Prometheus, running_prometheus
@@ -74,26 +73,21 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    release, system, ns = unique("vohealth"), unique("vohealth-sys"), unique("health")
-    kube.kubectl("create", "namespace", ns)
-    helm(kube, "install", release, str(CHART_DIR), "--namespace", system, "--create-namespace",
-         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{ns}}}",
-         "--set", "workloadClasses.builtins=false")
-    for crd, kind in ((constants.CRD_NAME, "vllmd"), (constants.CLASS_CRD_NAME, "vllmwc")):
-        kube.wait_established(crd)
-        wait_for(f"{kind} to be listable", lambda k=kind: kube.kubectl("get", k, "-A", check=False).returncode == 0,
-                 timeout=30)
-    label = {"vllm-operator.dev/test-node": ns}
-    nodes = add_gpu_nodes(kube, ns, 2, label=label, gpus=8)
-    token = kube.token_kubeconfig(system, f"{release}-vllm-operator",
-                                  tmp_path_factory.mktemp("health") / "operator.kubeconfig")
-    yield Setup(kube, ns, label, token)
-    helm(kube, "uninstall", release, "--namespace", system, check=False)
-    kube.kubectl("delete", "namespace", ns, system, "--wait=false", check=False)
-    kube.kubectl("delete", "node", *nodes, "--wait=false", check=False)
-    account = f"system:serviceaccount:{system}:{release}-vllm-operator"
+    with namespaced_release(kube, "health", tmp_path_factory.mktemp("health")) as release:
+        for crd, kind in ((constants.CRD_NAME, "vllmd"), (constants.CLASS_CRD_NAME, "vllmwc")):
+            kube.wait_established(crd)
+            wait_for(f"{kind} to be listable",
+                     lambda k=kind: kube.kubectl("get", k, "-A", check=False).returncode == 0, timeout=30)
+        ns = release.watched
+        label = {"vllm-operator.dev/test-node": ns}
+        nodes = add_gpu_nodes(kube, ns, 2, label=label, gpus=8)
+        try:
+            yield Setup(kube, ns, label, release.kubeconfig)
+        finally:
+            kube.kubectl("delete", "node", *nodes, "--wait=false", check=False)
     forbidden = [(e["verb"], e["requestURI"]) for e in kube.audit_events()
-                 if e.get("user", {}).get("username") == account and e.get("responseStatus", {}).get("code") == 403]
+                 if e.get("user", {}).get("username") == release.user
+                 and e.get("responseStatus", {}).get("code") == 403]
     assert not forbidden, f"the health loop made calls the chart's RBAC does not grant: {forbidden}"
 
 

@@ -23,8 +23,7 @@ import pytest
 import yaml
 
 from testcluster.cluster import Cluster
-from tests.support.helm import CHART_DIR
-from tests.support.kube import add_gpu_nodes, apply, helm, operator_process, unique, wait_for
+from tests.support.kube import add_gpu_nodes, apply, namespaced_release, operator_process, wait_for
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
@@ -44,19 +43,13 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    release, system, watched = unique("vomany"), unique("vomany-sys"), unique("many")
-    kube.kubectl("create", "namespace", watched)
-    helm(kube, "install", release, str(CHART_DIR), "--namespace", system, "--create-namespace",
-         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{watched}}}",
-         "--set", "workloadClasses.builtins=false")
-    label = {"vllm-operator.dev/test-node": watched}
-    names = add_gpu_nodes(kube, watched, 2, label=label, gpus=2 * COUNT)
-    account = f"{release}-vllm-operator"
-    token = kube.token_kubeconfig(system, account, tmp_path_factory.mktemp("many") / "operator.kubeconfig")
-    yield Setup(watched, label, token, f"system:serviceaccount:{system}:{account}")
-    helm(kube, "uninstall", release, "--namespace", system, check=False)
-    kube.kubectl("delete", "namespace", watched, system, "--wait=false", check=False)
-    kube.kubectl("delete", "node", *names, "--wait=false", check=False)
+    with namespaced_release(kube, "many", tmp_path_factory.mktemp("many")) as release:
+        label = {"vllm-operator.dev/test-node": release.watched}
+        names = add_gpu_nodes(kube, release.watched, 2, label=label, gpus=2 * COUNT)
+        try:
+            yield Setup(release.watched, label, release.kubeconfig, release.user)
+        finally:
+            kube.kubectl("delete", "node", *names, "--wait=false", check=False)
 
 
 def chat(name: str, setup: Setup) -> dict[str, Any]:

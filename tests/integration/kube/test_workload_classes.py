@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from testcluster.cluster import Cluster
-from tests.support.helm import CHART_DIR
-from tests.support.kube import add_gpu_nodes, apply, helm, operator_process, unique, wait_for
+from tests.support.kube import add_gpu_nodes, apply, namespaced_release, operator_process, unique, wait_for
 from tests.support.paths import ROOT
 from vllm_operator import constants
 from vllm_operator.handlers.classes import rolled_out
@@ -41,18 +40,10 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    release, system, watched = unique("vowc"), unique("vowc-sys"), unique("wc")
-    kube.kubectl("create", "namespace", watched)
-    helm(kube, "install", release, str(CHART_DIR), "--namespace", system, "--create-namespace",
-         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{watched}}}",
-         "--set", "workloadClasses.builtins=false")
-    label = {"vllm-operator.dev/test-node": watched}
-    add_gpu_nodes(kube, watched, 4, label=label)
-    token = kube.token_kubeconfig(system, f"{release}-vllm-operator",
-                                  tmp_path_factory.mktemp("wc") / "operator.kubeconfig")
-    yield Setup(watched, label, token)
-    helm(kube, "uninstall", release, "--namespace", system, check=False)
-    kube.kubectl("delete", "namespace", watched, system, "--wait=false", check=False)
+    with namespaced_release(kube, "wc", tmp_path_factory.mktemp("wc")) as release:
+        label = {"vllm-operator.dev/test-node": release.watched}
+        add_gpu_nodes(kube, release.watched, 4, label=label)
+        yield Setup(release.watched, label, release.kubeconfig)
 
 
 def a_class(name: str) -> dict[str, Any]:
