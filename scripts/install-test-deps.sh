@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v lua5.4 >/dev/null || need_apt+=(lua5.4)
+command -v vmtouch >/dev/null || need_apt+=(vmtouch)  # tests/e2e/conftest.py pins vLLM's files in the page cache
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "Installing Debian packages: ${need_apt[*]}"
   apt-get update -qq

@@ -88,10 +88,13 @@ OPERATOR_READY_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 420.0
 """Two engines starting together on a busy 2-core machine: 50-100 s measured, up to ~4 min seen under load."""
 RESTART_READY_TIMEOUT_S = 720.0
-"""A vLLM that restarts after its engine core was killed: 90-110 s usually, but a fresh-clone run on 2026-12-02 saw
-the restarted worker sit 357 s between importing torch and its NUMA binding (nothing printed, no CPU load) and
-serve 413 s after the restart: the same silent stall the issue-19 benchmark saw after a stall replacement. Until it is
-understood, a restart gets this allowance (the cost is paid only when it happens)."""
+"""A vLLM that restarts after its engine core was killed: 90-110 s usually, but fresh-clone runs on 2026-12-02 saw
+the restarted worker sit 357 s between importing torch and its NUMA binding, and later an API server print nothing
+for ~7 min and miss this allowance. The likely cause, found after that run: these VMs page out pages idle for a
+minute (DAMON `pageout`), so every start re-reads torch and vLLM from a disk that etcd, Prometheus and the logs share
+(24.4 s cold vs 13.5 s warm for the imports alone on an idle machine); tests/e2e/conftest.py now pins those
+packages in the page cache, and `machine_snapshot()` opens every failure's diagnostics so the next one shows page
+cache, pressure and each big process's wait channel."""
 
 
 def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
@@ -419,7 +422,7 @@ class Stack:
         """What a failed wait shows: the VLLMDeployment's status and recent events (the operator's decisions), then
         each pod's log tail without the probe and scrape access lines that would fill it; the operator pod's tail is
         longer (its decisions and errors are what a failed wait most often needs)."""
-        parts = []
+        parts = [machine_snapshot()]
         with contextlib.suppress(Exception):
             status = self.obj().get("status", {})
             parts.append(f"\n--- {NAME} status.conditions: {status.get('conditions')}\n"
@@ -438,6 +441,39 @@ class Stack:
             with contextlib.suppress(OSError):
                 parts.append(node.log_tails())
         return "".join(parts)
+
+
+def machine_snapshot(top: int = 14) -> str:
+    """The machine's state when a wait fails, first in the diagnostics (CI keeps a log's head and tail): memory and
+    page cache, pressure stall figures, load, and the largest processes with their state and kernel wait channel.
+    A vLLM restart that printed nothing for minutes (issue 19) shows here whether it waited on the disk (state D,
+    io pressure, little page cache), on the CPU (R, cpu pressure) or on something else (S with its wait channel)."""
+    lines = ["\n--- machine:"]
+    with contextlib.suppress(OSError):
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        lines.append("  " + ", ".join(f"{k} {meminfo[k].strip()}" for k in
+                                      ("MemTotal", "MemAvailable", "Cached", "Shmem", "Dirty") if k in meminfo))
+    with contextlib.suppress(OSError):
+        lines.append(f"  loadavg {Path('/proc/loadavg').read_text().strip()}")
+    for kind in ("cpu", "io", "memory"):
+        with contextlib.suppress(OSError):
+            lines.append(f"  pressure {kind}: {Path(f'/proc/pressure/{kind}').read_text().splitlines()[0]}")
+    procs = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            rss_kib = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+            cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            wchan = (entry / "wchan").read_text().strip() or "-"
+            raw = (entry / "cmdline").read_bytes().replace(b"\0", b" ").replace(b"\n", b" ")
+            cmd = raw.decode(errors="replace").strip()[:140]
+            procs.append((rss_kib, f"  pid {entry.name} {fields[0]} wchan {wchan} rss {rss_kib // 1024} MiB "
+                                   f"cpu {cpu_s:.0f} s: {cmd}"))
+    lines += [text for _, text in sorted(procs, reverse=True)[:top]]
+    return "\n".join(lines)
 
 
 def http_status(url: str, timeout: float = 3.0) -> int | None:
