@@ -431,6 +431,17 @@ def _alive(pid: int, binary: str) -> bool:
     return Path(exe).name == Path(binary).name
 
 
+def stop_child(proc: subprocess.Popen[Any], grace: float = 20) -> None:
+    """Stop a child this process started (its Popen, so the PID is ours and reaped): SIGTERM, up to `grace`
+    seconds, then SIGKILL. The demo's operator and the tests' operator and vmtouch processes stop this way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def stop_processes(procs: Sequence[tuple[int, str]], *, first: signal.Signals = signal.SIGTERM,
                    grace: float = 10, kill_wait: float = 5) -> None:
     """Stop recorded processes, each a (pid, binary) checked to still run that binary so a reused PID is never

@@ -169,12 +169,7 @@ def demo(examples: list[dict[str, Any]], timeout: float, workdir: Path) -> int:
             if ready:
                 _show_refusals(kube, ready[0])
         finally:
-            operator.terminate()
-            try:
-                operator.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
+            cluster.stop_child(operator)
         errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line or "Traceback" in line]
         if errors:
             raise RuntimeError("the operator logged errors:\n" + "\n".join(errors[:20]))

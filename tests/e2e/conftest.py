@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from testcluster.cluster import stop_child
+
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_PACKAGES = ("torch", "vllm", "transformers", "numpy", "numpy.libs", "tokenizers")
 
@@ -37,9 +39,4 @@ def vllm_files_in_page_cache() -> Iterator[None]:
     try:
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, grace=10)

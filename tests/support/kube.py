@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from testcluster import binaries, cluster, nodes
-from testcluster.cluster import Cluster
+from testcluster.cluster import Cluster, stop_child
 from tests.support.paths import ROOT
 
 
@@ -85,12 +85,7 @@ def operator_process(kube: Cluster, kubeconfig: Path, log_path: Path, *args: str
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc)
 
 
 @dataclasses.dataclass(frozen=True)
