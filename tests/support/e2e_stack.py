@@ -459,14 +459,15 @@ def machine_snapshot(top: int = 14) -> str:
         with contextlib.suppress(OSError):
             lines.append(f"  pressure {kind}: {Path(f'/proc/pressure/{kind}').read_text().splitlines()[0]}")
     procs = []
+    page_kib, ticks = os.sysconf("SC_PAGE_SIZE") // 1024, os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
-            rss_kib = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
-            cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            rss_kib = int(fields[21]) * page_kib
+            cpu_s = (int(fields[11]) + int(fields[12])) / ticks
             wchan = (entry / "wchan").read_text().strip() or "-"
             raw = (entry / "cmdline").read_bytes().replace(b"\0", b" ").replace(b"\n", b" ")
             cmd = raw.decode(errors="replace").strip()[:140]
