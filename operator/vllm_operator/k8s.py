@@ -175,6 +175,19 @@ def _credentials_problem(kubeconfig: str | None, context: str | None, err: BaseE
             f"{path} {why}; set KUBECONFIG to a kubeconfig for the target cluster")
 
 
+@dataclass(frozen=True)
+class Connection:
+    """The server and credentials a client talks to: what kopf's own client is logged in with, so that kopf and the
+    operator's client are always the same user on the same cluster (see `handlers.run`)."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    token: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+
+
 class ClientKubeApi:
     """KubeApi over the official `kubernetes` client's REST layer."""
 
@@ -206,6 +219,16 @@ class ClientKubeApi:
             except (kubernetes.config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
                 raise CredentialsError(_credentials_problem(kubeconfig, context, err)) from None
         return cls(kubernetes.client.ApiClient(configuration), timeout=timeout)
+
+    def connection(self) -> Connection:
+        """This client's server and credentials, the bearer token re-read first (a projected service-account token
+        rotates; an exec plugin's expires), so a login after a 401 gets the current one."""
+        config = self._client.configuration
+        authorization = config.get_api_key_with_prefix("BearerToken") or ""
+        scheme, _, token = authorization.partition(" ")
+        return Connection(server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+                          token=(token if scheme.lower() == "bearer" else authorization) or None,
+                          certificate_path=config.cert_file, private_key_path=config.key_file)
 
     def close(self) -> None:
         """Drop queued requests (their callers are being cancelled anyway) and close the connection pool."""

@@ -1,7 +1,8 @@
 """The real operator in the test's own process, against a real API server (tests and benchmarks).
 
 It runs in a thread of its own with its own event loop (`OperatorThread`), so a test can read its log records and
-stop it at any point, while it authenticates with whatever kubeconfig it is given — in the tests, a TokenRequest
+stop it at any point, while it (and kopf, which logs in with the operator's own client's credentials) authenticates
+with whatever kubeconfig it is given — in the tests, a TokenRequest
 token of the chart's ServiceAccount, so anything outside the chart's rules is a real 403.
 """
 
@@ -9,28 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.run import OperatorThread
 from vllm_operator.k8s import ClientKubeApi
-
-
-@contextlib.contextmanager
-def _kubeconfig_env(path: Path) -> Iterator[None]:
-    """kopf logs in from $KUBECONFIG (kopf.login_with_kubeconfig reads the environment when it starts)."""
-    before = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = before
 
 
 @contextlib.asynccontextmanager
@@ -42,8 +28,7 @@ async def running_operator(kubeconfig: Path, admin_kubeconfig: Path, *, timeout:
     path = str(kubeconfig)
     operator = OperatorThread(OperatorConfig(**settings),
                               lambda: ClientKubeApi.from_environment(kubeconfig=path, timeout=timeout))
-    with _kubeconfig_env(kubeconfig):
-        await asyncio.to_thread(operator.start)
+    await asyncio.to_thread(operator.start)
     api = ClientKubeApi.from_environment(kubeconfig=str(admin_kubeconfig))
     try:
         yield api

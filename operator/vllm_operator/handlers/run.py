@@ -39,7 +39,7 @@ from vllm_operator.images import (
     add_image_repository_argument,
     with_pull_secrets,
 )
-from vllm_operator.k8s import ClientKubeApi, CredentialsError, KubeApi
+from vllm_operator.k8s import ClientKubeApi, Connection, CredentialsError, KubeApi
 from vllm_operator.listen import listen_failure
 
 PROG = "vllm-operator run"
@@ -95,16 +95,28 @@ def quiet_routine_successes() -> None:
             logger.addFilter(RetriedRequestFilter())
 
 
-def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+def build_registry(config: OperatorConfig, login: Callable[[], Connection] | None = None) -> kopf.OperatorRegistry:
+    """The operator's handlers; kopf logs in with `login` (the operator's own client's credentials) when given."""
     registry = kopf.OperatorRegistry()
     lifecycle.register(registry, config)
 
-    # kopf's default login handlers live on its default registry, not on ours: log in as the pod's service account
-    # in a cluster, else from the kubeconfig (KUBECONFIG or ~/.kube/config).
-    @kopf.on.login(registry=registry)
-    def _login_from_environment(settings: kopf.OperatorSettings, **kwargs: object) -> kopf.ConnectionInfo | None:
-        return (kopf.login_with_service_account(settings=settings, **kwargs)
-                or kopf.login_with_kubeconfig(settings=settings, **kwargs))
+    if login is not None:
+        # The same user on the same cluster as the operator's own client, read from that client rather than from
+        # $KUBECONFIG: kopf logs in from a task of its own that may run after the operator reports ready, so an
+        # environment variable set around the start (tests, embedders) could be gone by then.
+        @kopf.on.login(registry=registry)
+        def _login_as_own_client(**_: object) -> kopf.ConnectionInfo:
+            c = login()
+            return kopf.ConnectionInfo(server=c.server, ca_path=c.ca_path, insecure=c.insecure, scheme="Bearer"
+                                       if c.token else None, token=c.token, certificate_path=c.certificate_path,
+                                       private_key_path=c.private_key_path)
+    else:
+        # kopf's default login handlers live on its default registry, not on ours: log in as the pod's service
+        # account in a cluster, else from the kubeconfig (KUBECONFIG or ~/.kube/config).
+        @kopf.on.login(registry=registry)
+        def _login_from_environment(settings: kopf.OperatorSettings, **kwargs: object) -> kopf.ConnectionInfo | None:
+            return (kopf.login_with_service_account(settings=settings, **kwargs)
+                    or kopf.login_with_kubeconfig(settings=settings, **kwargs))
 
     if config.health_enabled:
         health.register(registry, config)
@@ -157,11 +169,12 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
                      refresher=Coalescer(delay=config.status_refresh_delay),
                      classes=ClassIndex(enabled=config.workload_classes),
                      slots=slots)
+    login = kube_api.connection if isinstance(kube_api, ClientKubeApi) else None
     try:
         if config.http_port:
             runner = await serve_http(config, metrics, ready)
         await kopf.operator(
-            registry=build_registry(config),
+            registry=build_registry(config, login),
             standalone=True,
             clusterwide=not config.namespaces,
             namespaces=config.namespaces,

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import copy
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import yaml
 from fakevllm.engine import FakeVllm
 from testcluster import binaries
 from testcluster.cluster import Cluster
+from tests.support import inprocess
 from tests.support.health_harness import Engine, client_loop, engines, record_timing
 from tests.support.kube import add_gpu_nodes, namespaced_release, unique, wait_for
 from tests.support.kubelet import ContainerReport, report
@@ -44,9 +44,7 @@ from tests.support.paths import EXAMPLES
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.waiting import eventually
 from vllm_operator import constants, names
-from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.reconcile import reconcile
-from vllm_operator.handlers.run import OperatorThread
 from vllm_operator.health import loop
 from vllm_operator.k8s import DEPLOYMENTS, EVENTS, PODS, VLLM_DEPLOYMENTS, ClientKubeApi
 
@@ -117,24 +115,10 @@ def prom() -> Iterator[Prometheus]:
 async def running_operator(setup: Setup, **config: Any) -> AsyncIterator[None]:
     """The operator with its health loop (checks every second) until the block exits, as the chart's
     ServiceAccount."""
-    kubeconfig = str(setup.operator_kubeconfig)
-    settings = {"http_port": 0, "namespaces": (setup.namespace,), "health_enabled": True,
-                "health_interval_override": 1.0, **config}
-    operator = OperatorThread(OperatorConfig(**settings),
-                              lambda: ClientKubeApi.from_environment(kubeconfig=kubeconfig, timeout=30))
-    old = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = kubeconfig  # kopf's own login reads it
-    try:
-        await asyncio.to_thread(operator.start)
+    async with inprocess.running_operator(setup.operator_kubeconfig, setup.kube.kubeconfig,
+                                          namespaces=(setup.namespace,), health_enabled=True,
+                                          health_interval_override=1.0, **config):
         yield
-    finally:
-        try:
-            await asyncio.to_thread(operator.stop)
-        finally:
-            if old is None:
-                os.environ.pop("KUBECONFIG", None)
-            else:
-                os.environ["KUBECONFIG"] = old
 
 
 @pytest.fixture(autouse=True)
