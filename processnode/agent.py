@@ -92,7 +92,7 @@ class NodeAgent:
     def __init__(self, config: NodeConfig, kubeconfig: Path) -> None:
         self.config = config
         self.kubeconfig = kubeconfig
-        self.kube = ClientKubeApi.from_environment(kubeconfig=str(kubeconfig))
+        self._kube: ClientKubeApi | None = None  # made in run(): its connections belong to run()'s event loop
         self._watch_client = api_client(kubeconfig)
         self.network = PodNetwork(node=config.name, run_id=config.run_id, pod_cidr=config.pod_cidr,
                                   cluster_pod_cidr=config.cluster_pod_cidr,
@@ -112,6 +112,12 @@ class NodeAgent:
         self.errors: list[BaseException] = []
         self._syncs: set[asyncio.Task[None]] = set()
         """Pod syncs in flight: stopping the agent lets them finish before it closes its API client."""
+
+    @property
+    def kube(self) -> ClientKubeApi:
+        if self._kube is None:
+            raise RuntimeError(f"the node agent of {self.config.name} is not running")
+        return self._kube
 
     # -- PodApi (what the runtime reads for volumes) ------------------------------------------------------------
 
@@ -320,6 +326,7 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event, ready: threading.Event | None = None) -> None:
         """Register, then serve until `stop` is set; stops every pod it runs on the way out."""
+        self._kube = await ClientKubeApi.from_environment(kubeconfig=str(self.kubeconfig))
         await asyncio.to_thread(self.network.prepare)
         await self.register()
         loop = asyncio.get_running_loop()
@@ -349,7 +356,7 @@ class NodeAgent:
                 await self._stop_pod(key)
             await self.runtime.close()
             await self.network.close()
-            self.kube.close()
+            await self.kube.close()
             await asyncio.to_thread(watcher.join, 35)
             self._watch_client.close()
 

@@ -39,7 +39,7 @@ class Recording:
         return call
 
 async def main(kubeconfig, namespace, example):
-    api = ClientKubeApi.from_environment(kubeconfig=kubeconfig)
+    api = await ClientKubeApi.from_environment(kubeconfig=kubeconfig)
     await api.create(Resource("", "v1", "namespaces", "Namespace", namespaced=False), None,
                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     obj = yaml.safe_load(open(example))
@@ -53,7 +53,7 @@ async def main(kubeconfig, namespace, example):
         if not sum(n for v, n in again.calls.items() if v in WRITES):
             break
         await asyncio.sleep(1)
-    api.close()
+    await api.close()
     out = {name: {"calls": dict(r.calls), "requests": sum(r.calls.values()),
                   "writes": sum(n for v, n in r.calls.items() if v in WRITES)}
            for name, r in (("first", first), ("resync", again))}

@@ -1,31 +1,32 @@
-"""Kubernetes access for the operator: a small `KubeApi` Protocol and one implementation on the official client.
+"""Kubernetes access for the operator and the router: a small `KubeApi` Protocol and one asyncio implementation.
 
-The controller and the health loop only need a handful of verbs on a known set of kinds, so they talk to this
-Protocol rather than to a client library; tests hand them the same implementation pointed at the test control
-plane (testcluster).
-The implementation builds its own `ApiClient` from a kubeconfig or the in-cluster service account (no module-level
-client) and runs the synchronous official client in worker threads of its own, so kopf's event loop never blocks on
-I/O and closing it drops queued requests instead of waiting for them (a stopping operator with hundreds of requests
-queued must not take minutes to exit).
+The controller, the health loop and the router's discovery only need a handful of verbs on a known set of kinds, so
+they talk to this Protocol rather than to a client library; unit tests hand them tests/support/fakekube.FakeKubeApi,
+integration tests the real implementation pointed at the test control plane (testcluster), and
+tests/integration/kube/test_kubeapi_contract.py holds the two to the same behaviour. kopf keeps its own client, logged
+in with this one's credentials (`ClientKubeApi.connection`).
+
+`ClientKubeApi` sits on kubernetes_asyncio (its configuration loaders and aiohttp REST layer; chosen over kr8s and
+lightkube because it is the official client's asyncio twin, with the same in-cluster and kubeconfig loaders, exec
+plugins and token refresh, and raw calls that keep objects as plain dicts). It builds its own client (no
+module-level one), caches discovery, and `list_watch` keeps a set of objects current from a list and watches that
+resume from bookmarks.
 """
-
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime as dt
-import functools
 import json
 import os
 import time
-import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import kubernetes.client
-import kubernetes.config
+import aiohttp
+import kubernetes_asyncio.client
+import kubernetes_asyncio.config
 import yaml
 
 from vllm_operator import __version__, constants
@@ -116,10 +117,35 @@ class KubeError(Exception):
         return self.status == 409
 
 
+class WatchExpired(KubeError):
+    """The watch's resourceVersion is older than the server keeps (410 Gone): list again, then watch from there."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(410, "Expired", message)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One event of a watch: `type` is ADDED, MODIFIED, DELETED or BOOKMARK (a bookmark's object carries only
+    metadata.resourceVersion: where to resume)."""
+
+    type: str
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        return str((self.object.get("metadata") or {}).get("resourceVersion") or "")
+
+
 class KubeApi(Protocol):
-    """The verbs the operator uses."""
+    """The verbs the operator and the router use."""
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None: ...
+
+    async def list_versioned(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                             ) -> tuple[list[dict[str, Any]], str]:
+        """The items and the list's resourceVersion (where a watch of the same selector starts)."""
+        ...
 
     async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
                    ) -> list[dict[str, Any]]: ...
@@ -143,6 +169,12 @@ class KubeApi(Protocol):
     async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool: ...
+
+    def watch(self, res: Resource, namespace: str | None, *, resource_version: str,
+              label_selector: str | None = None, timeout_seconds: int = 300) -> AsyncIterator[WatchEvent]:
+        """Changes after `resource_version`, with bookmarks, until the server ends the watch (about
+        `timeout_seconds`); raises `WatchExpired` when that version is too old."""
+        ...
 
 
 FIELD_MANAGER = constants.APP_NAME
@@ -175,6 +207,26 @@ def _credentials_problem(kubeconfig: str | None, context: str | None, err: BaseE
             f"{path} {why}; set KUBECONFIG to a kubeconfig for the target cluster")
 
 
+def _kubeconfig_exists(kubeconfig: str | None) -> bool:
+    """Whether any file of `kubeconfig` (else $KUBECONFIG, a path list, else ~/.kube/config) exists."""
+    paths = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    return any(os.path.exists(os.path.expanduser(p)) for p in paths.split(os.pathsep) if p)
+
+
+def _status_error(status: int, reason: str, raw: bytes) -> KubeError:
+    """The KubeError of an error answer: the Status object's reason, message and causes when the body is one."""
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        data = raw.decode(errors="replace")
+    if not isinstance(data, dict):
+        return KubeError(status, reason, str(data or ""))
+    details = data.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return KubeError(status, str(data.get("reason") or reason), str(data.get("message") or ""),
+                     causes if isinstance(causes, list) else None)
+
+
 @dataclass(frozen=True)
 class Connection:
     """The server and credentials a client talks to: what kopf's own client is logged in with, so that kopf and the
@@ -189,87 +241,100 @@ class Connection:
 
 
 class ClientKubeApi:
-    """KubeApi over the official `kubernetes` client's REST layer."""
+    """KubeApi over `kubernetes_asyncio`: its configuration loaders (in-cluster service account, kubeconfig with exec
+    plugins and token refresh) and its aiohttp REST layer, used raw (paths and JSON, none of the generated models:
+    the operator works on plain dicts, and the models would drop fields of kinds newer than the client).
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, *, timeout: float = 30.0,
-                 component: str = constants.APP_NAME, workers: int = 8,
+    Construct it inside the event loop it will serve (`from_environment`, or `__init__` from a coroutine): its
+    aiohttp session belongs to that loop.
+    """
+
+    def __init__(self, configuration: kubernetes_asyncio.client.Configuration, *, timeout: float = 30.0,
+                 component: str = constants.APP_NAME, max_connections: int = 8,
                  discovery_ttl: float = DISCOVERY_TTL_SECONDS) -> None:
-        api_client.user_agent = f"{constants.APP_NAME}/{__version__}"  # tells our requests apart in audit logs
-        self._client = api_client
+        # At most `max_connections` requests in flight; the rest wait for a connection (what the 8 worker threads of
+        # the synchronous client this replaced allowed: 500 VLLMDeployments reconciled at once must not open 500
+        # connections to the API server).
+        configuration.connection_pool_maxsize = max_connections
+        self._client = kubernetes_asyncio.client.ApiClient(configuration)
+        self._client.user_agent = f"{constants.APP_NAME}/{__version__}"  # tells our requests apart in audit logs
         self._timeout = timeout
         self._component = component
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
         self._discovery_ttl = discovery_ttl
         self._discovery: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
         self._discovery_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, context: str | None = None, *,
-                         timeout: float = 30.0) -> ClientKubeApi:
-        """In-cluster service account when present, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-        configuration = kubernetes.client.Configuration()
+    async def from_environment(cls, kubeconfig: str | None = None, context: str | None = None, *,
+                               timeout: float = 30.0, component: str = constants.APP_NAME) -> ClientKubeApi:
+        """In-cluster service account when present (and no kubeconfig is given), else the kubeconfig (KUBECONFIG or
+        ~/.kube/config); `CredentialsError` in one line when neither works."""
+        configuration = kubernetes_asyncio.client.Configuration()
         try:
             if kubeconfig is not None:
-                raise kubernetes.config.ConfigException("explicit kubeconfig")
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-        except kubernetes.config.ConfigException:
+                raise kubernetes_asyncio.config.ConfigException("explicit kubeconfig")
+            kubernetes_asyncio.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes_asyncio.config.ConfigException:
+            if not _kubeconfig_exists(kubeconfig):  # said here in one line: the loader would log a warning first
+                raise CredentialsError(_credentials_problem(kubeconfig, context, FileNotFoundError())) from None
             try:
-                kubernetes.config.load_kube_config(config_file=kubeconfig, context=context,
-                                                   client_configuration=configuration)
-            except (kubernetes.config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
+                await kubernetes_asyncio.config.load_kube_config(config_file=kubeconfig, context=context,
+                                                                 client_configuration=configuration)
+            except (kubernetes_asyncio.config.ConfigException, OSError, ValueError, TypeError,
+                    yaml.YAMLError) as err:
                 raise CredentialsError(_credentials_problem(kubeconfig, context, err)) from None
-        return cls(kubernetes.client.ApiClient(configuration), timeout=timeout)
+        return cls(configuration, timeout=timeout, component=component)
 
-    def connection(self) -> Connection:
+    async def connection(self) -> Connection:
         """This client's server and credentials, the bearer token re-read first (a projected service-account token
         rotates; an exec plugin's expires), so a login after a 401 gets the current one."""
         config = self._client.configuration
-        authorization = config.get_api_key_with_prefix("BearerToken") or ""
+        authorization = await config.get_api_key_with_prefix("BearerToken") or ""
         scheme, _, token = authorization.partition(" ")
-        return Connection(server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+        return Connection(server=str(config.host), ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
                           token=(token if scheme.lower() == "bearer" else authorization) or None,
                           certificate_path=config.cert_file, private_key_path=config.key_file)
 
-    def close(self) -> None:
-        """Drop queued requests (their callers are being cancelled anyway) and close the connection pool."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+    async def close(self) -> None:
+        """Close the connection pool; requests still waiting for a connection fail rather than being sent (a
+        stopping operator with hundreds of requests queued must not take minutes to exit)."""
+        await self._client.close()
 
-    def _call(self, method: str, path: str, query: Mapping[str, str] | None, body: Any,
-              content_type: str | None) -> tuple[int, Any]:
+    async def _send(self, method: str, path: str, query: Mapping[str, str] | None, body: Any,
+                    content_type: str | None, timeout: float | aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """The raw response of a request whose status is below 400; KubeError otherwise (0 for transport errors)."""
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        if query:
-            path = f"{path}?{urllib.parse.urlencode(query)}"
-        method_, url, headers_, body_, post_ = self._client.param_serialize(
-            method, path, header_params=headers, body=body, auth_settings=["BearerToken"])
         try:
-            response = self._client.call_api(method_, url, headers_, body_, post_, _request_timeout=self._timeout)
-            response.read()
-        except kubernetes.client.ApiException as err:
-            raise KubeError(err.status or 0, str(err.reason), str(err.body)) from err
-        except Exception as err:  # urllib3 transport errors: connection refused, timeouts
+            response: aiohttp.ClientResponse = await self._client.call_api(
+                path, method, query_params=dict(query or {}), header_params=headers, body=body,
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout)
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:  # refused, reset, timed out
             raise KubeError(0, type(err).__name__, str(err)) from err
-        raw = response.data or b""
-        try:
-            data = json.loads(raw) if raw else None
-        except ValueError:
-            data = raw.decode(errors="replace")
         if response.status >= 400:
-            message = data.get("message", "") if isinstance(data, dict) else str(data)
-            reason = data.get("reason", "") if isinstance(data, dict) else ""
-            details = data.get("details") if isinstance(data, dict) else None
-            causes = details.get("causes") if isinstance(details, dict) else None
-            raise KubeError(response.status, reason or str(response.reason), message,
-                            causes if isinstance(causes, list) else None)
-        return response.status, data
+            try:
+                raw = await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as err:
+                raise KubeError(response.status, str(response.reason), f"(body unreadable: {err!r})") from err
+            finally:
+                response.release()
+            raise _status_error(response.status, str(response.reason), raw)
+        return response
 
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: Any = None,
                        content_type: str | None = None) -> Any:
-        call = functools.partial(self._call, method, path, query, body, content_type)
-        _, data = await asyncio.get_running_loop().run_in_executor(self._executor, call)
-        return data
+        response = await self._send(method, path, query, body, content_type, self._timeout)
+        try:
+            raw = await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise KubeError(0, type(err).__name__, str(err)) from err
+        finally:
+            response.release()
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return raw.decode(errors="replace")
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
@@ -280,15 +345,57 @@ class ClientKubeApi:
             raise
         return data
 
-    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
-                   ) -> list[dict[str, Any]]:
+    async def list_versioned(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                             ) -> tuple[list[dict[str, Any]], str]:
         query = {"labelSelector": label_selector} if label_selector else None
         data = await self._request("GET", res.path(namespace), query=query)
         items: list[dict[str, Any]] = data.get("items", []) if isinstance(data, dict) else []
         for item in items:  # list items omit apiVersion/kind on a real server
             item.setdefault("apiVersion", res.api_version)
             item.setdefault("kind", res.kind)
+        version = str((data.get("metadata") or {}).get("resourceVersion") or "") if isinstance(data, dict) else ""
+        return items, version
+
+    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                   ) -> list[dict[str, Any]]:
+        items, _ = await self.list_versioned(res, namespace, label_selector)
         return items
+
+    async def watch(self, res: Resource, namespace: str | None, *, resource_version: str,
+                    label_selector: str | None = None, timeout_seconds: int = 300) -> AsyncIterator[WatchEvent]:
+        """A streamed GET (`watch=true`, bookmarks on); the server ends it after about `timeout_seconds`, and a
+        read that sees nothing (not even a bookmark, which the server sends about once a minute) for a minute
+        longer than that ends it as a transport error."""
+        query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": resource_version,
+                 "timeoutSeconds": str(timeout_seconds)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 60)
+        try:
+            response = await self._send("GET", res.path(namespace), query, None, None, timeout)
+        except KubeError as err:
+            if err.status == 410:
+                raise WatchExpired(err.message) from err
+            raise
+        try:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = str(event.get("type") or ""), event.get("object") or {}
+                if kind == "ERROR":  # a Status object; 410 when resource_version is older than the server keeps
+                    code, message = obj.get("code"), str(obj.get("message") or obj)
+                    if code == 410:
+                        raise WatchExpired(message)
+                    raise KubeError(int(code or 0), str(obj.get("reason") or "WatchError"), message)
+                if kind != "BOOKMARK":
+                    obj.setdefault("apiVersion", res.api_version)
+                    obj.setdefault("kind", res.kind)
+                yield WatchEvent(kind, obj)
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise KubeError(0, type(err).__name__, str(err)) from err
+        finally:
+            response.release()
 
     async def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
         data: dict[str, Any] = await self._request("POST", res.path(namespace), body=dict(body),
@@ -310,10 +417,10 @@ class ClientKubeApi:
     async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
                     force: bool = False) -> dict[str, Any]:
         """Server-side apply as field manager `FIELD_MANAGER`; `force` takes contested fields from other managers.
-        The body goes out as JSON text (JSON is YAML), so the client sends it as it is."""
+        The body goes out as JSON (JSON is YAML): the REST layer encodes it for this content type."""
         query = {"fieldManager": FIELD_MANAGER, **({"force": "true"} if force else {})}
         data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), query=query,
-                                                   body=json.dumps(dict(body)), content_type=APPLY_PATCH)
+                                                   body=dict(body), content_type=APPLY_PATCH)
         return data
 
     async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
@@ -380,3 +487,38 @@ class ClientKubeApi:
             data = None
         resources = data.get("resources", []) if isinstance(data, dict) else []
         return time.monotonic(), frozenset(str(r.get("name")) for r in resources)
+
+
+async def list_watch(kube: KubeApi, res: Resource, namespace: str | None, *, label_selector: str | None = None,
+                     timeout_seconds: int = 300) -> AsyncIterator[dict[str, dict[str, Any]]]:
+    """The objects matching `label_selector`, keyed `namespace/name`: once after the list, then after every change.
+
+    A watch the server ends (every `timeout_seconds`) resumes from the last resourceVersion seen, a bookmark's
+    included, without listing again; only a version the server no longer keeps (`WatchExpired`, 410) lists again.
+    Other errors reach the caller, whose retry starts over with a list. Each snapshot is a new dict (the caller may
+    keep it); the objects in it are shared between snapshots and must not be changed.
+    """
+
+    def key(obj: Mapping[str, Any]) -> str:
+        meta = obj.get("metadata") or {}
+        return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+    items, version = await kube.list_versioned(res, namespace, label_selector)
+    objects = {key(item): item for item in items}
+    yield dict(objects)
+    while True:
+        try:
+            async for event in kube.watch(res, namespace, resource_version=version, label_selector=label_selector,
+                                          timeout_seconds=timeout_seconds):
+                version = event.resource_version or version
+                if event.type == "BOOKMARK":
+                    continue
+                if event.type == "DELETED":
+                    objects.pop(key(event.object), None)
+                else:
+                    objects[key(event.object)] = event.object
+                yield dict(objects)
+        except WatchExpired:
+            items, version = await kube.list_versioned(res, namespace, label_selector)
+            objects = {key(item): item for item in items}
+            yield dict(objects)

@@ -217,8 +217,8 @@ class Stack:
         self.prom = self._prometheus(kube)
         self._loop_thread.start()
         self._exits.callback(lambda: (self.loop.call_soon_threadsafe(self.loop.stop), self._loop_thread.join(10)))
-        self.kube = ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig))
-        self._exits.callback(self.kube.close)
+        self.kube = self.run(ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig)))  # in the calls' loop
+        self._exits.callback(lambda: self.run(self.kube.close()) if self.kube is not None else None)
         self._install_operator(kube)
         self.call(lambda k: k.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example)))
 

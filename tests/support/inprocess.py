@@ -29,9 +29,9 @@ async def running_operator(kubeconfig: Path, admin_kubeconfig: Path, *, timeout:
     operator = OperatorThread(OperatorConfig(**settings),
                               lambda: ClientKubeApi.from_environment(kubeconfig=path, timeout=timeout))
     await asyncio.to_thread(operator.start)
-    api = ClientKubeApi.from_environment(kubeconfig=str(admin_kubeconfig))
+    api = await ClientKubeApi.from_environment(kubeconfig=str(admin_kubeconfig))
     try:
         yield api
     finally:
-        api.close()
+        await api.close()
         await asyncio.to_thread(operator.stop)

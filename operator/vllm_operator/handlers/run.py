@@ -17,7 +17,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import kopf
 from aiohttp import web
@@ -95,7 +95,8 @@ def quiet_routine_successes() -> None:
             logger.addFilter(RetriedRequestFilter())
 
 
-def build_registry(config: OperatorConfig, login: Callable[[], Connection] | None = None) -> kopf.OperatorRegistry:
+def build_registry(config: OperatorConfig, login: Callable[[], Awaitable[Connection]] | None = None
+                   ) -> kopf.OperatorRegistry:
     """The operator's handlers; kopf logs in with `login` (the operator's own client's credentials) when given."""
     registry = kopf.OperatorRegistry()
     lifecycle.register(registry, config)
@@ -105,8 +106,8 @@ def build_registry(config: OperatorConfig, login: Callable[[], Connection] | Non
         # $KUBECONFIG: kopf logs in from a task of its own that may run after the operator reports ready, so an
         # environment variable set around the start (tests, embedders) could be gone by then.
         @kopf.on.login(registry=registry)
-        def _login_as_own_client(**_: object) -> kopf.ConnectionInfo:
-            c = login()
+        async def _login_as_own_client(**_: object) -> kopf.ConnectionInfo:
+            c = await login()
             return kopf.ConnectionInfo(server=c.server, ca_path=c.ca_path, insecure=c.insecure, scheme="Bearer"
                                        if c.token else None, token=c.token, certificate_path=c.certificate_path,
                                        private_key_path=c.private_key_path)
@@ -153,7 +154,7 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
     """
     quiet_routine_successes()
     own_kube = kube is None
-    kube_api: KubeApi = kube if kube is not None else ClientKubeApi.from_environment()
+    kube_api: KubeApi = kube if kube is not None else await ClientKubeApi.from_environment()
     metrics = OperatorMetrics()
     ready = asyncio.Event()
     if ready_flag is not None:
@@ -188,7 +189,7 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
         if runner is not None:
             await runner.cleanup()
         if own_kube and isinstance(kube_api, ClientKubeApi):
-            kube_api.close()
+            await kube_api.close()
 
 
 class OperatorThread:
@@ -198,7 +199,7 @@ class OperatorThread:
     test's own tasks safe, and looks to the API server exactly like a separate process.
     """
 
-    def __init__(self, config: OperatorConfig, kube_factory: Callable[[], KubeApi]) -> None:
+    def __init__(self, config: OperatorConfig, kube_factory: Callable[[], Awaitable[KubeApi]]) -> None:
         self.config = config
         self._kube_factory = kube_factory
         self._stop = threading.Event()
@@ -208,10 +209,17 @@ class OperatorThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(run_operator(self.config, self._kube_factory(), stop_flag=self._stop,
-                                     ready_flag=self.ready))
+            asyncio.run(self._run())
         except BaseException as err:  # surfaced to the caller by stop()
             self.error = err
+
+    async def _run(self) -> None:
+        kube = await self._kube_factory()  # in this thread's loop: a client's connections belong to one loop
+        try:
+            await run_operator(self.config, kube, stop_flag=self._stop, ready_flag=self.ready)
+        finally:
+            if isinstance(kube, ClientKubeApi):
+                await kube.close()
 
     def start(self, timeout: float = 30.0) -> None:
         self._thread.start()

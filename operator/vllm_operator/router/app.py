@@ -24,6 +24,7 @@ import aiohttp
 from vllm_operator import constants
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.api.spec import RoutingStrategy
+from vllm_operator.k8s import ClientKubeApi
 from vllm_operator.router import http1
 from vllm_operator.router.access import AccessLog
 from vllm_operator.router.auth import Auth
@@ -32,7 +33,7 @@ from vllm_operator.router.prefix import PrefixBalancer
 from vllm_operator.router.proxy import Router
 from vllm_operator.router.server import App, Request, Response, serve
 from vllm_operator.router.tokens import TokenCounter
-from vllm_operator.router.upstreams import HealthChecker, Pool, SliceWatcher, cancel_all, kube_access
+from vllm_operator.router.upstreams import HealthChecker, Pool, SliceWatcher, cancel_all
 
 __all__ = ["build_app", "serve"]
 
@@ -64,14 +65,15 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
         tasks: list[asyncio.Task[Any]] = []
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS, ttl_dns_cache=30)
         session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        access = None
+        kube: ClientKubeApi | None = None
         for name, route in routes.items():
             if not route.enabled:
                 continue
             if route.service is not None:
-                if access is None:
-                    access = kube_access(kubeconfig)
-                watcher = SliceWatcher(pools[name], route.service, access, session)
+                if kube is None:
+                    kube = await ClientKubeApi.from_environment(
+                        kubeconfig, component=f"{constants.APP_NAME}-{constants.COMPONENT_ROUTER}")
+                watcher = SliceWatcher(pools[name], route.service, kube)
                 tasks.append(asyncio.create_task(watcher.run(), name=f"slices-{name}"))
             else:
                 pools[name].set_endpoints(u.rstrip("/") for u in route.endpoints)
@@ -87,6 +89,8 @@ def build_app(config: RouterConfig, counter: TokenCounter, *, kubeconfig: str | 
             access_log.flush()
             upstream.close()
             await session.close()
+            if kube is not None:
+                await kube.close()
 
     app.lifespans.append(lifespan)
 

@@ -12,10 +12,9 @@ ejected one, anything else ejects a healthy one. New endpoints start healthy: wi
 EndpointSlices, which list only pods that passed their readiness probe; static ones are polled right away.
 
 Discovery (`SliceWatcher`) lists and watches the pool Service's EndpointSlices (`kubernetes.io/service-name=<svc>`)
-through the Kubernetes API with plain aiohttp — the official client's watch is synchronous and would need a thread
-per pool, while a watch is just a streamed GET. Credentials come from the official client's config loaders
-(in-cluster service account, else kubeconfig) once at start; the service-account token is re-read on every
-(re)connect, as the kubelet rotates it.
+with the operator's own asyncio client (`k8s.ClientKubeApi`, on kubernetes_asyncio, and `k8s.list_watch`: watches
+resume from bookmarks, 410 lists again): in-cluster service account, else kubeconfig; the token is re-read when the
+kubelet rotates it.
 """
 
 from __future__ import annotations
@@ -24,17 +23,16 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import json
 import logging
-import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import aiohttp
 import yarl
 
 from vllm_operator.api.router_config import ServiceRef
+from vllm_operator.k8s import ENDPOINT_SLICES, KubeApi, list_watch
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.prefix import PrefixBalancer
 from vllm_operator.router.tokens import Prompt
@@ -217,54 +215,6 @@ class HealthChecker:
 # ----------------------------------------------------------------------------------------- EndpointSlice discovery
 
 
-@dataclasses.dataclass(frozen=True)
-class KubeAccess:
-    """Where the API server is and how to authenticate, from the official client's loaders."""
-
-    host: str
-    ssl: ssl.SSLContext | bool
-    token: Callable[[], str | None]
-
-    def headers(self) -> dict[str, str]:
-        token = self.token()
-        return {"Authorization": token} if token else {}
-
-
-def kube_access(kubeconfig: str | None = None) -> KubeAccess:
-    """In-cluster service account when running in a pod (and no kubeconfig is given), else the kubeconfig."""
-    import os
-
-    import kubernetes.client
-    import kubernetes.config
-
-    cfg = kubernetes.client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=cfg)
-    context: ssl.SSLContext | bool = False
-    if cfg.host.startswith("https"):
-        if cfg.verify_ssl:
-            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-        else:
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if cfg.cert_file:
-            context.load_cert_chain(cfg.cert_file, cfg.key_file)
-
-    def token() -> str | None:
-        # the official client's loaders store the token as "BearerToken" (kubernetes>=29; both the in-cluster and
-        # the kubeconfig loader), older ones as "authorization"; reading only the latter sent no token at all, so a
-        # router in a real cluster was system:anonymous and got 403 on EndpointSlices (found on the real control
-        # plane, tests/e2e). The lookup runs the refresh hook (in-cluster token rotation).
-        value = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
-        return str(value) if value else None
-
-    return KubeAccess(host=cfg.host.rstrip("/"), ssl=context, token=token)
-
-
 def slice_urls(slices: Iterable[Mapping[str, Any]], default_port: int) -> list[str]:
     """Base URLs of the ready endpoints in EndpointSlices (ready unset counts as ready, as the API defines)."""
     urls: list[str] = []
@@ -289,72 +239,23 @@ def slice_urls(slices: Iterable[Mapping[str, Any]], default_port: int) -> list[s
 class SliceWatcher:
     """Keeps a Pool's endpoints equal to the ready endpoints of its Service's EndpointSlices (list, then watch)."""
 
-    def __init__(self, pool: Pool, service: ServiceRef, access: KubeAccess, session: aiohttp.ClientSession, *,
-                 retry_seconds: float = 1.0) -> None:
+    def __init__(self, pool: Pool, service: ServiceRef, kube: KubeApi, *, retry_seconds: float = 1.0) -> None:
         self.pool = pool
         self.service = service
-        self.access = access
-        self.session = session
+        self.kube = kube
         self.retry_seconds = retry_seconds
-        self.slices: dict[str, Mapping[str, Any]] = {}
-        self.path = f"/apis/discovery.k8s.io/v1/namespaces/{service.namespace}/endpointslices"
         self.selector = f"{SERVICE_NAME_LABEL}={service.name}"
-
-    def _apply(self) -> None:
-        self.pool.set_endpoints(slice_urls(self.slices.values(), self.service.port))
-
-    async def _list(self) -> str:
-        params = {"labelSelector": self.selector}
-        async with self.session.get(self.access.host + self.path, params=params, headers=self.access.headers(),
-                                    ssl=self.access.ssl, timeout=aiohttp.ClientTimeout(total=30)) as response:
-            if response.status != 200:
-                raise RuntimeError(f"listing EndpointSlices {self.selector} in {self.service.namespace} answered "
-                                   f"{response.status}: {(await response.text())[:200]}")
-            body = await response.json()
-        self.slices = {item["metadata"]["name"]: item for item in body.get("items") or []}
-        self._apply()
-        return str(body.get("metadata", {}).get("resourceVersion") or "")
-
-    async def _watch(self, resource_version: str) -> None:
-        params = {"labelSelector": self.selector, "watch": "true", "allowWatchBookmarks": "true",
-                  "timeoutSeconds": "300"}
-        if resource_version:
-            params["resourceVersion"] = resource_version
-        async with self.session.get(self.access.host + self.path, params=params, headers=self.access.headers(),
-                                    ssl=self.access.ssl,
-                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=330)
-                                    ) as response:
-            if response.status != 200:
-                raise RuntimeError(f"watching EndpointSlices answered {response.status}")
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":  # e.g. 410 Expired: relist
-                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-                if kind == "BOOKMARK":
-                    continue
-                name = obj.get("metadata", {}).get("name")
-                if not name:
-                    continue
-                if kind == "DELETED":
-                    self.slices.pop(name, None)
-                else:
-                    self.slices[name] = obj
-                self._apply()
 
     async def run(self) -> None:
         while True:
             try:
-                resource_version = await self._list()
-                while True:  # a watch that ends normally (timeoutSeconds) resumes from the last list
-                    await self._watch(resource_version)
-                    resource_version = await self._list()
+                async for slices in list_watch(self.kube, ENDPOINT_SLICES, self.service.namespace,
+                                               label_selector=self.selector):
+                    self.pool.set_endpoints(slice_urls(slices.values(), self.service.port))
             except asyncio.CancelledError:
                 raise
             except Exception as err:
-                log.warning("Lost the EndpointSlice watch for Service %s/%s (%s); relisting in %.1fs",
+                log.warning("Lost the EndpointSlice watch for Service %s/%s (%s); listing again in %.1fs",
                             self.service.namespace, self.service.name, err, self.retry_seconds)
                 await asyncio.sleep(self.retry_seconds)
 

@@ -31,7 +31,7 @@ async def test_run_command_reconciles_and_serves_health_and_metrics(examples_ten
     proc = await asyncio.create_subprocess_exec(
         str(ROOT / ".venv/bin/vllm-operator"), "run", "--no-health", "--port", str(port),
         f"--namespace={tenant.namespace}", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    client = ClientKubeApi.from_environment(kubeconfig=str(tenant.kube.kubeconfig))
+    client = await ClientKubeApi.from_environment(kubeconfig=str(tenant.kube.kubeconfig))
     try:
         obj = tenant.example("cpu-dev")
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -58,7 +58,7 @@ async def test_run_command_reconciles_and_serves_health_and_metrics(examples_ten
             text = await eventually(reconciled, timeout=30)
         assert 'vllm_operator_child_writes_total{kind="Deployment",verb="create"} 3.0' in text
     finally:
-        client.close()
+        await client.close()
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), 60)

@@ -92,11 +92,11 @@ def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 @pytest.fixture
 async def admin(setup: Setup) -> AsyncIterator[ClientKubeApi]:
     """The test's own client (admin): what it reads, and the kubelet's status writes."""
-    api = ClientKubeApi.from_environment(kubeconfig=str(setup.kube.kubeconfig))
+    api = await ClientKubeApi.from_environment(kubeconfig=str(setup.kube.kubeconfig))
     try:
         yield api
     finally:
-        api.close()
+        await api.close()
 
 
 @pytest.fixture

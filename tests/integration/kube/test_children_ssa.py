@@ -75,11 +75,11 @@ def namespace(kube: Cluster, crd: None) -> Iterator[str]:
 
 @pytest.fixture
 async def api(kube: Cluster) -> AsyncIterator[ClientKubeApi]:
-    client = ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig))
+    client = await ClientKubeApi.from_environment(kubeconfig=str(kube.kubeconfig))
     try:
         yield client
     finally:
-        client.close()
+        await client.close()
 
 
 def chat(namespace: str, **pools: Any) -> dict[str, Any]:

@@ -170,14 +170,14 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(setup: Setup, inside: None) -> AsyncIterator[Fleet]:
-    admin = ClientKubeApi.from_environment(kubeconfig=str(setup.kube.kubeconfig))
+    admin = await ClientKubeApi.from_environment(kubeconfig=str(setup.kube.kubeconfig))
     made = Fleet(setup, admin)
     try:
         await made.create_services()
         yield made
     finally:
         await made.close()
-        admin.close()
+        await admin.close()
 
 
 @pytest.fixture
