@@ -22,6 +22,6 @@ summary() {
 }
 run_tier lint bash -c "$BIN/ruff check . && $BIN/mypy && $BIN/lint-imports"
 run_tier unit $BIN/pytest -q -p no:cacheprovider tests/unit
-run_tier integration $BIN/pytest -q -p no:cacheprovider tests/integration
-run_tier e2e $BIN/pytest -q -p no:cacheprovider tests/e2e
+run_tier integration $BIN/pytest -q -p no:cacheprovider --durations=12 tests/integration
+run_tier e2e $BIN/pytest -q -p no:cacheprovider --durations=20 tests/e2e
 summary

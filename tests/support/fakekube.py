@@ -1,0 +1,1159 @@
+"""An in-memory `KubeApi` for unit tests of code that talks to the API server (the controller's reconcile, the status
+refresh, the router's discovery), with the server's behaviour where that code depends on it.
+
+Why a fake rather than mocks: one reconcile makes dozens of requests whose answers feed each other (the fields an
+apply owned decide what the next apply removes; a list's resourceVersion is where its watch starts; a status write
+is conditional on the version read), and a per-test mock scripts answers no server would give. The fake is held to
+the real kube-apiserver by tests/integration/kube/test_kubeapi_contract.py: the same scenarios with the same
+assertions on both.
+
+`FakeCluster` is the server (objects, versions, watch history, served resources); `FakeKubeApi` is one client of it
+(the verbs, a call count, injected faults), writing as one field manager. Two clients of one cluster are two writers:
+`fake.as_manager("kubectl-edit")`.
+
+What is modelled:
+- Storage: objects keyed by (group, plural, namespace, name). One cluster-wide resourceVersion counter (an integer
+  string, like etcd's revision), bumped by every write that changes something; a write that changes nothing is not
+  stored and bumps nothing, as on the server. uid, creationTimestamp, generation (1 on create, +1 when anything
+  outside metadata and status changes) and resourceVersion are the fake's whatever a request says; a
+  resourceVersion or uid in a patch or apply body is a precondition (409 Conflict when it differs). Every answer is
+  a deep copy: a caller can never alias the store.
+- Status: on kinds with a status subresource (`STATUS_SUBRESOURCE`, or `FakeCluster.serve(..., status_subresource=)`)
+  create, patch, json_patch and apply leave status as it was and patch_status changes status only; elsewhere status
+  is an ordinary field and patch_status is 404.
+- Errors, with the server's status, reason and message: 404 NotFound; 409 AlreadyExists (create), Conflict
+  (preconditions, apply conflicts, a delete's uid precondition); 422 Invalid (create without a name, a json_patch
+  operation that does not apply, a failed `test` included); 400 BadRequest (a malformed label selector, a body whose
+  name or namespace differs from the request's); a resource the cluster does not serve is 404 for every verb, which
+  `get` reports as None and `delete` ignores, as ClientKubeApi does.
+- patch: JSON merge patch (RFC 7386, null deletes). json_patch: RFC 6902 add, remove, replace, move, copy, test.
+- Label selectors: the labels.Parse grammar (`parse_selector`).
+- Field ownership and server-side apply: structured-merge-diff's rules on a simplified schema. Each manager's
+  fields are a set of leaf paths, kept per (manager, operation, subresource) and shown as metadata.managedFields
+  (FieldsV1); a write that changes metadata.managedFields replaces them (how the product hands the release before
+  server-side apply's fields to its apply manager, handlers/managedfields.py). An Update (create, patch, json_patch,
+  patch_status) gives its manager the fields whose values it changed and takes them from every other manager. An
+  apply (manager `FIELD_MANAGER`, operation Apply) makes that manager's set exactly the fields of the body, merges the
+  body into the object (maps key by key), removes the fields it applied last time and no longer applies unless
+  another manager owns them too, and creates the object when it is absent. A field another manager owns that the
+  apply would change is a 409 Conflict whose causes name the field and the manager (the event reconcile posts), and
+  with `force` the apply takes it. So a field a merge patch set and the apply never set survives, and so does one the
+  apply and its creator both own (the reason managedfields.py exists).
+  The known difference: lists are atomic here. The server merges lists that have a merge key (containers, ports,
+  env: by name) item by item and tracks ownership per item and field (`.spec.template.spec.containers[name="engine"]
+  .image`); the fake replaces a list as a whole and owns it as one field (`.spec.template.spec.containers`), so two
+  writers of different items of one list conflict here and not there, and a conflict names the list. A null in an
+  apply body is dropped (neither set nor owned).
+- delete: immediate, background propagation. An object with finalizers gets a deletionTimestamp and goes when a
+  write leaves it without finalizers. Garbage collection, synchronous: when an object goes, the objects whose
+  ownerReferences name its uid go too (recursively) when no other owner of theirs is there, and otherwise lose the
+  dangling reference (as the garbage collector does).
+- Events: emit_event creates the Event ClientKubeApi would (readable with `list(EVENTS, namespace)`).
+- Discovery: every kind k8s.py names is served except the add-ons' (`ADDON_GROUPS`: the Prometheus operator's and
+  KEDA's CRDs, absent on the test control plane too); `FakeCluster.serve` and `withdraw` change that.
+- Watch, the watch cache's rules: each resource keeps its last `history` changes. A watch from resourceVersion R
+  replays the changes after R, then waits for new ones; R older than the history (before the resource was served,
+  older than its oldest kept change, or before `compact`) raises WatchExpired (410) on the first iteration, like
+  the server's "too old resource version"; "" and "0" start with a synthetic ADDED per object. Namespace and label
+  selector filter as on the server: an object that starts matching is ADDED, one that stops matching is DELETED
+  (with its previous content at the new version). An idle watch yields a BOOKMARK (an object of only
+  metadata.resourceVersion) every `bookmark_interval` seconds and ends after `timeout_seconds`, capped by
+  `max_watch_seconds` so that tests need not wait minutes.
+- Faults and counting, per client: `fail(verb, error, times=)` makes the next calls of a verb raise; `calls` counts
+  every call by verb. Every call yields to the event loop once first, so concurrent callers interleave as they do
+  against a server.
+
+Not modelled: defaulting, validation and pruning by schema (OpenAPI or CRD: an object is stored as sent); admission
+(webhooks, quotas, the existence of the namespace); RBAC (every call is allowed; a 403 comes only from `fail`);
+strategic merge patch, dry run, field selectors, pagination; subresources other than status; conversion (an object
+is stored once, answered with the apiVersion it is asked for); the watch cache's wait for a "too large"
+resourceVersion (a 504 at once); foreground and orphan deletion; namespace deletion; the Deployment, ReplicaSet and
+other controllers (nothing ever writes a child's status unless a test does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import re
+import secrets
+import string
+import uuid
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from vllm_operator import constants, k8s
+from vllm_operator.k8s import (
+    CRDS,
+    DEPLOYMENTS,
+    EVENTS,
+    FIELD_MANAGER,
+    HPAS,
+    NODES,
+    PDBS,
+    PODS,
+    SCALED_OBJECTS,
+    SERVICES,
+    VLLM_DEPLOYMENTS,
+    KubeError,
+    Resource,
+    WatchEvent,
+    WatchExpired,
+    now_rfc3339,
+)
+
+ADDON_GROUPS = frozenset({"monitoring.coreos.com", "keda.sh"})
+"""API groups k8s.py names whose CRDs a cluster may lack: not served until a test serves them."""
+
+BUILT_IN: tuple[Resource, ...] = tuple(r for r in vars(k8s).values()
+                                       if isinstance(r, Resource) and r.group not in ADDON_GROUPS)
+"""What a new FakeCluster serves: every Resource constant of k8s.py (the built-in kinds and this operator's CRDs) but
+the add-ons'. Read from the module so that a kind added there is served here without a second list."""
+
+STATUS_SUBRESOURCE = frozenset((r.group, r.plural) for r in (
+    DEPLOYMENTS, SERVICES, PODS, NODES, PDBS, HPAS, VLLM_DEPLOYMENTS, SCALED_OBJECTS, CRDS))
+"""(group, plural) of the kinds among `BUILT_IN` and the add-ons that have a status subresource."""
+
+UPDATE_MANAGER = FIELD_MANAGER
+"""The manager of a FakeKubeApi's Update writes by default: the server names it after the user agent's product,
+and ClientKubeApi sends `vllm-operator/<version>`."""
+
+GC_MANAGER = "kube-controller-manager"
+"""The manager of the garbage collector's writes (it removes dangling ownerReferences)."""
+
+VERBS = frozenset({"get", "list", "list_versioned", "create", "patch", "patch_status", "apply", "json_patch",
+                   "delete", "emit_event", "has_resource", "watch"})
+WRITE_VERBS = frozenset({"create", "patch", "patch_status", "apply", "json_patch", "delete"})
+"""The verbs that write (events left out: they describe writes rather than being ones)."""
+
+SERVER_METADATA = frozenset({"uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
+                             "deletionGracePeriodSeconds", "selfLink", "managedFields"})
+"""metadata the server sets: a request's values are preconditions (resourceVersion, uid) or ignored."""
+UNTRACKED_METADATA = SERVER_METADATA | {"name", "namespace"}
+"""metadata no manager owns (the server's stripped fields: identity and its own bookkeeping)."""
+
+FieldPath = tuple[str, ...]
+ManagerKey = tuple[str, str, str]
+"""(manager, operation, subresource) of a managedFields entry."""
+ObjectKey = tuple[str, str, str, str]
+"""(group, plural, namespace, name); namespace "" for cluster-scoped kinds."""
+
+
+# --- label selectors -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement of a label selector; `operator` is =, !=, in, notin, exists, !, > or <."""
+
+    key: str
+    operator: str
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        match self.operator:
+            case "exists":
+                return self.key in labels
+            case "!":
+                return self.key not in labels
+            case "=" | "in":
+                return value is not None and value in self.values
+            case "!=" | "notin":
+                return value is None or value not in self.values
+            case _:  # > and <: integer comparisons, false for a missing or non-integer value
+                (bound,) = self.values
+                try:
+                    number = int(value or "")
+                except ValueError:
+                    return False
+                return number > int(bound) if self.operator == ">" else number < int(bound)
+
+
+_OPERATOR = re.compile(r"==|!=|=|!|\(|\)|,|<|>")
+_WORD = re.compile(r"[^\s!=(),<>]+")
+
+
+def _selector_error(text: str, why: str) -> KubeError:
+    return KubeError(400, "BadRequest", f"unable to parse requirement: {why} (in {text!r})")
+
+
+def parse_selector(text: str | None) -> tuple[Requirement, ...]:
+    """A label selector in the grammar of the API server's labels.Parse: comma-joined `k=v` (or `k==v`), `k!=v`, `k`,
+    `!k`, `k in (a,b)`, `k notin (a,b)`, `k>n`, `k<n`.
+
+    Why a parser rather than splitting on commas: the controller sends comma-joined equalities (its child selector),
+    the accelerator lookup sends a pool's nodeSelector, and a test may send any selector the server accepts; set-based
+    requirements carry commas inside their parentheses, and `!=` must match objects without the label, as on the
+    server. Keys and values are not validated as qualified names (the server refuses some this accepts)."""
+    if text is None or not text.strip():
+        return ()
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos].isspace():
+            pos += 1
+            continue
+        found = _OPERATOR.match(text, pos) or _WORD.match(text, pos)
+        assert found is not None  # every character is an operator character or part of a word
+        tokens.append(found.group())
+        pos = found.end()
+
+    def is_word(i: int) -> bool:
+        return i < len(tokens) and _WORD.fullmatch(tokens[i]) is not None
+
+    requirements: list[Requirement] = []
+    i = 0
+    while True:
+        if i < len(tokens) and tokens[i] == "!":
+            if not is_word(i + 1):
+                raise _selector_error(text, "expected a label key after '!'")
+            requirements.append(Requirement(tokens[i + 1], "!"))
+            i += 2
+        elif is_word(i):
+            key = tokens[i]
+            following = tokens[i + 1] if i + 1 < len(tokens) else None
+            if following is None or following == ",":
+                requirements.append(Requirement(key, "exists"))
+                i += 1
+            elif following in ("=", "==", "!="):
+                value = tokens[i + 2] if is_word(i + 2) else ""
+                requirements.append(Requirement(key, "!=" if following == "!=" else "=", frozenset({value})))
+                i += 3 if value else 2
+            elif following in ("in", "notin"):
+                if i + 2 >= len(tokens) or tokens[i + 2] != "(":
+                    raise _selector_error(text, f"expected '(' after {following!r}")
+                values: set[str] = set()
+                i += 3
+                while True:
+                    if not is_word(i):
+                        raise _selector_error(text, f"expected a value in the set of {key!r}")
+                    values.add(tokens[i])
+                    if i + 1 < len(tokens) and tokens[i + 1] == ",":
+                        i += 2
+                        continue
+                    if i + 1 < len(tokens) and tokens[i + 1] == ")":
+                        i += 2
+                        break
+                    raise _selector_error(text, f"expected ',' or ')' in the set of {key!r}")
+                requirements.append(Requirement(key, following, frozenset(values)))
+            elif following in (">", "<"):
+                if not is_word(i + 2) or not re.fullmatch(r"-?\d+", tokens[i + 2]):
+                    raise _selector_error(text, f"expected an integer after {following!r}")
+                requirements.append(Requirement(key, following, frozenset({tokens[i + 2]})))
+                i += 3
+            else:
+                raise _selector_error(text, f"unexpected {following!r} after {key!r}")
+        else:
+            raise _selector_error(text, "expected a label key")
+        if i == len(tokens):
+            return tuple(requirements)
+        if tokens[i] != ",":
+            raise _selector_error(text, f"expected ',' before {tokens[i]!r}")
+        i += 1
+
+
+def selector_matches(requirements: Iterable[Requirement], obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(r.matches(labels) for r in requirements)
+
+
+# --- JSON values and patches -----------------------------------------------------------------------------------
+
+
+def same(a: Any, b: Any) -> bool:
+    """JSON equality: Python's `==` has True == 1, which JSON does not."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and bool(a == b)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: maps merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+class PatchFailed(Exception):
+    """A JSON patch operation that does not apply (the server answers 422 without saying which)."""
+
+
+def _pointer(path: Any) -> list[str]:
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise PatchFailed(f"invalid JSON pointer {path!r}")
+    return [token.replace("~1", "/").replace("~0", "~") for token in path.split("/")[1:]]
+
+
+def _index(token: str, length: int, *, end: bool) -> int:
+    if end and token == "-":
+        return length
+    if not token.isdigit() or (len(token) > 1 and token.startswith("0")) or int(token) > length or (
+            int(token) == length and not end):
+        raise PatchFailed(f"array index {token!r} out of range (length {length})")
+    return int(token)
+
+
+def _container(doc: Any, tokens: Sequence[str]) -> Any:
+    node = doc
+    for token in tokens[:-1]:
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list):
+            node = node[_index(token, len(node), end=False)]
+        else:
+            raise PatchFailed(f"path /{'/'.join(tokens)} does not exist")
+    if not isinstance(node, dict | list):
+        raise PatchFailed(f"path /{'/'.join(tokens)} is inside a scalar")
+    return node
+
+
+def _value_at(doc: Any, tokens: Sequence[str]) -> Any:
+    if not tokens:
+        return doc
+    node = _container(doc, tokens)
+    if isinstance(node, dict):
+        if tokens[-1] not in node:
+            raise PatchFailed(f"path /{'/'.join(tokens)} does not exist")
+        return node[tokens[-1]]
+    return node[_index(tokens[-1], len(node), end=False)]
+
+
+def _add(doc: Any, tokens: Sequence[str], value: Any) -> Any:
+    if not tokens:
+        return value
+    node = _container(doc, tokens)
+    if isinstance(node, dict):
+        node[tokens[-1]] = value
+    else:
+        node.insert(_index(tokens[-1], len(node), end=True), value)
+    return doc
+
+
+def _remove(doc: Any, tokens: Sequence[str]) -> Any:
+    if not tokens:
+        raise PatchFailed("cannot remove the whole document")
+    _value_at(doc, tokens)
+    node = _container(doc, tokens)
+    return node.pop(tokens[-1] if isinstance(node, dict) else _index(tokens[-1], len(node), end=False))
+
+
+def json_patch(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
+    """RFC 6902 operations on a copy of `doc`; PatchFailed when one does not apply (a failed `test` included)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        name, tokens = op.get("op"), _pointer(op.get("path"))
+        if name in ("add", "replace", "test") and "value" not in op:
+            raise PatchFailed(f"{name} of {op.get('path')} has no value")
+        if name == "add":
+            doc = _add(doc, tokens, copy.deepcopy(op["value"]))
+        elif name == "remove":
+            _remove(doc, tokens)
+        elif name == "replace":
+            _value_at(doc, tokens)
+            if not tokens:
+                doc = copy.deepcopy(op["value"])
+            elif isinstance(node := _container(doc, tokens), dict):
+                node[tokens[-1]] = copy.deepcopy(op["value"])
+            else:
+                node[_index(tokens[-1], len(node), end=False)] = copy.deepcopy(op["value"])
+        elif name in ("move", "copy"):
+            source = _pointer(op.get("from"))
+            value = _remove(doc, source) if name == "move" else copy.deepcopy(_value_at(doc, source))
+            doc = _add(doc, tokens, value)
+        elif name == "test":
+            if not same(_value_at(doc, tokens), op["value"]):
+                raise PatchFailed(f"test of {op.get('path')} failed")
+        else:
+            raise PatchFailed(f"unknown operation {name!r}")
+    return doc
+
+
+# --- field ownership -------------------------------------------------------------------------------------------
+
+
+def _tracked(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of an object managers own: everything but apiVersion, kind and the server's metadata."""
+    out = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+    meta = out.pop("metadata", None)
+    if isinstance(meta, Mapping):
+        kept = {k: v for k, v in meta.items() if k not in UNTRACKED_METADATA}
+        if kept:
+            out["metadata"] = kept
+    return out
+
+
+def leaves(value: Any, prefix: FieldPath = ()) -> dict[FieldPath, Any]:
+    """Leaf paths to their values: a scalar, a list (atomic here) or an empty map is a leaf; a map is its keys."""
+    if isinstance(value, Mapping) and (value or not prefix):
+        out: dict[FieldPath, Any] = {}
+        for key, item in value.items():
+            out.update(leaves(item, (*prefix, str(key))))
+        return out
+    return {prefix: value}
+
+
+def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[frozenset[FieldPath], frozenset[FieldPath]]:
+    """(changed: modified or added, removed) leaf paths of the tracked parts of two objects."""
+    before, after = leaves(_tracked(old)), leaves(_tracked(new))
+    changed = frozenset(p for p, v in after.items() if p not in before or not same(before[p], v))
+    return changed, frozenset(before.keys() - after.keys())
+
+
+def encode_fields(paths: Iterable[FieldPath]) -> dict[str, Any]:
+    """FieldsV1 of a set of paths: `{"f:metadata": {"f:labels": {"f:app": {}}}}`."""
+    root: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = root
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return root
+
+
+def decode_fields(fields: Any, prefix: FieldPath = ()) -> frozenset[FieldPath]:
+    """The paths of a FieldsV1 tree. A list item (`k:{...}`, `v:...`, `i:n`) stands for its whole list, which the fake
+    owns atomically; the `.` marker of a map owned as such is left out (owning a map that has keys would make an
+    apply that drops it remove the keys other managers own)."""
+    if not isinstance(fields, Mapping):
+        return frozenset()
+    named = {k[2:]: v for k, v in fields.items() if isinstance(k, str) and k.startswith("f:")}
+    if any(k != "." and not (isinstance(k, str) and k.startswith("f:")) for k in fields) or not named:
+        return frozenset({prefix}) if prefix else frozenset()
+    return frozenset().union(*(decode_fields(v, (*prefix, k)) for k, v in named.items()))
+
+
+def field_string(path: FieldPath) -> str:
+    """A path as the server names a field in a conflict: `.spec.replicas`."""
+    return "".join(f".{key}" for key in path)
+
+
+@dataclass(frozen=True)
+class Owned:
+    """One managedFields entry: the fields a manager owns."""
+
+    paths: frozenset[FieldPath]
+    api_version: str
+    time: str
+
+
+def decode_managers(entries: Any) -> dict[ManagerKey, Owned]:
+    """metadata.managedFields as sent in a write (entries without fields are dropped, as the server does)."""
+    out: dict[ManagerKey, Owned] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        key = (str(entry.get("manager") or ""), str(entry.get("operation") or ""), str(entry.get("subresource") or ""))
+        paths = decode_fields(entry.get("fieldsV1"))
+        if key in out:
+            paths |= out[key].paths
+        if paths:
+            out[key] = Owned(paths, str(entry.get("apiVersion") or ""), str(entry.get("time") or now_rfc3339()))
+    return out
+
+
+def encode_managers(managers: Mapping[ManagerKey, Owned]) -> list[dict[str, Any]]:
+    return [{"manager": manager, "operation": operation, "apiVersion": owned.api_version, "time": owned.time,
+             "fieldsType": "FieldsV1", "fieldsV1": encode_fields(owned.paths),
+             **({"subresource": subresource} if subresource else {})}
+            for (manager, operation, subresource), owned in managers.items()]
+
+
+def _same_ownership(a: Mapping[ManagerKey, Owned], b: Mapping[ManagerKey, Owned]) -> bool:
+    return a.keys() == b.keys() and all(a[k].paths == b[k].paths for k in a)
+
+
+def _after_update(managers: Mapping[ManagerKey, Owned], old: Mapping[str, Any], new: Mapping[str, Any],
+                  actor: ManagerKey, api_version: str) -> dict[ManagerKey, Owned]:
+    """Ownership after an Update from `old` to `new` by `actor`: it gains what it changed and loses what it removed;
+    every other manager loses both (structured-merge-diff's Update, which always forces)."""
+    changed, removed = _diff(old, new)
+    out: dict[ManagerKey, Owned] = {}
+    for key, owned in managers.items():
+        paths = (owned.paths - removed) | changed if key == actor else owned.paths - changed - removed
+        if paths:
+            out[key] = replace(owned, paths=paths, api_version=api_version if key == actor else owned.api_version)
+    if actor not in managers and changed:
+        out[actor] = Owned(changed, api_version, now_rfc3339())
+    return out
+
+
+def _merge_applied(live: Any, config: Any) -> Any:
+    """The applied configuration merged into the live object: maps key by key, anything else (lists included)
+    replaced."""
+    if isinstance(live, dict) and isinstance(config, Mapping):
+        out = dict(live)
+        for key, value in config.items():
+            out[key] = _merge_applied(live.get(key), value)
+        return out
+    return copy.deepcopy(config)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return copy.deepcopy(value)
+
+
+def _remove_field(obj: dict[str, Any], path: FieldPath) -> None:
+    """Delete one leaf and the maps its removal leaves empty (the server drops them too)."""
+    trail: list[tuple[dict[str, Any], str]] = []
+    node = obj
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            return
+        trail.append((node, key))
+        node = child
+    if path[-1] not in node:
+        return
+    del node[path[-1]]
+    while trail and not node:
+        parent, key = trail.pop()
+        del parent[key]
+        node = parent
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+
+def _qualified(res: Resource) -> str:
+    return f"{res.plural}.{res.group}" if res.group else res.plural
+
+
+def not_found(res: Resource, name: str) -> KubeError:
+    return KubeError(404, "NotFound", f'{_qualified(res)} "{name}" not found')
+
+
+def no_such_resource() -> KubeError:
+    return KubeError(404, "NotFound", "the server could not find the requested resource")
+
+
+def _modified(res: Resource, name: str) -> KubeError:
+    return KubeError(409, "Conflict", f'Operation cannot be fulfilled on {_qualified(res)} "{name}": the object has '
+                     "been modified; please apply your changes to the latest version and try again")
+
+
+def _bad_request(message: str) -> KubeError:
+    return KubeError(400, "BadRequest", message)
+
+
+PATCH_REJECTED = "the server rejected our request due to an error in our request"
+"""The whole message of the server's 422 for a JSON patch that does not apply (it does not say which operation)."""
+
+
+def _manager_text(key: ManagerKey, api_version: str) -> str:
+    """A manager as the server's conflict messages print it: `"kubectl-set" using apps/v1` for an Update,
+    `"name"` for an applier."""
+    manager, operation, subresource = key
+    text = f'"{manager}"' + (f' with subresource "{subresource}"' if subresource else "")
+    return f"{text} using {api_version}" if operation == "Update" else text
+
+
+def _apply_conflicts(conflicts: Mapping[ManagerKey, Owned]) -> KubeError:
+    """The server's 409 for an apply that would change other managers' fields (`conflicts`: each manager's entry cut
+    to the contested fields): a cause per field (a StatusCause's type is `reason` on the wire)."""
+    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {_manager_text(key, owned.api_version)}",
+               "field": field_string(path)}
+              for key, owned in sorted(conflicts.items()) for path in sorted(owned.paths)]
+    if len(causes) == 1:
+        message = f"Apply failed with 1 conflict: {causes[0]['message']}: {causes[0]['field']}"
+    else:
+        lines = []
+        for key, owned in sorted(conflicts.items()):
+            lines.append(f"conflicts with {_manager_text(key, owned.api_version)}:")
+            lines += [f"- {field_string(path)}" for path in sorted(owned.paths)]
+        message = f"Apply failed with {len(causes)} conflicts: " + "\n".join(lines)
+    return KubeError(409, "Conflict", message, causes)
+
+
+# --- the server ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stored:
+    res: Resource
+    obj: dict[str, Any]
+    """The object without managedFields."""
+    managers: dict[ManagerKey, Owned]
+    snapshot: dict[str, Any]
+    """The object as answered (managedFields included); never changed, copied out."""
+
+
+@dataclass(frozen=True)
+class _Change:
+    version: int
+    type: str
+    namespace: str
+    obj: dict[str, Any]
+    """The object after the change; for DELETED its last state, at the deletion's resourceVersion."""
+    prev: dict[str, Any] | None
+
+
+class _History:
+    """One resource's recent changes, as the watch cache keeps them."""
+
+    def __init__(self, floor: int, size: int) -> None:
+        self.changes: deque[_Change] = deque()
+        self.floor = floor
+        """The oldest resourceVersion a watch may start from."""
+        self.size = size
+
+    def record(self, change: _Change) -> None:
+        self.changes.append(change)
+        if len(self.changes) > self.size:
+            self.changes.popleft()
+            self.floor = self.changes[0].version - 1
+
+    def since(self, version: int) -> list[_Change]:
+        return [c for c in self.changes if c.version > version]
+
+
+class FakeCluster:
+    """The API server of FakeKubeApi clients: objects, resourceVersions, the watch history, what is served.
+
+    `history`: changes kept per resource for watches (the watch cache's window); `start_resource_version`: the
+    counter's first value (versions below it are too old to watch from, as on a server whose cache started later);
+    `bookmark_interval`: seconds a watch is idle before it yields a BOOKMARK; `max_watch_seconds`: a cap on every
+    watch's `timeout_seconds` (None: none)."""
+
+    def __init__(self, *, history: int = 1000, start_resource_version: int = 1000, bookmark_interval: float = 60.0,
+                 max_watch_seconds: float | None = None) -> None:
+        self.version = start_resource_version
+        self.history_size = history
+        self.bookmark_interval = bookmark_interval
+        self.max_watch_seconds = max_watch_seconds
+        self._objects: dict[ObjectKey, _Stored] = {}
+        self._served: dict[tuple[str, str, str], Resource] = {}
+        self._status: set[tuple[str, str]] = set(STATUS_SUBRESOURCE)
+        self._histories: dict[tuple[str, str], _History] = {}
+        self._waiters: set[asyncio.Event] = set()
+        for res in BUILT_IN:
+            self.serve(res)
+
+    # Test controls.
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.version)
+
+    def serve(self, res: Resource, *, status_subresource: bool | None = None) -> None:
+        """Serve `res` from now on (a CRD installed): discovery lists it and its watch history starts here."""
+        self._served[(res.group, res.version, res.plural)] = res
+        if status_subresource is not None:
+            (self._status.add if status_subresource else self._status.discard)((res.group, res.plural))
+        self._histories.setdefault((res.group, res.plural), _History(self.version, self.history_size))
+
+    def withdraw(self, res: Resource) -> None:
+        """Stop serving `res` (every verb on it is 404); its objects are kept for when it is served again."""
+        self._served.pop((res.group, res.version, res.plural), None)
+        if not any((g, p) == (res.group, res.plural) for g, _, p in self._served):
+            self._histories.pop((res.group, res.plural), None)
+
+    def compact(self) -> None:
+        """Forget every resource's watch history (the server restarted, or etcd compacted): a watch from any version
+        before now raises WatchExpired."""
+        for history in self._histories.values():
+            history.changes.clear()
+            history.floor = self.version
+
+    # Reads.
+
+    def served(self, group: str, version: str, plural: str) -> bool:
+        return (group, version, plural) in self._served
+
+    def _require(self, res: Resource) -> None:
+        if not self.served(res.group, res.version, res.plural):
+            raise no_such_resource()
+
+    def _key(self, res: Resource, namespace: str | None, name: str) -> ObjectKey:
+        if res.namespaced and not namespace:
+            raise no_such_resource()  # the path has no namespace: no such route
+        return res.group, res.plural, namespace if res.namespaced and namespace else "", name
+
+    @staticmethod
+    def _answer(res: Resource, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(dict(snapshot))
+        out["apiVersion"], out["kind"] = res.api_version, res.kind
+        return out
+
+    def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        self._require(res)
+        stored = self._objects.get(self._key(res, namespace, name))
+        if stored is None:
+            raise not_found(res, name)
+        return self._answer(res, stored.snapshot)
+
+    def _matching(self, res: Resource, namespace: str | None, selector: Sequence[Requirement]
+                  ) -> list[dict[str, Any]]:
+        ns = namespace if res.namespaced and namespace else None
+        return [stored.snapshot for (group, plural, obj_ns, _), stored in sorted(self._objects.items())
+                if (group, plural) == (res.group, res.plural) and ns in (None, obj_ns)
+                and selector_matches(selector, stored.snapshot)]
+
+    def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+             ) -> tuple[list[dict[str, Any]], str]:
+        self._require(res)
+        selector = parse_selector(label_selector)
+        return [self._answer(res, s) for s in self._matching(res, namespace, selector)], self.resource_version
+
+    # Writes.
+
+    def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+        self._require(res)
+        if res.namespaced and not namespace:
+            raise KubeError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        obj = copy.deepcopy(dict(body))
+        meta = obj.setdefault("metadata", {})
+        self._check_namespace(res, namespace, meta)
+        if not meta.get("name") and meta.get("generateName"):
+            suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+            meta["name"] = f"{meta['generateName']}{suffix}"
+        if not meta.get("name"):
+            raise KubeError(422, "Invalid", f'{res.kind} "" is invalid: metadata.name: Required value: name or '
+                            "generateName is required")
+        if meta.get("resourceVersion"):
+            raise KubeError(500, "InternalError",
+                            "Internal error occurred: resourceVersion should not be set on objects to be created")
+        key = self._key(res, namespace, str(meta["name"]))
+        if key in self._objects:
+            raise KubeError(409, "AlreadyExists", f'{_qualified(res)} "{meta["name"]}" already exists')
+        managers = decode_managers(meta.get("managedFields"))
+        for field in SERVER_METADATA:
+            meta.pop(field, None)
+        if res.namespaced:
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if (res.group, res.plural) in self._status:
+            obj.pop("status", None)
+        actor = (manager, "Update", "")
+        return self._commit(res, key, None, obj, _after_update(managers, {}, obj, actor, res.api_version), actor)
+
+    def update(self, res: Resource, namespace: str | None, name: str,
+               change: Callable[[dict[str, Any]], Any], manager: str, *, subresource: str = "") -> dict[str, Any]:
+        """An Update: `change` maps the object as it is (a copy, managedFields included) to the object wanted."""
+        self._require(res)
+        if subresource and (res.group, res.plural) not in self._status:
+            raise no_such_resource()
+        key = self._key(res, namespace, name)
+        before = self._objects.get(key)
+        if before is None:
+            raise not_found(res, name)
+        wanted = change(copy.deepcopy(before.snapshot))
+        if not isinstance(wanted, dict) or not isinstance(wanted.get("metadata", {}), dict):
+            raise KubeError(422, "Invalid", PATCH_REJECTED)
+        meta = wanted.setdefault("metadata", {})
+        self._check_preconditions(res, name, before, meta)
+        self._check_namespace(res, namespace, meta)
+        if meta.get("name") != name:
+            raise _bad_request(f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                               f"({name})")
+        if subresource:
+            obj = copy.deepcopy(before.obj)
+            if "status" in wanted:
+                obj["status"] = wanted["status"]
+            else:
+                obj.pop("status", None)
+            managers = dict(before.managers)
+        else:
+            asked = meta.pop("managedFields", None)
+            changed_fields = isinstance(asked, list) and asked and not same(
+                asked, before.snapshot["metadata"].get("managedFields"))
+            managers = decode_managers(asked) if changed_fields else dict(before.managers)
+            obj = wanted
+            if (res.group, res.plural) in self._status:
+                obj.pop("status", None)
+                if "status" in before.obj:
+                    obj["status"] = copy.deepcopy(before.obj["status"])
+        actor = (manager, "Update", subresource)
+        return self._commit(res, key, before, obj, _after_update(managers, before.obj, obj, actor, res.api_version),
+                            actor)
+
+    def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], manager: str, *,
+              force: bool) -> dict[str, Any]:
+        """Server-side apply as `manager` (see the module docstring for what is modelled)."""
+        self._require(res)
+        config = _without_nulls(body)
+        meta = config.get("metadata")
+        if not config.get("apiVersion") or not config.get("kind") or not isinstance(meta, dict):
+            raise _bad_request("an apply body needs apiVersion, kind and metadata")
+        if meta.get("name") != name:
+            raise _bad_request(f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                               f"({name})")
+        self._check_namespace(res, namespace, meta)
+        if "managedFields" in meta:
+            raise _bad_request("metadata.managedFields must be nil")
+        key = self._key(res, namespace, name)
+        before = self._objects.get(key)
+        if before is not None:
+            self._check_preconditions(res, name, before, meta)
+        if (res.group, res.plural) in self._status:
+            config.pop("status", None)
+        for field in SERVER_METADATA:
+            meta.pop(field, None)
+        live = before.obj if before is not None else {
+            "metadata": {"name": name, **({"namespace": namespace} if res.namespaced else {})}}
+        actor = (manager, "Apply", "")
+        managers = dict(before.managers) if before is not None else {}
+        last = managers[actor].paths if actor in managers else frozenset()
+        applied = frozenset(leaves(_tracked(config)))
+        managers[actor] = Owned(applied, res.api_version, now_rfc3339())
+        merged = _merge_applied(copy.deepcopy(live), config)
+        owned = {path[:n] for o in managers.values() for path in o.paths for n in range(1, len(path) + 1)}
+        for path in sorted(last - applied):
+            if path not in owned:  # nobody else owns it, nor anything under it: the apply took it away
+                _remove_field(merged, path)
+        changed, removed = _diff(live, merged)
+        conflicts = {k: replace(o, paths=o.paths & changed) for k, o in managers.items()
+                     if k != actor and o.paths & changed}
+        if conflicts and not force:
+            raise _apply_conflicts(conflicts)
+        managers = {k: o if k == actor else replace(o, paths=o.paths - changed - removed)
+                    for k, o in managers.items()}
+        return self._commit(res, key, before, merged, {k: o for k, o in managers.items() if o.paths}, actor)
+
+    def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+        self._require(res)
+        key = self._key(res, namespace, name)
+        before = self._objects.get(key)
+        if before is None:
+            raise not_found(res, name)
+        actual = before.obj["metadata"]["uid"]
+        if uid and uid != actual:
+            raise KubeError(409, "Conflict", f'Operation cannot be fulfilled on {res.kind} "{name}": the UID in the '
+                            f"precondition ({uid}) does not match the UID in record ({actual}). The object might "
+                            "have been deleted and then recreated")  # the real server's text (contract test)
+        self._delete(key)
+
+    def _check_preconditions(self, res: Resource, name: str, before: _Stored, meta: Mapping[str, Any]) -> None:
+        have = before.obj["metadata"]
+        if meta.get("resourceVersion") and str(meta["resourceVersion"]) != have["resourceVersion"]:
+            raise _modified(res, name)
+        if meta.get("uid") and meta["uid"] != have["uid"]:
+            raise KubeError(409, "Conflict", f'Operation cannot be fulfilled on {_qualified(res)} "{name}": '
+                            f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: "
+                            f"{have['uid']}")
+
+    @staticmethod
+    def _check_namespace(res: Resource, namespace: str | None, meta: Mapping[str, Any]) -> None:
+        if res.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+            raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
+
+    def _commit(self, res: Resource, key: ObjectKey, before: _Stored | None, obj: dict[str, Any],
+                managers: dict[ManagerKey, Owned], actor: ManagerKey | None, *, server: bool = False
+                ) -> dict[str, Any]:
+        """Store `obj` unless nothing changed: its server metadata from `before` (or new) unless `server` (a write by
+        the fake itself), a new resourceVersion, the change recorded for watches; an object that is being deleted
+        and has no finalizers left goes."""
+        meta = obj.setdefault("metadata", {})
+        meta["name"] = key[3]
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        if before is None:
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1)
+        else:
+            old_meta = before.obj["metadata"]
+            if not server:
+                for field in SERVER_METADATA - {"managedFields"}:
+                    if field in old_meta:
+                        meta[field] = old_meta[field]
+                    else:
+                        meta.pop(field, None)
+            if same(obj, before.obj) and _same_ownership(managers, before.managers):
+                return self._answer(res, before.snapshot)
+            outside = ("metadata", "status", "apiVersion", "kind")
+            if not same({k: v for k, v in obj.items() if k not in outside},
+                        {k: v for k, v in before.obj.items() if k not in outside}):
+                meta["generation"] = int(old_meta.get("generation") or 0) + 1
+        self.version += 1
+        meta["resourceVersion"] = self.resource_version
+        if actor is not None and actor in managers:
+            managers[actor] = replace(managers[actor], time=now_rfc3339())
+        snapshot = copy.deepcopy(obj)
+        if managers:
+            snapshot["metadata"]["managedFields"] = encode_managers(managers)
+        stored = _Stored(res, obj, managers, snapshot)
+        self._objects[key] = stored
+        self._record(res, _Change(self.version, "ADDED" if before is None else "MODIFIED", key[2], snapshot,
+                                  before.snapshot if before is not None else None))
+        answer = self._answer(res, snapshot)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._delete(key)
+        return answer
+
+    def _delete(self, key: ObjectKey) -> None:
+        """Delete, or start deleting: an object with finalizers only gets its deletionTimestamp."""
+        stored = self._objects[key]
+        meta = stored.obj["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                obj = copy.deepcopy(stored.obj)
+                obj["metadata"].update(deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0)
+                self._commit(stored.res, key, stored, obj, dict(stored.managers), None, server=True)
+            return
+        del self._objects[key]
+        self.version += 1
+        last = copy.deepcopy(stored.snapshot)
+        last["metadata"]["resourceVersion"] = self.resource_version
+        self._record(stored.res, _Change(self.version, "DELETED", key[2], last, stored.snapshot))
+        self._collect_garbage(str(meta["uid"]))
+
+    def _collect_garbage(self, uid: str) -> None:
+        """The dependents of a deleted owner: deleted when no other owner of theirs exists, else unlinked."""
+        for key, stored in list(self._objects.items()):
+            refs = stored.obj["metadata"].get("ownerReferences") or []
+            if key not in self._objects or not any(ref.get("uid") == uid for ref in refs):
+                continue
+            live = {s.obj["metadata"]["uid"] for s in self._objects.values()}
+            if any(ref.get("uid") in live for ref in refs):
+                obj = copy.deepcopy(stored.obj)
+                obj["metadata"]["ownerReferences"] = [ref for ref in refs if ref.get("uid") != uid]
+                actor = (GC_MANAGER, "Update", "")
+                self._commit(stored.res, key, stored, obj,
+                             _after_update(stored.managers, stored.obj, obj, actor, stored.res.api_version), actor)
+            else:
+                self._delete(key)
+
+    def _record(self, res: Resource, change: _Change) -> None:
+        history = self._histories.get((res.group, res.plural))
+        if history is not None:
+            history.record(change)
+        for waiter in self._waiters:
+            waiter.set()
+
+    # Watch.
+
+    async def watch(self, res: Resource, namespace: str | None, *, resource_version: str,
+                    label_selector: str | None = None, timeout_seconds: float = 300
+                    ) -> AsyncGenerator[WatchEvent, None]:
+        """The changes after `resource_version` (see the module docstring)."""
+        self._require(res)
+        selector = parse_selector(label_selector)
+        history = self._histories[(res.group, res.plural)]
+        ns = namespace if res.namespaced and namespace else None
+        loop = asyncio.get_running_loop()
+        limit = timeout_seconds if self.max_watch_seconds is None else min(timeout_seconds, self.max_watch_seconds)
+        deadline = loop.time() + limit
+        if resource_version in ("", "0"):
+            position = self.version
+            for snapshot in self._matching(res, ns, selector):
+                yield WatchEvent("ADDED", self._answer(res, snapshot))
+        else:
+            try:
+                position = int(resource_version)
+            except ValueError:
+                raise _bad_request(f"invalid resource version {resource_version!r}") from None
+            if position > self.version:
+                raise KubeError(504, "Timeout", f"Too large resource version: {position}, current: {self.version}")
+        wake = asyncio.Event()
+        self._waiters.add(wake)
+        try:
+            quiet_since = loop.time()
+            while True:
+                wake.clear()
+                if position < history.floor:
+                    raise WatchExpired(f"too old resource version: {position} ({history.floor})")
+                pending = history.since(position)
+                for change in pending:
+                    position = change.version
+                    event = self._event(res, change, ns, selector)
+                    if event is not None:
+                        yield event
+                        quiet_since = loop.time()
+                now = loop.time()
+                if now >= deadline:
+                    return
+                if pending or wake.is_set():
+                    continue
+                if now >= quiet_since + self.bookmark_interval:
+                    # Every change of this resource up to now has been looked at: resuming from here misses nothing.
+                    position = self.version
+                    yield WatchEvent("BOOKMARK", {"apiVersion": res.api_version, "kind": res.kind,
+                                                  "metadata": {"resourceVersion": self.resource_version}})
+                    quiet_since = loop.time()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), min(deadline, quiet_since + self.bookmark_interval) - now)
+        finally:
+            self._waiters.discard(wake)
+
+    def _event(self, res: Resource, change: _Change, ns: str | None, selector: Sequence[Requirement]
+               ) -> WatchEvent | None:
+        """What a watcher of `ns` and `selector` sees of a change: the watch cache's filtering."""
+        if ns is not None and change.namespace != ns:
+            return None
+        now_in = selector_matches(selector, change.obj)
+        if change.type == "DELETED":
+            return WatchEvent("DELETED", self._answer(res, change.obj)) if now_in else None
+        was_in = change.prev is not None and selector_matches(selector, change.prev)
+        if now_in:
+            return WatchEvent("MODIFIED" if was_in else "ADDED", self._answer(res, change.obj))
+        if was_in and change.prev is not None:
+            gone = self._answer(res, change.prev)
+            gone["metadata"]["resourceVersion"] = str(change.version)
+            return WatchEvent("DELETED", gone)
+        return None
+
+
+# --- the client ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Fault:
+    verb: str
+    error: KubeError
+    left: int
+    res: Resource | None
+
+
+class FakeKubeApi:
+    """A KubeApi client of a FakeCluster (a new one when none is given), writing as `manager` (Update operations;
+    its applies are `FIELD_MANAGER`'s, like ClientKubeApi's). `component` is its events' source."""
+
+    def __init__(self, cluster: FakeCluster | None = None, *, manager: str = UPDATE_MANAGER,
+                 component: str = constants.APP_NAME) -> None:
+        self.cluster = cluster if cluster is not None else FakeCluster()
+        self.manager = manager
+        self.component = component
+        self.calls: Counter[str] = Counter()
+        """Every call by verb, failed ones included."""
+        self._faults: list[_Fault] = []
+
+    def as_manager(self, manager: str) -> FakeKubeApi:
+        """Another client of the same cluster whose Update writes are `manager`'s (another writer: kubectl-edit, an
+        autoscaler)."""
+        return FakeKubeApi(self.cluster, manager=manager, component=self.component)
+
+    @property
+    def writes(self) -> int:
+        return sum(n for verb, n in self.calls.items() if verb in WRITE_VERBS)
+
+    def fail(self, verb: str, error: KubeError, *, times: int = 1, res: Resource | None = None) -> None:
+        """The next `times` calls of `verb` (on `res` only, when given) raise `error` and change nothing."""
+        if verb not in VERBS:
+            raise ValueError(f"{verb!r} is not a KubeApi verb: {sorted(VERBS)}")
+        self._faults.append(_Fault(verb, error, times, res))
+
+    async def _call(self, verb: str, res: Resource | None) -> None:
+        self.calls[verb] += 1
+        await asyncio.sleep(0)  # a request yields to the event loop, as a real one does
+        for fault in self._faults:
+            if fault.verb == verb and fault.left > 0 and fault.res in (None, res):
+                fault.left -= 1
+                raise fault.error.with_traceback(None)
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        await self._call("get", res)
+        try:
+            return self.cluster.get(res, namespace, name)
+        except KubeError as err:
+            if err.not_found:
+                return None
+            raise
+
+    async def list_versioned(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                             ) -> tuple[list[dict[str, Any]], str]:
+        await self._call("list_versioned", res)
+        return self.cluster.list(res, namespace, label_selector)
+
+    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                   ) -> list[dict[str, Any]]:
+        await self._call("list", res)
+        return self.cluster.list(res, namespace, label_selector)[0]
+
+    async def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
+        await self._call("create", res)
+        return self.cluster.create(res, namespace, body, self.manager)
+
+    async def patch(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+        await self._call("patch", res)
+        return self.cluster.update(res, namespace, name, lambda obj: merge_patch(obj, patch), self.manager)
+
+    async def patch_status(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+                           ) -> dict[str, Any]:
+        await self._call("patch_status", res)
+        return self.cluster.update(res, namespace, name, lambda obj: merge_patch(obj, patch), self.manager,
+                                   subresource="status")
+
+    async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
+                    force: bool = False) -> dict[str, Any]:
+        await self._call("apply", res)
+        return self.cluster.apply(res, namespace, name, body, FIELD_MANAGER, force=force)
+
+    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
+                         ) -> dict[str, Any]:
+        await self._call("json_patch", res)
+
+        def change(obj: dict[str, Any]) -> Any:
+            try:
+                return json_patch(obj, ops)
+            except PatchFailed:
+                raise KubeError(422, "Invalid", PATCH_REJECTED) from None
+
+        return self.cluster.update(res, namespace, name, change, self.manager)
+
+    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+        await self._call("delete", res)
+        try:
+            self.cluster.delete(res, namespace, name, uid=uid)
+        except KubeError as err:
+            if not err.not_found:
+                raise
+
+    async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """The Event ClientKubeApi.emit_event posts, created in the involved object's namespace."""
+        await self._call("emit_event", EVENTS)
+        meta = involved.get("metadata", {})
+        namespace = meta.get("namespace") or "default"
+        stamp = now_rfc3339()
+        self.cluster.create(EVENTS, namespace, {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"), "name": meta.get("name"),
+                "namespace": namespace, "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }, self.manager)
+
+    async def has_resource(self, group: str, version: str, plural: str) -> bool:
+        await self._call("has_resource", None)
+        return self.cluster.served(group, version, plural)
+
+    async def watch(self, res: Resource, namespace: str | None, *, resource_version: str,
+                    label_selector: str | None = None, timeout_seconds: int = 300) -> AsyncIterator[WatchEvent]:
+        await self._call("watch", res)
+        stream = self.cluster.watch(res, namespace, resource_version=resource_version,
+                                    label_selector=label_selector, timeout_seconds=timeout_seconds)
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            await stream.aclose()
+
+
+__all__ = ["ADDON_GROUPS", "BUILT_IN", "STATUS_SUBRESOURCE", "UPDATE_MANAGER", "WRITE_VERBS", "FakeCluster",
+           "FakeKubeApi", "PatchFailed", "Requirement", "json_patch", "merge_patch", "parse_selector", "same"]
