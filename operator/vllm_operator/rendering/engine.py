@@ -17,8 +17,10 @@ ends within its phase's limit while a slow one that still moves is never killed 
 ends at its first success — after which liveness on /health begins — so the probe cannot mean "still making progress";
 its failure budget is only a backstop for a wrapper that cannot answer at all:
 
-- startup: period 10 s, timeout 5 s, failureThreshold covering every phase's limit put together (6600 s) plus, for
+- startup: period 2 s, timeout 5 s, failureThreshold covering every phase's limit put together (6600 s) plus, for
   weights from the Hub, their download at 10 MiB/s (a slow link; the wrapper stops a download that does not move).
+  The period is how late the pod turns Ready after the engine can serve, on every start, restart and wake from zero
+  (10 s cost up to 10 s of each); the wrapper answers /startup itself, so probing it every 2 s costs nothing.
   The old fixed budget (10 minutes on GPU, 20 on CPU) killed cold starts that were merely slow: a 70B download, a
   torch.compile without cache, a restart that re-reads torch from a slow disk. Liveness and readiness do not run until
   the startup probe has passed, so none of this delays detection later on.
@@ -82,7 +84,7 @@ SHM_GIB_PER_GPU = 2
 SHM_GIB_CPU = 1
 
 # Probe timings; the module docstring says why.
-STARTUP_PERIOD_S = 10
+STARTUP_PERIOD_S = 2
 STARTUP_TIMEOUT_S = 5
 STARTUP_BACKSTOP_S = sum(constants.STARTUP_PHASE_LIMITS_S.values())
 """Every phase at its limit, one after the other: a start longer than that without the wrapper stopping it means the

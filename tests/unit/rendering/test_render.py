@@ -176,9 +176,10 @@ def test_gpu_pool_specifics() -> None:
         assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"key": "token", "name": "hf-token"}}} in c["env"]
         hf_home = next(e["value"] for e in c["env"] if e["name"] == "HF_HOME")
         assert hf_home.startswith(constants.MODELS_MOUNT + "/")
-        # 6600 s of phase limits + the 8B weights (~15 GiB) at 10 MiB/s, in 10 s periods
+        # 6600 s of phase limits + the 8B weights (~15 GiB) at 10 MiB/s, in 2 s periods
         weights = plan.pools[pool].kv.breakdown.weights_bytes
-        assert c["startupProbe"]["failureThreshold"] == math.ceil((6600 + weights / (10 * 2**20)) / 10)
+        assert c["startupProbe"]["periodSeconds"] == 2
+        assert c["startupProbe"]["failureThreshold"] == math.ceil((6600 + weights / (10 * 2**20)) / 2)
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "2Gi"
         assert pod["imagePullSecrets"] if spec.engine and spec.engine.image_pull_secrets else \
             "imagePullSecrets" not in pod
@@ -203,7 +204,7 @@ def test_cpu_pool_specifics() -> None:
         # /models is the read-only claim: no HF_HOME into it (the image's own, under its writable HOME, stays).
         assert not any(e["name"] == "HF_HOME" for e in c["env"])
         assert {"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"]
-        assert c["startupProbe"]["failureThreshold"] == 660  # phase limits only: no download from a PVC
+        assert c["startupProbe"]["failureThreshold"] == 3300  # phase limits only (6600 s): no download from a PVC
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "1Gi"
 
 
