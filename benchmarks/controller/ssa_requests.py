@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CHILD = r'''
-import asyncio, collections, json, sys, yaml
+import asyncio, collections, inspect, json, sys, yaml
 from vllm_operator.handlers.reconcile import reconcile
 from vllm_operator.k8s import VLLM_DEPLOYMENTS, ClientKubeApi, Resource
 WRITES = {"create", "patch", "patch_status", "apply", "json_patch", "delete"}
@@ -39,7 +39,9 @@ class Recording:
         return call
 
 async def main(kubeconfig, namespace, example):
-    api = await ClientKubeApi.from_environment(kubeconfig=kubeconfig)
+    api = ClientKubeApi.from_environment(kubeconfig=kubeconfig)
+    if inspect.isawaitable(api):  # async since kubernetes_asyncio; a baseline before it is synchronous
+        api = await api
     await api.create(Resource("", "v1", "namespaces", "Namespace", namespaced=False), None,
                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     obj = yaml.safe_load(open(example))
@@ -53,7 +55,9 @@ async def main(kubeconfig, namespace, example):
         if not sum(n for v, n in again.calls.items() if v in WRITES):
             break
         await asyncio.sleep(1)
-    await api.close()
+    closed = api.close()
+    if inspect.isawaitable(closed):
+        await closed
     out = {name: {"calls": dict(r.calls), "requests": sum(r.calls.values()),
                   "writes": sum(n for v, n in r.calls.items() if v in WRITES)}
            for name, r in (("first", first), ("resync", again))}

@@ -3,8 +3,8 @@
 
 Why: issue 12 tests what the operator would deploy, so the engine arguments are never written by hand — they come
 from `vllm-operator plan FILE -o json --engine-version 0.26.0`. This script adds only what a launcher must add
-(contract 3: each launcher prepends its own command): the command itself, the local model directory in place of the
-plan's model, `$(POD_IP)` and other `$(VAR)` references expanded as the kubelet would, paths under the pod's volume
+(docs/architecture.md, Plan: each launcher prepends its own command): the command itself, the local model
+directory in place of the plan's model, `$(POD_IP)` and other `$(VAR)` references expanded as the kubelet would, paths under the pod's volume
 mounts (`/models`) mapped to local directories as the volume mount would (`--mount /models=/tmp/models`), and the
 benchmark-only
 `--load-format=dummy` (real shapes, no weights). It also compares the plan's KV cache with what vLLM allocated

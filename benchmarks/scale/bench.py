@@ -110,7 +110,8 @@ def audit_counts(kube: Cluster, user: str, since: float, until: float) -> dict[s
 
 
 def phase(kube: Cluster, api: kubernetes.client.CustomObjectsApi, count: int, workdir: Path,
-          args: argparse.Namespace) -> dict[str, Any]:
+          args: argparse.Namespace, source: Path | None = None) -> dict[str, Any]:
+    """One phase of `count` VLLMDeployments; `source`: another checkout whose operator runs (the baseline)."""
     release, system, watched = unique("scale"), unique("scale-sys"), unique(f"scale{count}")
     kube.kubectl("create", "namespace", watched)
     helm(kube, "install", release, str(CHART_DIR), "--namespace", system, "--create-namespace",
@@ -126,9 +127,11 @@ def phase(kube: Cluster, api: kubernetes.client.CustomObjectsApi, count: int, wo
     token = kube.token_kubeconfig(system, account, workdir / f"operator-{count}.kubeconfig")
     pids = {name: kube.state.pids[name] for name in ("kube-apiserver", "etcd", "kube-controller-manager")}
     health = ["--no-health"] if args.no_health else []
-    result: dict[str, Any] = {"crs": count, "nodes": node_count, "health_loop": not args.no_health}
-    log = workdir / f"operator-{count}.log"
-    with operator_process(kube, token, log, f"--namespace={watched}", *health, *args.operator_arg) as proc:
+    result: dict[str, Any] = {"crs": count, "nodes": node_count, "health_loop": not args.no_health,
+                              "operator": "this" if source is None else f"baseline {source}"}
+    log = workdir / f"operator-{watched}.log"
+    with operator_process(kube, token, log, f"--namespace={watched}", *health, *args.operator_arg,
+                          source=source) as proc:
         pids["operator"] = proc.pid
         time.sleep(args.startup_seconds)  # kopf's initial lists and watches, outside the measured window
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -229,6 +232,9 @@ def main() -> int:
     parser.add_argument("--poll-seconds", type=float, default=2)
     parser.add_argument("--no-health", action="store_true", help="run the operator without its health loop")
     parser.add_argument("--operator-arg", action="append", default=[], help="passed to `vllm-operator run`")
+    parser.add_argument("--baseline-source", type=Path,
+                        help="another checkout: each phase runs its operator first, then this one's, and the ratios "
+                        "are this one's figures over the baseline's at the same size")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sizes = [int(n) for n in args.crs.split(",")]
@@ -239,12 +245,16 @@ def main() -> int:
         configuration.connection_pool_maxsize = 32
         api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(configuration))
         phases = []
+        pairs = []
         for count in sizes:
-            phases.append(phase(kube, api, count, Path(tmp), args))
-            print(json.dumps({k: v for k, v in phases[-1].items() if k not in {"converge_requests", "progress"}}),
-                  flush=True)
-        result = {"phases": phases, "ratios": [ratios(phases[0], p) for p in phases[1:]],
-                  "load_average": {"start": load_start, "end": os.getloadavg()}}
+            for source in ([args.baseline_source.resolve()] if args.baseline_source else []) + [None]:
+                phases.append(phase(kube, api, count, Path(tmp), args, source))
+                print(json.dumps({k: v for k, v in phases[-1].items() if k not in {"converge_requests", "progress"}}),
+                      flush=True)
+            if args.baseline_source:
+                pairs.append(ratios(phases[-2], phases[-1]))
+        result = {"phases": phases, "load_average": {"start": load_start, "end": os.getloadavg()},
+                  "ratios": pairs if args.baseline_source else [ratios(phases[0], p) for p in phases[1:]]}
     print(json.dumps(result["ratios"], indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -110,18 +110,20 @@ def podmonitor_scrape_config(monitor: Mapping[str, Any], *, api_server: str, ca_
                              token_file: Path) -> list[dict[str, Any]]:
     """The Prometheus scrape jobs a PodMonitor stands for, one per podMetricsEndpoint (what the Prometheus
     Operator generates: keep the selected pods' labels and the named port, drop finished pods, then the
-    endpoint's own relabelings)."""
+    endpoint's own relabelings). The e2e stack runs no prometheus-operator; that every relabeling here is one
+    prometheus-operator generates from the same PodMonitor, character for character, is checked by
+    tests/integration/kube/test_prometheus_operator.py."""
     spec, meta = monitor["spec"], monitor["metadata"]
     selection: list[dict[str, Any]] = [
         {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}]
     for key, value in (spec["selector"].get("matchLabels") or {}).items():
-        selection.append({"action": "keep", "regex": f"({re.escape(value)});true",
+        selection.append({"action": "keep", "regex": f"({value});true",
                           "source_labels": [f"__meta_kubernetes_pod_label_{_meta(key)}",
                                             f"__meta_kubernetes_pod_labelpresent_{_meta(key)}"]})
     for expr in spec["selector"].get("matchExpressions") or []:
         if expr["operator"] != "In":
             raise ValueError(f"PodMonitor {meta['name']}: selector operator {expr['operator']} is not translated")
-        selection.append({"action": "keep", "regex": f"({'|'.join(map(re.escape, expr['values']))});true",
+        selection.append({"action": "keep", "regex": f"({'|'.join(expr['values'])});true",
                           "source_labels": [f"__meta_kubernetes_pod_label_{_meta(expr['key'])}",
                                             f"__meta_kubernetes_pod_labelpresent_{_meta(expr['key'])}"]})
     names = spec.get("namespaceSelector", {}).get("matchNames") or [meta["namespace"]]

@@ -76,9 +76,13 @@ def wait_for(what: str, check: Any, timeout: float = 60, interval: float = 0.25)
 
 
 @contextlib.contextmanager
-def operator_process(kube: Cluster, kubeconfig: Path, log_path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """`vllm-operator run` as its own process with `kubeconfig` (a ServiceAccount token); stopped by its PID."""
+def operator_process(kube: Cluster, kubeconfig: Path, log_path: Path, *args: str,
+                     source: Path | None = None) -> Iterator[subprocess.Popen[str]]:
+    """`vllm-operator run` as its own process with `kubeconfig` (a ServiceAccount token); stopped by its PID.
+    `source`: another checkout whose `operator/` package runs instead of this one's (a benchmark's baseline)."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), *filter(None, [env.get("PYTHONPATH")])])
     with log_path.open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "run", "--port=0", *args],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -36,6 +36,7 @@ from testcluster import binaries, prometheus_operator
 from testcluster.cluster import Cluster, stop_processes
 from testcluster.prometheus_operator import PrometheusOperator
 from tests.support import helm
+from tests.support.e2e_stack import podmonitor_scrape_config
 from tests.support.kube import apply, unique, wait_for
 from tests.support.paths import EXAMPLES, ROOT
 from tests.support.procnode import running_node
@@ -223,6 +224,17 @@ def test_generated_configuration_scrapes_our_pods_and_prometheus_runs_it(
                     **({"source_labels": own["sourceLabels"]} if "sourceLabels" in own else {}),
                     **({"replacement": own["replacement"]} if "replacement" in own else {}))
         assert job["metrics_path"] == endpoint["path"] and job["scheme"] == endpoint["scheme"]
+    # The e2e tier's Prometheus runs the jobs e2e_stack.podmonitor_scrape_config derives from the same PodMonitor (that
+    # stack runs no prometheus-operator): each of its relabelings must be one prometheus-operator generated.
+    derived = podmonitor_scrape_config(monitor, api_server=kube.server, ca_file=kube.ca_file,
+                                       token_file=tmp_path / "token")
+    assert [j["job_name"] for j in derived] == [f"podMonitor/{namespace}/{deployment}/{i}"
+                                                for i in range(len(endpoints))]
+    for job in derived:
+        generated = scrape_job(config, job["job_name"])
+        for rule in job["relabel_configs"]:
+            relabel(generated, **rule)
+        assert (job["metrics_path"], job["scheme"]) == (generated["metrics_path"], generated["scheme"])
     service_monitor = only(chart, "ServiceMonitor")
     scrape_job(config, f"serviceMonitor/{namespace}/{service_monitor['metadata']['name']}/0")
 

@@ -11,9 +11,9 @@ import pytest
 from tests.support.paths import ROOT
 
 DOC = ROOT / "docs" / "architecture.md"
-SOURCES = sorted(
-    [*(ROOT / "operator").rglob("*.py"), *(ROOT / "operator").rglob("*.md"), *(ROOT / "tests").rglob("*.py"),
-     *(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
+TREES = ("operator", "tests", "benchmarks", "testcluster", "processnode", "fakevllm", "scripts", "charts", "docs")
+SOURCES = sorted({p for tree in TREES for pattern in ("*.py", "*.md", "*.sh") for p in (ROOT / tree).rglob(pattern)}
+                 | {ROOT / "README.md"})
 THIS = Path(__file__).resolve()
 OUTSIDE = re.compile(r"[Cc]ontract \d|notes/vllm\.md|notes/testing\.md|shared/|ARCHITECTURE\.md")
 CITATION = re.compile(r"architecture\.md, ([A-Za-z][A-Za-z_ -]*[A-Za-z_])")
