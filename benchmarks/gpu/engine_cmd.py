@@ -4,10 +4,10 @@
 Why: issue 12 tests what the operator would deploy, so the engine arguments are never written by hand — they come
 from `vllm-operator plan FILE -o json --engine-version 0.26.0`. This script adds only what a launcher must add
 (docs/architecture.md, Plan: each launcher prepends its own command): the command itself, the local model
-directory in place of the plan's model, `$(POD_IP)` and other `$(VAR)` references expanded as the kubelet would, paths under the pod's volume
-mounts (`/models`) mapped to local directories as the volume mount would (`--mount /models=/tmp/models`), and the
-benchmark-only
-`--load-format=dummy` (real shapes, no weights). It also compares the plan's KV cache with what vLLM allocated
+directory in place of the plan's model, `$(POD_IP)` and other `$(VAR)` references expanded as the kubelet would,
+paths under the pod's volume mounts (`/models`) mapped to local directories as the volume mount would
+(`--mount /models=/tmp/models`), and the benchmark-only `--load-format=dummy` (real shapes, no weights). It also
+compares the plan's KV cache with what vLLM allocated
 (`vllm:cache_config_info` from /metrics), the planner-accuracy number the issue asks for.
 
 Standard library only: it runs on the GPU machine's bare Python next to the load generator.
