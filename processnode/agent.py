@@ -32,10 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
-import kubernetes.watch
-
 from processnode.network import PodNetwork
 from processnode.processes import ContainerState, ProcessRuntime
 from vllm_operator.k8s import PODS, ClientKubeApi, KubeError, Resource
@@ -80,12 +76,6 @@ class NodeConfig:
     """Extra keyword arguments for ProcessRuntime (pvcs, max_grace_s, back-off, vllm_python)."""
 
 
-def api_client(kubeconfig: Path) -> kubernetes.client.ApiClient:
-    configuration = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    return kubernetes.client.ApiClient(configuration)
-
-
 class NodeAgent:
     """Run `await agent.run(stop)` in the cluster's network namespace; `runtime.containers` shows what runs."""
 
@@ -93,7 +83,6 @@ class NodeAgent:
         self.config = config
         self.kubeconfig = kubeconfig
         self._kube: ClientKubeApi | None = None  # made in run(): its connections belong to run()'s event loop
-        self._watch_client = api_client(kubeconfig)
         self.network = PodNetwork(node=config.name, run_id=config.run_id, pod_cidr=config.pod_cidr,
                                   cluster_pod_cidr=config.cluster_pod_cidr,
                                   reachable=[config.node_ip, *config.reachable])
@@ -108,7 +97,6 @@ class NodeAgent:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._watch_stop = threading.Event()
         self.errors: list[BaseException] = []
         self._syncs: set[asyncio.Task[None]] = set()
         """Pod syncs in flight: stopping the agent lets them finish before it closes its API client."""
@@ -203,29 +191,24 @@ class NodeAgent:
 
     # -- pods --------------------------------------------------------------------------------------------------
 
-    def _watch(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
-        """The pods bound to this node, from a watch (in a thread: the official client's watch blocks)."""
-        core = kubernetes.client.CoreV1Api(self._watch_client)
+    async def _watch(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
+        """The pods bound to this node: listed (each one SYNCed), then watched; a watch the server ends resumes from
+        the last version seen (bookmarks included), a 410 or any other error lists again after a second."""
         selector = f"spec.nodeName={self.config.name}"
-        while not self._watch_stop.is_set():
+        while True:
             try:
-                listed = self._watch_client.sanitize_for_serialization(
-                    core.list_pod_for_all_namespaces(field_selector=selector))
-                version = listed["metadata"]["resourceVersion"]
-                for pod in listed.get("items", []):
-                    loop.call_soon_threadsafe(queue.put_nowait, ("SYNC", pod))
-                watch = kubernetes.watch.Watch()
-                for event in watch.stream(core.list_pod_for_all_namespaces, field_selector=selector,
-                                          resource_version=version, timeout_seconds=30,
-                                          allow_watch_bookmarks=False):
-                    if self._watch_stop.is_set():
-                        watch.stop()
-                        break
-                    loop.call_soon_threadsafe(queue.put_nowait, (str(event["type"]), event["raw_object"]))
-            except Exception as err:  # a dropped or expired watch: list again
-                if not self._watch_stop.is_set():
-                    log.info("The pod watch of node %s ended (%s); listing again", self.config.name, err)
-                    self._watch_stop.wait(1.0)
+                pods, version = await self.kube.list_versioned(PODS, None, field_selector=selector)
+                for pod in pods:
+                    queue.put_nowait(("SYNC", pod))
+                while True:
+                    async for event in self.kube.watch(PODS, None, resource_version=version, field_selector=selector,
+                                                       timeout_seconds=30):
+                        version = event.resource_version or version
+                        if event.type != "BOOKMARK":
+                            queue.put_nowait((event.type, event.object))
+            except Exception as err:  # an expired or dropped watch, a refused list: list again
+                log.info("The pod watch of node %s ended (%s); listing again", self.config.name, err)
+                await asyncio.sleep(1.0)
 
     async def _dispatch(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
         while True:
@@ -329,19 +312,14 @@ class NodeAgent:
         self._kube = await ClientKubeApi.from_environment(kubeconfig=str(self.kubeconfig))
         await asyncio.to_thread(self.network.prepare)
         await self.register()
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        watcher = threading.Thread(target=self._watch, args=(loop, queue), name=f"watch-{self.config.name}",
-                                   daemon=True)
-        watcher.start()
         tasks = [asyncio.create_task(self._renew_lease()), asyncio.create_task(self._post_status()),
-                 asyncio.create_task(self._dispatch(queue))]
+                 asyncio.create_task(self._watch(queue)), asyncio.create_task(self._dispatch(queue))]
         if ready is not None:
             ready.set()
         try:
             await stop.wait()
         finally:
-            self._watch_stop.set()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -357,8 +335,6 @@ class NodeAgent:
             await self.runtime.close()
             await self.network.close()
             await self.kube.close()
-            await asyncio.to_thread(watcher.join, 35)
-            self._watch_client.close()
 
 
 def _comparable(status: Mapping[str, Any]) -> Any:

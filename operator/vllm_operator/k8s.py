@@ -345,9 +345,12 @@ class ClientKubeApi:
             raise
         return data
 
-    async def list_versioned(self, res: Resource, namespace: str | None, label_selector: str | None = None
-                             ) -> tuple[list[dict[str, Any]], str]:
-        query = {"labelSelector": label_selector} if label_selector else None
+    async def list_versioned(self, res: Resource, namespace: str | None, label_selector: str | None = None, *,
+                             field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """`field_selector` beyond the Protocol: the process node's agent selects its pods by spec.nodeName."""
+        query = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            query["fieldSelector"] = field_selector
         data = await self._request("GET", res.path(namespace), query=query)
         items: list[dict[str, Any]] = data.get("items", []) if isinstance(data, dict) else []
         for item in items:  # list items omit apiVersion/kind on a real server
@@ -362,7 +365,8 @@ class ClientKubeApi:
         return items
 
     async def watch(self, res: Resource, namespace: str | None, *, resource_version: str,
-                    label_selector: str | None = None, timeout_seconds: int = 300) -> AsyncIterator[WatchEvent]:
+                    label_selector: str | None = None, timeout_seconds: int = 300,
+                    field_selector: str | None = None) -> AsyncIterator[WatchEvent]:
         """A streamed GET (`watch=true`, bookmarks on); the server ends it after about `timeout_seconds`, and a
         read that sees nothing (not even a bookmark, which the server sends about once a minute) for a minute
         longer than that ends it as a transport error."""
@@ -370,6 +374,8 @@ class ClientKubeApi:
                  "timeoutSeconds": str(timeout_seconds)}
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 60)
         try:
             response = await self._send("GET", res.path(namespace), query, None, None, timeout)
