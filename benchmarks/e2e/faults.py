@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"kill": [], "stall": []}
-    with tempfile.TemporaryDirectory(prefix="e2e-faults-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="e2e-faults-") as tmp, vllm_cpu.pinned_in_page_cache():  # as the tier
         model = vllm_cpu.make_model("tiny", Path(tmp) / "models" / "tiny-llama")
         with running_stack(Path(tmp) / "stack", model) as stack:
             for i in range(args.runs):

@@ -64,6 +64,38 @@ class VllmStartError(RuntimeError):
     """The server exited or did not answer /health 200 in time; the message carries the log's tail."""
 
 
+PINNED_PACKAGES = ("torch", "vllm", "transformers", "numpy", "numpy.libs", "tokenizers")
+
+
+@contextlib.contextmanager
+def pinned_in_page_cache() -> Iterator[None]:
+    """vLLM's own files (torch, vLLM, transformers, …: ~1.9 GiB) locked in the page cache while the block runs.
+
+    These VMs run DAMON with a `pageout` scheme on physical memory (`/sys/kernel/mm/damon/admin/kdamonds/0`: pages
+    idle for 12 aggregation intervals of 5 s are paged out, up to 128 MiB/s), so the page cache holds only what was
+    touched in the last minute, and every vLLM start or restart re-reads torch from the disk: `import torch,
+    vllm.entrypoints.openai.api_server` took 24.4 s with 2,250 major page faults cold against 13.5 s with 6 faults
+    warm (idle machine, 2026-12-02). A container runtime's image layers sit in the same page cache, so this is the
+    disk, not the product: `vmtouch -l` (mlock) holds them, and is stopped by its PID at the end.
+    """
+    import shutil
+
+    from testcluster.cluster import stop_child
+
+    vmtouch = shutil.which("vmtouch")
+    assert vmtouch, "vmtouch is missing: make test-deps installs it (scripts/install-test-deps.sh)"
+    site = next((VLLM_VENV / "lib").glob("python3*/site-packages"))
+    paths = [str(site / p) for p in PINNED_PACKAGES if (site / p).exists()]
+    assert str(site / "torch") in paths and str(site / "vllm") in paths, f"no torch or vllm under {site}"
+    proc = subprocess.Popen([vmtouch, "-q", "-l", "-m", "2G", *paths], stdin=subprocess.DEVNULL)
+    time.sleep(1.0)
+    assert proc.poll() is None, f"vmtouch -l {' '.join(paths)} exited with {proc.returncode}"
+    try:
+        yield
+    finally:
+        stop_child(proc, grace=10)
+
+
 def require_vllm_venv() -> Path:
     """The vLLM venv's python, or a clear error saying how to make it (tests never skip for a missing tool)."""
     if not VLLM_PYTHON.exists():
