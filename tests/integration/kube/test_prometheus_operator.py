@@ -232,8 +232,8 @@ def test_generated_configuration_scrapes_our_pods_and_prometheus_runs_it(
                                                 for i in range(len(endpoints))]
     for job in derived:
         generated = scrape_job(config, job["job_name"])
-        for rule in job["relabel_configs"]:
-            relabel(generated, **rule)
+        for relabeling in job["relabel_configs"]:
+            relabel(generated, **relabeling)
         assert (job["metrics_path"], job["scheme"]) == (generated["metrics_path"], generated["scheme"])
     service_monitor = only(chart, "ServiceMonitor")
     scrape_job(config, f"serviceMonitor/{namespace}/{service_monitor['metadata']['name']}/0")
