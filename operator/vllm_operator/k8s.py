@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -207,6 +207,24 @@ def _credentials_problem(kubeconfig: str | None, context: str | None, err: BaseE
             f"{path} {why}; set KUBECONFIG to a kubeconfig for the target cluster")
 
 
+EXEC_TOKEN_SKEW = dt.timedelta(minutes=5)
+"""An exec plugin's token is renewed this long before its expirationTimestamp (the loader's own margin)."""
+
+
+def _exec_token_refresher(loader: Any) -> Callable[[Any], Awaitable[None]]:
+    """A refresh hook (run before every request) that reruns the kubeconfig's exec plugin once its token is about to
+    expire, as the synchronous client's loader did; kubernetes_asyncio's loader sets no hook of its own, so an EKS-style
+    15-minute token would otherwise be sent expired. It reads the loader's `exec_plugin_expiry`, set only for exec
+    tokens that carry an expirationTimestamp; other credentials are left as loaded."""
+
+    async def refresh(configuration: Any) -> None:
+        expiry = getattr(loader, "exec_plugin_expiry", None)
+        if isinstance(expiry, dt.datetime) and expiry - EXEC_TOKEN_SKEW <= dt.datetime.now(dt.UTC):
+            await loader.load_and_set(configuration)
+
+    return refresh
+
+
 def _kubeconfig_exists(kubeconfig: str | None) -> bool:
     """Whether any file of `kubeconfig` (else $KUBECONFIG, a path list, else ~/.kube/config) exists."""
     paths = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -278,11 +296,12 @@ class ClientKubeApi:
             if not _kubeconfig_exists(kubeconfig):  # said here in one line: the loader would log a warning first
                 raise CredentialsError(_credentials_problem(kubeconfig, context, FileNotFoundError())) from None
             try:
-                await kubernetes_asyncio.config.load_kube_config(config_file=kubeconfig, context=context,
-                                                                 client_configuration=configuration)
+                loader = await kubernetes_asyncio.config.load_kube_config(config_file=kubeconfig, context=context,
+                                                                          client_configuration=configuration)
             except (kubernetes_asyncio.config.ConfigException, OSError, ValueError, TypeError,
                     yaml.YAMLError) as err:
                 raise CredentialsError(_credentials_problem(kubeconfig, context, err)) from None
+            configuration.refresh_api_key_hook = _exec_token_refresher(loader)
         return cls(configuration, timeout=timeout, component=component)
 
     async def connection(self) -> Connection:

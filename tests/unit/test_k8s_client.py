@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,39 @@ async def test_the_in_cluster_token_and_ca_are_used(tmp_path: Path, monkeypatch:
         await kube.close()
     assert (connection.server, connection.token, connection.ca_path) == ("https://172.29.0.2:6443", "in.cluster",
                                                                          str(ca))
+
+
+EXEC_PLUGIN = """import datetime, json, pathlib, sys
+counter = pathlib.Path(sys.argv[1])
+n = int(counter.read_text()) + 1 if counter.exists() else 1
+counter.write_text(str(n))
+expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=float(sys.argv[2]))
+print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+                  "status": {"token": f"t-{n}", "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}}))
+"""
+
+
+@pytest.mark.parametrize(("lifetime_s", "expected"), [(3600, ["Bearer t-1", "Bearer t-1"]),
+                                                       (1, ["Bearer t-2", "Bearer t-3"])])
+async def test_an_exec_plugin_token_is_renewed_before_it_expires(
+        server: tuple[Scripted, str, Path], tmp_path: Path, lifetime_s: int, expected: list[str]) -> None:
+    """The kubeconfig's exec plugin (EKS, GKE and AKS log in this way) runs again once its token is within the
+    loader's margin of expiring, before the request; a token far from expiry is reused."""
+    scripted, url, ca = server
+    scripted.lists = [{"metadata": {"resourceVersion": "1"}, "items": []}] * 2
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(EXEC_PLUGIN)
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
+              "users": [{"name": "u", "user": {"exec": {
+                  "apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
+                  "args": [str(plugin), str(tmp_path / "count"), str(lifetime_s)]}}}],
+              "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    (tmp_path / "kubeconfig").write_text(json.dumps(config))
+    kube = await ClientKubeApi.from_environment(kubeconfig=str(tmp_path / "kubeconfig"))
+    try:
+        await kube.list(ENDPOINT_SLICES, "ns")
+        await kube.list(ENDPOINT_SLICES, "ns")
+    finally:
+        await kube.close()
+    assert [r["authorization"] for r in scripted.requests] == expected
