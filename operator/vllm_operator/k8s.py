@@ -225,6 +225,31 @@ def _exec_token_refresher(loader: Any) -> Callable[[Any], Awaitable[None]]:
     return refresh
 
 
+def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: str, component: str) -> dict[str, Any]:
+    """The core/v1 Event about `involved` (in its namespace, "default" for a cluster-scoped object) that
+    `KubeApi.emit_event` posts; the message is cut to 1,024 characters, the API server's limit."""
+    meta = involved.get("metadata", {})
+    namespace = meta.get("namespace") or "default"
+    stamp = now_rfc3339()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"), "name": meta.get("name"),
+            "namespace": namespace, "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
 def _kubeconfig_exists(kubeconfig: str | None) -> bool:
     """Whether any file of `kubeconfig` (else $KUBECONFIG, a path list, else ~/.kube/config) exists."""
     paths = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -466,26 +491,8 @@ class ClientKubeApi:
                 raise
 
     async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        meta = involved.get("metadata", {})
-        namespace = meta.get("namespace") or "default"
-        stamp = now_rfc3339()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"), "name": meta.get("name"),
-                "namespace": namespace, "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": self._component},
-            "reportingComponent": self._component,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        event = event_body(involved, type_, reason, message, self._component)
+        namespace = event["metadata"]["namespace"]
         await self._request("POST", EVENTS.path(namespace), body=event, content_type="application/json")
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool:

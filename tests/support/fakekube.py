@@ -102,6 +102,7 @@ from vllm_operator.k8s import (
     Resource,
     WatchEvent,
     WatchExpired,
+    event_body,
     now_rfc3339,
 )
 
@@ -1118,26 +1119,8 @@ class FakeKubeApi:
     async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """The Event ClientKubeApi.emit_event posts, created in the involved object's namespace."""
         await self._call("emit_event", EVENTS)
-        meta = involved.get("metadata", {})
-        namespace = meta.get("namespace") or "default"
-        stamp = now_rfc3339()
-        self.cluster.create(EVENTS, namespace, {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"), "name": meta.get("name"),
-                "namespace": namespace, "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }, self.manager)
+        event = event_body(involved, type_, reason, message, self.component)
+        self.cluster.create(EVENTS, event["metadata"]["namespace"], event, self.manager)
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool:
         await self._call("has_resource", None)
