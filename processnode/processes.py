@@ -24,13 +24,18 @@ few things a container has onto the host:
 * **terminationMessagePath**: a file of the container's own, whose content becomes `lastState.terminated.message`
   (with `FallbackToLogsOnError`, the log's tail when the file is empty and the exit code is not 0).
 * **Restart policy Always with back-off**: an exited process is reported terminated (real exit code; 128+N for a
-  signal) and the container waits in `CrashLoopBackOff` for 10 s, 20 s, 40 s … (capped at 300 s, reset after 10 min
-  running), like the kubelet; `restartCount` counts the restarts.
+  signal) and restarted like the kubelet does it: the first exit restarts at once (the kubelet's back-off has no
+  entry for the container yet), later ones wait in `CrashLoopBackOff` for 10 s, 20 s, 40 s … (capped at 300 s,
+  forgotten after 10 min running); `restartCount` counts the restarts.
 * **Probes**: startup, readiness and liveness `httpGet` probes are polled with the container's own timings against
   the pod IP; readiness gates the pod's Ready condition (so EndpointSlices follow it), a failed liveness or startup
   probe kills the container (SIGTERM, then SIGKILL after the grace period) and it restarts.
-* **CPU binding**: engine containers get `VLLM_CPU_OMP_THREADS_BIND` set to `limits.cpu` cores of their own, taken
-  from the cores this process may run on, least-used first, so two engines on two cores do not starve each other.
+* **CPU binding**: engine containers get `limits.cpu` cores of their own, taken from the cores this process may run
+  on, least-used first. The whole container runs on them (its CPU affinity, inherited by every process it starts,
+  as the kubelet's static CPU manager gives a Guaranteed pod's integer-CPU container a cpuset), and
+  `VLLM_CPU_OMP_THREADS_BIND` names them for vLLM's OpenMP threads. So an engine serving traffic keeps to its core
+  while another engine starts on the other one: binding only the OpenMP threads let the busy engine's API server and
+  engine-core loop take most of both cores (issue 19's slow restarts).
 * **Stop**: SIGTERM to the container's main process (as the runtime signals PID 1), SIGKILL to its whole process
   group after the pod's grace period (capped by `max_grace_s`); stopped (SIGSTOPped) processes are killed too.
 * **Images**: an image with no entry in `IMAGE_TABLE` is a pod failure (`ErrImageNeverPull` with a message naming
@@ -381,7 +386,7 @@ class ProcessRuntime:
     # -- supervision ------------------------------------------------------------------------------------------------
 
     async def _supervise(self, c: Container) -> None:
-        backoff = self.backoff_initial_s
+        backoff = 0.0  # the kubelet restarts a container's first exit at once, then backs off from 10 s
         try:
             launch = await self._prepare(c)
             while not c.stopping:
@@ -407,13 +412,14 @@ class ProcessRuntime:
                 c.history.append({"event": "exited", "t": time.monotonic(), "exitCode": c.last_terminated["exitCode"]})
                 c.restart_count += 1
                 if ran > BACKOFF_RESET_S:
-                    backoff = self.backoff_initial_s
+                    backoff = 0.0
                 log.info("Container of pod %s/%s exited with %s; restarting in %.0f s", c.namespace, c.pod,
                          c.last_terminated["exitCode"], backoff)
-                c.report(ContainerState(ready=False, running=False, restart_count=c.restart_count,
-                                        waiting_reason="CrashLoopBackOff", last_terminated=c.last_terminated))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.backoff_max_s)
+                if backoff > 0:
+                    c.report(ContainerState(ready=False, running=False, restart_count=c.restart_count,
+                                            waiting_reason="CrashLoopBackOff", last_terminated=c.last_terminated))
+                    await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.backoff_max_s) if backoff > 0 else self.backoff_initial_s
         except asyncio.CancelledError:
             raise
         except UnrunnableImage as err:
@@ -457,6 +463,8 @@ class ProcessRuntime:
         env.update(self._env_for(c))
         c.argv = launch.argv
         prefix = c.sandbox.exec_prefix() if c.sandbox is not None else []
+        if c.cores:  # the container's cpuset: set before anything of it runs, inherited by all it starts
+            prefix = ["taskset", "--cpu-list", ",".join(map(str, c.cores)), *prefix]
         with c.log_path.open("ab") as log_file:
             log_file.write(f"--- start {time.strftime('%H:%M:%S')} restart {c.restart_count}: "
                            f"{' '.join(launch.argv)}\n".encode())

@@ -27,6 +27,7 @@ from testcluster.cluster import Cluster
 from tests.support.kube import apply, unique, wait_for
 from tests.support.paths import ROOT
 from tests.support.procnode import running_node
+from vllm_operator import constants
 
 pytestmark = pytest.mark.integration
 TAINT = {"key": "vllm-operator.dev/process-node", "value": "test", "effect": "NoSchedule"}
@@ -144,6 +145,43 @@ def test_no_route_out_restart_back_off_and_termination_message(kube: Cluster, no
     terminated = status["lastState"]["terminated"]
     assert terminated["exitCode"] == 3, terminated
     assert "dial out failed" in terminated["message"] and "unreachable" in terminated["message"], terminated
+
+    # the kubelet's back-off: the first exit restarts at once, the second after the initial back-off (1 s here)
+    history = node.agent.runtime.containers[(ns, "dialer")].history  # type: ignore[union-attr]
+    wait_for("the third start", lambda: sum(e["event"] == "started" for e in history) >= 3, timeout=30)
+    starts = [e["t"] for e in history if e["event"] == "started"]
+    exits = [e["t"] for e in history if e["event"] == "exited"]
+    assert starts[1] - exits[0] < 0.5, history
+    assert starts[2] - exits[1] >= 1.0, history
+    kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_an_engine_container_runs_on_cores_of_its_own(kube: Cluster, node: AgentThread) -> None:
+    """An engine container with `limits.cpu: 1` runs, with every process it starts, on one core of its own (the
+    static CPU manager's cpuset), and `VLLM_CPU_OMP_THREADS_BIND` names that core."""
+    ns = unique("procnode")
+    kube.kubectl("create", "namespace", ns)
+    script = textwrap.dedent("""
+        import json, os, subprocess, sys
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        print(json.dumps({"own": sorted(os.sched_getaffinity(0)), "child": json.loads(child),
+                          "omp": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}), flush=True)
+        sys.exit(5)
+    """)
+    pod = _pod("engine", node.config.name, ["python", "-c", script])
+    pod["metadata"]["labels"][constants.LABEL_COMPONENT] = constants.COMPONENT_ENGINE
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "256Mi"},
+                                                  "requests": {"cpu": "1", "memory": "256Mi"}}
+    apply(kube, pod, namespace=ns)
+
+    def terminated() -> dict[str, Any] | None:
+        statuses = _get(kube, "pod", "engine", "-n", ns).get("status", {}).get("containerStatuses") or [{}]
+        return (statuses[0].get("lastState") or {}).get("terminated")
+    seen = json.loads(wait_for("the engine's first exit", terminated, timeout=60)["message"].splitlines()[-1])
+    assert len(seen["own"]) == 1, seen
+    assert seen["child"] == seen["own"], "a process the container starts inherits its cores"
+    assert seen["omp"] == str(seen["own"][0]), seen
     kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
