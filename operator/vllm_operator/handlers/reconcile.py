@@ -299,7 +299,8 @@ async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAc
 
 
 def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
-    """"Took back from other field managers on Deployment ns/x: .spec...image (kubectl-edit)" — the event text."""
+    """The event text, from the server's conflict causes, e.g. "Took back from other field managers on Deployment
+    ns/x: .spec.template.spec.containers[name="engine"].image ("kubectl-edit" using apps/v1)"."""
     fields = [f"{c.get('field') or '?'} ({str(c.get('message', '')).removeprefix('conflict with ')})"
               for c in causes] or ["fields another manager set"]
     return f"Took back from other field managers on {label}: {', '.join(fields)}"
