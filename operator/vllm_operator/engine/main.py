@@ -8,7 +8,8 @@ tell a slow start from a hung one. This wrapper
   `preflight.py`), failing fast with the numbers;
 * starts the launch command as a child (`vllm serve MODEL ARGS…`, or rewritten for the CPU build's
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS…` with `--launcher api-server`), passes its
-  stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain;
+  stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain; on a CPU with AMX tiles
+  its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`);
 * follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
   KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving
   in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
@@ -48,7 +49,7 @@ from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import adapters, downloads, phases, preflight, status
+from vllm_operator.engine import adapters, amx, downloads, phases, preflight, status
 
 log = logging.getLogger("vllm_operator.engine")
 
@@ -226,6 +227,7 @@ class StartupOptions:
     limits: Mapping[phases.Phase, float] = field(default_factory=lambda: dict(phases.DEFAULT_LIMITS_S))
     model: str | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    """vLLM's environment (and where its Hub cache is looked for)."""
     watch_interval_s: float = WATCH_INTERVAL_S
     stop_grace_s: float = STALL_STOP_GRACE_S
     adapters_file: str | None = None
@@ -301,7 +303,7 @@ def run(command: Sequence[str], *, termination_path: str, startup: StartupOption
 def _run_child(command: Sequence[str], termination_path: str, options: StartupOptions, scanner: Scanner,
                stop: threading.Event, monitor: status.Monitor) -> int:
     try:
-        child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=options.env)
     except OSError as err:
         result = Outcome(constants.EXIT_LAUNCH_FAILED, constants.REASON_LAUNCH_FAILED,
                          f"could not start {command[0]!r}: {err}", {})
@@ -419,7 +421,12 @@ def main(argv: Sequence[str]) -> int:
         log.error("Preflight failed: %s", detail)
         return result.exit_code
     log.info("Starting %s", " ".join(cmd))
-    startup = StartupOptions(status_host=args.status_host, status_port=args.status_port or None, limits=limits,
+    amx_tile = amx.host_has_amx_tile()
+    if amx_tile:
+        log.info("This CPU has AMX tiles: vLLM's processes ask for the tile state at start (%s on PYTHONPATH; "
+                 "vllm_operator/engine/amx.py says why)", amx.SITE_DIR)
+    startup = StartupOptions(env=amx.child_env(os.environ, amx_tile),
+                             status_host=args.status_host, status_port=args.status_port or None, limits=limits,
                              model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
                              adapters_file=args.adapters_file, adapters_hub_cache=args.adapters_hub_cache,
                              engine_url=adapters.engine_url(command))

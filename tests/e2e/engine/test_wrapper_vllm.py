@@ -137,10 +137,19 @@ def test_kv_cache_too_small_at_start_up(model_dir: Path, tmp_path: Path) -> None
 
 
 def test_sigterm_drains_real_vllm_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
-    """The kubelet's SIGTERM reaches vLLM through the wrapper; vLLM shuts down cleanly and nothing is reported."""
+    """The kubelet's SIGTERM reaches vLLM through the wrapper; vLLM shuts down cleanly and nothing is reported.
+
+    Before that, the engine's very first request is a prompt of one token: with `--enforce-eager` and an explicit KV
+    cache size vLLM runs no warm-up pass, and on an AMX host its AMX attention then ran before anything had asked
+    for the tile permission, killing the worker with SIGILL (vllm_operator/engine/amx.py)."""
     server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path)
     try:
         server.wait_healthy()
+        body = json.dumps({"model": str(model_dir), "prompt": "x", "max_tokens": 2}).encode()
+        request = urllib.request.Request(f"{server.url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.status == 200 and json.loads(resp.read())["choices"], server.log_text()[-3000:]
         children = server.descendants()
         assert children, "vLLM runs as the wrapper's child"
         stopped = time.monotonic()

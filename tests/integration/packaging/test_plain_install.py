@@ -129,6 +129,17 @@ def test_engine_wrapper_runs_with_what_the_vllm_image_has(bare_env: Path, tmp_pa
     assert "usage:" in proc.stdout
 
 
+def test_engine_install_ships_the_amx_sitecustomize(bare_env: Path, tmp_path: Path) -> None:
+    """The wrapper puts engine/amx_site first on vLLM's PYTHONPATH (engine/amx.py): a wheel without the file would
+    leave vLLM's CPU workers to die of SIGILL on AMX hosts."""
+    code = "from vllm_operator.engine import amx; print(amx.SITE_DIR / 'sitecustomize.py')"
+    proc = subprocess.run([str(bare_env / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, check=True)
+    shipped = Path(proc.stdout.strip())
+    assert str(bare_env) in str(shipped) and shipped.is_file(), proc.stdout
+    assert "ARCH_REQ_XCOMP_PERM" in shipped.read_text()
+
+
 def test_engine_env_really_lacks_the_operator_dependencies(bare_env: Path, tmp_path: Path) -> None:
     for module in ("kopf", "kubernetes", "aiohttp", "tokenizers"):
         proc = subprocess.run([str(bare_env / "bin" / "python"), "-c", f"import {module}"], capture_output=True,

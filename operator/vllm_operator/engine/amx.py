@@ -1,0 +1,56 @@
+"""AMX tile permission for vLLM's CPU processes: the first short request on an AMX host must not kill the engine.
+
+Linux lets a process execute AMX tile instructions only after it asked for the tile state with
+`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; before that, the first tile instruction raises SIGILL. The
+permission is per process: a fork inherits it, an exec drops it. vLLM's CPU build (0.32, measured) picks its "amx"
+attention kernel whenever the CPU has `amx_tile` and the model is bf16, but never asks for the permission itself: it
+works only once some oneDNN kernel, which does ask, has run in the same process. On CPU, vLLM starts its engine core
+and its worker with `spawn` (fork + exec), so each starts without it; with `--enforce-eager` and an explicit
+`--kv-cache-memory-bytes` (how the operator renders a CPU pool) vLLM skips its warm-up forward pass, and a first
+request of a few tokens runs the AMX attention before any AMX matmul: the worker dies of SIGILL ("Worker proc
+VllmWorker-0 died unexpectedly"), the engine core reports EngineDead and every request gets 500. A longer first
+prompt goes through oneDNN's AMX matmul first and hides it.
+
+No option of vLLM's or torch's steers that choice, and nothing the wrapper does in its own process survives vLLM's
+exec, so the wrapper gives every Python process of vLLM's the permission at interpreter start: the directory
+`amx_site/` (a `sitecustomize` that asks for it and then runs any other `sitecustomize` on the path, so an image's
+own keeps working) goes first on the child's PYTHONPATH, which vLLM's spawned processes inherit. Only on hosts whose
+CPU has `amx_tile`; the request is harmless where the kernel refuses it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+SITE_DIR = Path(__file__).resolve().parent / "amx_site"
+"""Holds the `sitecustomize.py` that asks for the tile permission (stdlib only: it runs in vLLM's interpreter)."""
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def has_amx_tile(cpuinfo: str) -> bool:
+    """Whether /proc/cpuinfo's first `flags` line lists `amx_tile`."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return "amx_tile" in value.split()
+    return False
+
+
+def host_has_amx_tile(cpuinfo: Path = CPUINFO) -> bool:
+    try:
+        return has_amx_tile(cpuinfo.read_text(errors="replace"))
+    except OSError:
+        return False
+
+
+def child_env(env: Mapping[str, str], amx_tile: bool) -> dict[str, str]:
+    """`env` for vLLM's process: with `amx_tile`, `SITE_DIR` first on PYTHONPATH (kept once, the rest kept)."""
+    out = dict(env)
+    if not amx_tile:
+        return out
+    site = str(SITE_DIR)
+    rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    out["PYTHONPATH"] = os.pathsep.join([site, *rest])
+    return out
