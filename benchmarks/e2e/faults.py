@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from processnode.processes import Container
 from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     Stack,
@@ -63,7 +64,18 @@ def kill_run(stack: Stack, pool: str) -> dict[str, float]:
         t_exit = time.monotonic()
         serving = stack.wait(lambda: traffic.first(t0, pool), 400, interval=0.2)
     return {"health_503_s": t_503 - t0, "router_ejected_s": t_eject - t0, "process_exited_s": t_exit - t0,
-            "serving_again_s": serving - t0}
+            **phases_after(container, t0), "serving_again_s": serving - t0}
+
+
+def phases_after(container: Container, t0: float) -> dict[str, float]:
+    """When the process node started the (re)started container and when its readiness probe first passed, from the
+    runtime's own history (same monotonic clock as t0): what of 'serving again' is vLLM's start, what the rest."""
+    out: dict[str, float] = {}
+    for event, key in (("started", "container_started_s"), ("ready", "container_ready_s")):
+        times = [h["t"] for h in container.history if h["event"] == event and h["t"] >= t0]
+        if times:
+            out[key] = min(times) - t0
+    return out
 
 
 def stall_run(stack: Stack, pool: str) -> dict[str, float]:
@@ -81,7 +93,7 @@ def stall_run(stack: Stack, pool: str) -> dict[str, float]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(core, signal.SIGCONT)
         serving = stack.wait(lambda: traffic.first(t_deleted, pool), 400, interval=0.2)
-    return {"pod_deleted_s": t_deleted - t0, "serving_again_s": serving - t0}
+    return {"pod_deleted_s": t_deleted - t0, **phases_after(stack.engine(pool), t0), "serving_again_s": serving - t0}
 
 
 def main() -> int:

@@ -264,6 +264,11 @@ DEFAULT_OOM_COUNT: Final = 2
 DEFAULT_OOM_WINDOW_S: Final = 900
 DEFAULT_RESTART_BUDGET: Final = 3
 DEFAULT_BUDGET_WINDOW_S: Final = 3600
+STALLED_POD_GRACE_S: Final = 5
+"""The grace period the health loop deletes a stalled engine's pod with, instead of the pod's own 30 s: an engine
+that makes no progress cannot drain, so a graceful stop only keeps its GPU (or cores) from the replacement, which on
+a full node waits Pending until the kubelet has killed it. Not 0: a forced deletion removes the pod object before
+its processes are gone, and the scheduler would hand the GPU they still hold to the replacement."""
 MIN_FINISHED_FOR_SHARE: Final = 10
 """Fewer finished requests than this in the window: the length share is not judged (one truncated request of two
 is not a runaway)."""

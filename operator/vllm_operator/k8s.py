@@ -164,7 +164,10 @@ class KubeApi(Protocol):
     async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
                          ) -> dict[str, Any]: ...
 
-    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None: ...
+    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,
+                     grace_period_s: int | None = None) -> None:
+        """Background propagation; `uid` a precondition; `grace_period_s` overrides the object's own (pods)."""
+        ...
 
     async def emit_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
@@ -480,10 +483,13 @@ class ClientKubeApi:
                                                    content_type="application/json-patch+json")
         return data
 
-    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,
+                     grace_period_s: int | None = None) -> None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         try:
             await self._request("DELETE", res.path(namespace, name), body=body, content_type="application/json")
         except KubeError as err:

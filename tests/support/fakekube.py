@@ -1031,6 +1031,8 @@ class FakeKubeApi:
         self.manager = manager
         self.component = component
         self.calls: Counter[str] = Counter()
+        self.grace_periods: dict[tuple[str | None, str], int] = {}
+        """(namespace, name) -> the gracePeriodSeconds a delete asked for."""
         """Every call by verb, failed ones included."""
         self._faults: list[_Fault] = []
 
@@ -1108,8 +1110,12 @@ class FakeKubeApi:
 
         return self.cluster.update(res, namespace, name, change, self.manager)
 
-    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+    async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,
+                     grace_period_s: int | None = None) -> None:
+        """Deleted at once (no kubelet here to wait for); the grace period asked for is kept in `grace_periods`."""
         await self._call("delete", res)
+        if grace_period_s is not None:
+            self.grace_periods[(namespace, name)] = grace_period_s
         try:
             self.cluster.delete(res, namespace, name, uid=uid)
         except KubeError as err:

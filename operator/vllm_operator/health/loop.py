@@ -141,9 +141,10 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
             return
     for deletion in decision.deletions:
         try:
-            await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid)
-            log.warning("Deleted stalled pod %s/%s of VLLMDeployment %s (pool %s): %s", namespace, deletion.pod,
-                        name, deletion.pool, deletion.message)
+            await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid,
+                              grace_period_s=constants.STALLED_POD_GRACE_S)
+            log.warning("Deleted stalled pod %s/%s of VLLMDeployment %s (pool %s, grace %d s): %s", namespace,
+                        deletion.pod, name, deletion.pool, constants.STALLED_POD_GRACE_S, deletion.message)
         except KubeError as err:
             if err.status != 409:  # 409: the uid precondition failed — the pod was already replaced
                 raise

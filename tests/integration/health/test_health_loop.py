@@ -182,6 +182,16 @@ async def reasons(kube: ClientKubeApi, ns: str, name: str) -> list[str]:
             and e.get("involvedObject", {}).get("name") == name]
 
 
+async def deletion_graces(kube: ClientKubeApi, ns: str, pod: str, version: str, out: list[int]) -> None:
+    """Append the deletionGracePeriodSeconds the API server gave `pod` when it was deleted (from a watch from
+    `version`, since kwok removes a deleted pod a moment later)."""
+    async for event in kube.watch(PODS, ns, resource_version=version):
+        meta = event.object.get("metadata", {})
+        if meta.get("name") == pod and meta.get("deletionGracePeriodSeconds") is not None:
+            out.append(int(meta["deletionGracePeriodSeconds"]))
+            return
+
+
 async def gone(kube: ClientKubeApi, ns: str, pod: str) -> bool:
     """The pod was deleted: it is gone, or going (its deletionTimestamp is set; kwok removes it a moment later)."""
     found = await kube.get(PODS, ns, pod)
@@ -253,10 +263,16 @@ async def test_stalled_engine_deleted_and_nothing_while_prometheus_is_down(setup
             assert obj is not None and obj["status"]["pools"]["short"]["observedKVTokens"] == 32768
 
             stalled = fleet[0]
+            graces: list[int] = []
+            _, version = await admin.list_versioned(PODS, ns)
+            watching = asyncio.create_task(deletion_graces(admin, ns, stalled.pod, version, graces))
             stalled.fake.configure(stall=True)
             injected = time.monotonic()
             await eventually(lambda: gone(admin, ns, stalled.pod), timeout=40, interval=0.25)
             record("Stalled -> pod deleted", time.monotonic() - injected)
+            await asyncio.wait_for(watching, timeout=10)
+            # a stalled engine cannot drain: deleted with a short grace, not the pod's own 30 s
+            assert graces == [constants.STALLED_POD_GRACE_S], graces
             obj = await admin.get(VLLM_DEPLOYMENTS, ns, name)
             assert obj is not None and obj["status"]["pools"]["short"]["restartBudget"]["used"] == 1
             assert "RestartedStalledPod" in await reasons(admin, ns, name)
