@@ -68,8 +68,9 @@ DESCRIPTIONS: Mapping[State, str] = {
                    "generation tokens, from fresh samples; the window is counted from when the current vLLM "
                    "process began serving (its wrapper's metrics), not from the container's start. Nothing else "
                    "catches this: the operator deletes the pod (within the restart budget and the disruption "
-                   f"floor), with a {constants.STALLED_POD_GRACE_S} s grace period instead of the pod's 30 s (`STALLED_POD_GRACE_S`: a stalled "
-                   "engine cannot drain, and its GPU or cores go to the replacement only once it is killed).",
+                   f"floor), with a {constants.STALLED_POD_GRACE_S} s grace period instead of the pod's 30 s "
+                   "(`STALLED_POD_GRACE_S`: a stalled engine cannot drain, and its GPU or cores go to the "
+                   "replacement only once it is killed).",
     State.RUNAWAY_GENERATION: "The share of finished requests that stopped at max_tokens (finished_reason=length) "
                               "over the window is above the alert level (default 20 %). Condition and event only.",
     State.KV_PRESSURE: "Mean KV cache usage over the window is at or above the pressure level (default 95 %); "
