@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", default="8")
     parser.add_argument("--memory", default="64Gi")
     parser.add_argument("--pvc", action="append", default=[], help="CLAIM=DIR host directory of a PVC")
+    parser.add_argument("--lease-seconds", type=int, default=40, help="the node Lease's duration")
+    parser.add_argument("--renew-seconds", type=float, default=10.0, help="how often the agent renews it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         cluster_pod_cidr=args.cluster_pod_cidr, work_dir=args.work_dir,
                         run_id=secrets.token_hex(2), api_host=args.node_ip, api_port=args.api_port,
                         capacity={"cpu": args.cpu, "memory": args.memory, "pods": "110"}, labels=labels, taints=taints,
-                        reachable=args.reachable, runtime={"pvcs": pvcs})
+                        reachable=args.reachable, runtime={"pvcs": pvcs}, lease_s=args.lease_seconds,
+                        renew_s=args.renew_seconds)
 
     async def serve() -> None:
         stop = asyncio.Event()

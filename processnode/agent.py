@@ -330,8 +330,8 @@ class NodeAgent:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-            for key in list(self._running):
-                await self._stop_pod(key)
+            # All at once, as a kubelet kills a node's pods: one after the other, each engine's drain added up
+            await asyncio.gather(*(self._stop_pod(key) for key in list(self._running)))
             await self.runtime.close()
             await self.network.close()
             await self.kube.close()

@@ -209,5 +209,4 @@ class PodNetwork:
         self._free.append(sandbox.ip)
 
     async def close(self) -> None:
-        for key in list(self.sandboxes):
-            await self.delete(key)
+        await asyncio.gather(*(self.delete(key) for key in list(self.sandboxes)))

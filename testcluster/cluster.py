@@ -41,13 +41,29 @@ CONTROLLERS = (
     "node-lifecycle-controller", "taint-eviction-controller", "job-controller", "persistentvolume-binder-controller",
 )
 
-# Heartbeats a loaded 2-core machine keeps (kwokctl's defaults): kwok renews each node's Lease every
-# lease/4 = 10 s; the node-lifecycle controller waits 40 s (4 renewals) before it calls a node unreachable. Quick
-# eviction of pods from a node that did go away comes from the API server's default toleration seconds instead.
-NODE_LEASE_SECONDS = 40
-NODE_MONITOR_GRACE = "40s"
-NODE_MONITOR_PERIOD = "5s"
-DEFAULT_TOLERATION_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    """How quickly the control plane gives up on a node: the Lease its agent renews every `renew_s` (for
+    `lease_s`), the node-lifecycle controller's grace after the last renewal before it calls the node NotReady
+    (checked every `monitor_period_s`), and the API server's default not-ready/unreachable toleration: how long
+    pods stay on such a node before the taint-eviction controller evicts them."""
+
+    lease_s: int
+    renew_s: float
+    monitor_grace_s: int
+    toleration_s: int
+    monitor_period_s: int = 5
+
+
+KWOK_HEARTBEATS = Heartbeats(lease_s=40, renew_s=10, monitor_grace_s=40, toleration_s=30)
+"""kwokctl's defaults, which a loaded 2-core machine keeps for hundreds of fake nodes: kwok renews each Lease every
+lease/4 = 10 s, and a node is unreachable after 40 s (4 renewals). Eviction from a node that did go away comes
+quicker from the toleration than from a shorter grace."""
+PROCESS_NODE_HEARTBEATS = Heartbeats(lease_s=20, renew_s=4, monitor_grace_s=20, toleration_s=10)
+"""For the few process nodes of the e2e tier (processnode: an agent renews its own node's Lease): NotReady after 5
+missed renewals, evicted 10 s later, so a node failure costs the tier half a minute, not 70 s."""
 # Client-side rate limits off, as kwokctl sets them: the two cores are the limit, not a token bucket per component.
 CLIENT_QPS, CLIENT_BURST = 5000, 10000
 
@@ -279,7 +295,8 @@ def load(directory: Path) -> Cluster:
     return Cluster(state=state, netns=Netns(state.slot))
 
 
-def start(directory: Path, *, kwok: bool = True, ready_timeout: float = 120) -> Cluster:
+def start(directory: Path, *, kwok: bool = True, ready_timeout: float = 120,
+          heartbeats: Heartbeats = KWOK_HEARTBEATS) -> Cluster:
     """Build the isolated network, then start etcd, the API server, the controller manager, the scheduler and kwok.
 
     Blocks until the API server's /readyz passes, the controller manager and the scheduler answer /healthz and the
@@ -294,14 +311,15 @@ def start(directory: Path, *, kwok: bool = True, ready_timeout: float = 120) -> 
     state = State(slot=netns.slot, directory=str(directory), etcd_data=etcd_data)
     _save(state)
     try:
-        _start(_Launcher(netns, state), bins, kwok=kwok, ready_timeout=ready_timeout)
+        _start(_Launcher(netns, state), bins, kwok=kwok, ready_timeout=ready_timeout, heartbeats=heartbeats)
     except BaseException:
         stop(state)
         raise
     return Cluster(state=state, netns=netns)
 
 
-def _start(launcher: _Launcher, bins: binaries.Binaries, *, kwok: bool, ready_timeout: float) -> None:
+def _start(launcher: _Launcher, bins: binaries.Binaries, *, kwok: bool, ready_timeout: float,
+           heartbeats: Heartbeats) -> None:
     netns, d = launcher.netns, launcher.dir
     keys = pki.make_pki(d / "pki", advertise_address=netns.address, service_ip=netns.first_service_ip)
     server = f"https://{netns.address}:{API_PORT}"
@@ -351,8 +369,8 @@ def _start(launcher: _Launcher, bins: binaries.Binaries, *, kwok: bool, ready_ti
         f"--proxy-client-key-file={keys.front_proxy_client.key}",
         f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={d / 'audit.log'}",
         "--audit-log-mode=blocking",
-        f"--default-not-ready-toleration-seconds={DEFAULT_TOLERATION_SECONDS}",
-        f"--default-unreachable-toleration-seconds={DEFAULT_TOLERATION_SECONDS}",
+        f"--default-not-ready-toleration-seconds={heartbeats.toleration_s}",
+        f"--default-unreachable-toleration-seconds={heartbeats.toleration_s}",
         "--profiling=false", "--v=1",
     ])
     admin_ctx = ssl.create_default_context(cafile=str(keys.ca.cert))
@@ -371,7 +389,8 @@ def _start(launcher: _Launcher, bins: binaries.Binaries, *, kwok: bool, ready_ti
         f"--service-cluster-ip-range={netns.service_cidr}",
         "--leader-elect=false",
         "--horizontal-pod-autoscaler-sync-period=2s",
-        f"--node-monitor-period={NODE_MONITOR_PERIOD}", f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        f"--node-monitor-period={heartbeats.monitor_period_s}s",
+        f"--node-monitor-grace-period={heartbeats.monitor_grace_s}s",
         f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={CLIENT_BURST}",
         "--profiling=false", "--v=1",
     ])
@@ -394,7 +413,7 @@ def _start(launcher: _Launcher, bins: binaries.Binaries, *, kwok: bool, ready_ti
             *(f"--config={path}" for path in bins.kwok_stages()),
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--cidr={netns.pod_cidr}", f"--node-ip={netns.address}",
-            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+            f"--node-lease-duration-seconds={heartbeats.lease_s}",
         ])
     launcher.wait("kube-controller-manager", kcm, f"https://{netns.address}:{KCM_PORT}/healthz", plain, 60)
     launcher.wait("kube-scheduler", scheduler, f"https://{netns.address}:{SCHEDULER_PORT}/healthz", plain, 60)
@@ -494,5 +513,6 @@ def running(directory: Path, **kwargs: Any) -> Iterator[Cluster]:
         cluster.stop()
 
 
-__all__ = ["CONTROLLERS", "Cluster", "ClusterError", "NetnsError", "State", "load", "running", "start", "stop",
+__all__ = ["CONTROLLERS", "KWOK_HEARTBEATS", "PROCESS_NODE_HEARTBEATS", "Cluster", "ClusterError", "Heartbeats",
+           "NetnsError", "State", "load", "running", "start", "stop",
            "write_kubeconfig"]

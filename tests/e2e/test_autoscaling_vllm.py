@@ -65,7 +65,9 @@ def test_a_long_request_wakes_the_sleeping_long_pool_is_answered_and_the_pool_sl
     # Every link was seen, the first in the router while the pool had no engine at all.
     assert woke.missing() == [], f"links of the chain not observed: {woke.missing()} ({woke.table()})"
     assert woke.steps["held"] < woke.steps["scheduled"] < woke.steps["first_token"], woke.table()
-    assert woke.steps["serving"] < woke.steps["first_token"], woke.table()
+    # The engine served before the first token; "serving" is polled, so it may be seen up to a round late (CI-like
+    # run, 2026-12-03: seen 0.06 s after the first token, with a round of 0.4 s).
+    assert woke.steps["serving"] - woke.lag_s < woke.steps["first_token"], (woke.table(), woke.lag_s)
 
     warm = wake_chain.warm(stack, tokenizer, WARM)
     assert [(w.status, w.pool) for w in warm] == [(200, wake_chain.POOL)] * WARM, warm

