@@ -488,9 +488,14 @@ def stop_processes(procs: Sequence[tuple[int, str]], *, first: signal.Signals = 
 
 
 def stop(state: State, grace: float = 10) -> None:
-    """Stop the recorded PIDs (reverse start order), remove etcd's data and the network namespace."""
-    stop_processes([(state.pids[name], state.binaries.get(name, "")) for name in reversed(list(state.pids))],
-                   grace=grace)
+    """Stop the recorded PIDs one at a time in reverse start order, each gone before the next is signalled; remove
+    etcd's data and the network namespace.
+
+    One at a time because of etcd: signalled together, kube-apiserver never finishes its shutdown once etcd is gone
+    (it waited out the grace and was killed) and etcd took 7 s to close with the API server's connections open, so
+    every stop cost the whole grace; in order, all five components are gone in well under a second."""
+    for name in reversed(list(state.pids)):
+        stop_processes([(state.pids[name], state.binaries.get(name, ""))], grace=grace)
     shutil.rmtree(state.etcd_data, ignore_errors=True)
     Netns(state.slot).teardown()
     state.pids.clear()
