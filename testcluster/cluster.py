@@ -42,7 +42,6 @@ CONTROLLERS = (
 )
 
 
-
 @dataclass(frozen=True)
 class Heartbeats:
     """How quickly the control plane gives up on a node: the Lease its agent renews every `renew_s` (for
