@@ -10,6 +10,7 @@ max_tokens at `FUSE`, `KV_BYTES` gives whole CPU blocks, prompts over `MAX_MODEL
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 from tests.support import vllm_cpu
@@ -53,9 +54,28 @@ class SharedEngine:
         self.starts += 1
         self.server = vllm_cpu.start_vllm(self.model_dir, ENGINE_ARGS,
                                           log_path=self.log_dir / f"plain-engine-{self.starts}.log")
+        first_request_of_one_token(self.server)
         return self.server
 
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def first_request_of_one_token(server: vllm_cpu.VllmServer) -> None:
+    """The engine's first request is one token long and must be answered: on an AMX host that is the request which
+    killed plain vLLM with SIGILL before `start_vllm` gave it the tile permission (vllm_operator/engine/amx.py), and
+    a test then saw only a dead engine and a scrape target down. Whatever the modules send next, they send it to an
+    engine that passed this."""
+    body = json.dumps({"model": MODEL, "prompt": "a", "max_tokens": 1}).encode()
+    req = urllib.request.Request(f"{server.url}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status = resp.status
+    except OSError as err:
+        status = getattr(err, "code", None)
+    if status != 200:
+        raise AssertionError(f"the plain engine's one-token first request got {status}, engine exit code "
+                             f"{server.returncode()}: {server.log_tail()}")

@@ -11,7 +11,6 @@ are logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -53,8 +52,8 @@ def prom(engine: vllm_cpu.VllmServer) -> Iterator[Prometheus]:
 class Traffic:
     """Two client threads sending completions that always end at max_tokens (ignore_eos)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, engine: vllm_cpu.VllmServer) -> None:
+        self.url = engine.url
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
 
@@ -63,8 +62,12 @@ class Traffic:
         while not self.stop.is_set():
             req = urllib.request.Request(f"{self.url}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
-            with contextlib.suppress(OSError):
+            try:
                 urllib.request.urlopen(req, timeout=120).read()
+            except OSError:
+                # An engine that stopped answering must not get a busy loop in this process: it held the GIL
+                # against the health check's own Prometheus queries, which then timed out too.
+                self.stop.wait(0.5)
 
     def __enter__(self) -> Traffic:
         for t in self.threads:
@@ -92,10 +95,14 @@ async def check(source: PrometheusSource) -> Diagnosis:
     return diagnose(snap, SETTINGS)
 
 
-async def until(source: PrometheusSource, predicate: object, timeout: float = 90.0) -> tuple[Diagnosis, float]:
+async def until(source: PrometheusSource, engine: vllm_cpu.VllmServer, predicate: object, timeout: float = 90.0,
+                ) -> tuple[Diagnosis, float]:
+    """Check until `predicate` holds; an engine that exited meanwhile fails at once, with its log."""
     started = time.monotonic()
     last: Diagnosis | None = None
     while time.monotonic() - started < timeout:
+        if engine.returncode() is not None:
+            raise AssertionError(f"the engine exited with {engine.returncode()}: {engine.log_tail()}")
         last = await check(source)
         if predicate(last):  # type: ignore[operator]
             return last, time.monotonic() - started
@@ -106,20 +113,20 @@ async def until(source: PrometheusSource, predicate: object, timeout: float = 90
 
 async def test_real_engine_signals(engine: vllm_cpu.VllmServer, prom: Prometheus) -> None:
     source = PrometheusSource(prom.url)
-    with Traffic(engine.url):
-        diag, _ = await until(source, lambda d: d.metrics_available and d.pools["short"].pods[0].metrics_fresh)
+    with Traffic(engine):
+        diag, _ = await until(source, engine, lambda d: d.metrics_available and d.pools["short"].pods[0].metrics_fresh)
         info = next(line for line in engine.metrics_text().splitlines() if line.startswith("vllm:cache_config_info{"))
         tokens = vllm_cpu.metric_labels(info)["kv_cache_size_tokens"]
         assert diag.pools["short"].observed_kv_tokens == int(tokens)
 
-        _, took = await until(source, lambda d: State.RUNAWAY_GENERATION in d.pools["short"].states)
+        _, took = await until(source, engine, lambda d: State.RUNAWAY_GENERATION in d.pools["short"].states)
         record_timing("RunawayGeneration (real vLLM, every request ends at max_tokens)", took, tier="real vLLM CPU",
                       window_s=SETTINGS.window_s)
 
         core, frozen = vllm_cpu.stop_engine_core_mid_step(engine.metrics_text, engine.engine_core_pid,
                                                           what="the engine")
         try:
-            diag, took = await until(source, lambda d: d.pools["short"].pods[0].state is State.STALLED)
+            diag, took = await until(source, engine, lambda d: d.pools["short"].pods[0].state is State.STALLED)
             stalled_after = time.monotonic() - frozen
             record_timing("Stalled (real vLLM, engine core SIGSTOP)", took, tier="real vLLM CPU",
                           stall_s=SETTINGS.stall_s)
@@ -127,7 +134,7 @@ async def test_real_engine_signals(engine: vllm_cpu.VllmServer, prom: Prometheus
             assert "requests running" in diag.pools["short"].pods[0].message
         finally:
             os.kill(core, signal.SIGCONT)
-        _, took = await until(source, lambda d: d.pools["short"].pods[0].state is State.HEALTHY)
+        _, took = await until(source, engine, lambda d: d.pools["short"].pods[0].state is State.HEALTHY)
         record_timing("Stalled -> Healthy after SIGCONT (real vLLM)", took, tier="real vLLM CPU")
         # Not before the stall window: Prometheus's increase() over [stall_s] is 0 once the window has slid past the
         # last scrape that still saw the counter move, and that scrape may precede the stop by up to one scrape
