@@ -39,9 +39,8 @@ from tests.support.e2e_stack import (
     counter,
     engine_core_pid,
     engine_url,
-    http_status,
+    kill_engine_core,
     metrics_text,
-    router_metric,
     running_stack,
 )
 
@@ -49,17 +48,10 @@ from tests.support.e2e_stack import (
 def kill_run(stack: Stack, pool: str) -> dict[str, float]:
     container = stack.engine(pool)
     restarts = container.restart_count
-    ejections = router_metric(stack, "vllm_operator_router_ejections_total", pool=pool)
     with Traffic(stack) as traffic:
         stack.wait(lambda: traffic.first(0, pool), 60, what="traffic on the pool")
-        core = engine_core_pid(stack, pool)
-        t0 = time.monotonic()
-        os.kill(core, signal.SIGKILL)
-        stack.wait(lambda: http_status(engine_url(stack, pool) + "/health") in (503, None), 30, interval=0.05)
-        t_503 = time.monotonic()
-        stack.wait(lambda: router_metric(stack, "vllm_operator_router_ejections_total", pool=pool) > ejections, 60,
-                   interval=0.05)
-        t_eject = time.monotonic()
+        kill = kill_engine_core(stack, pool)
+        t0, t_503, t_eject = kill.killed, kill.unhealthy, kill.ejected
         stack.wait(lambda: container.restart_count > restarts, 60, interval=0.1)
         t_exit = time.monotonic()
         serving = stack.wait(lambda: traffic.first(t0, pool), 400, interval=0.2)

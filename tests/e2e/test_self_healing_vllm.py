@@ -29,7 +29,7 @@ from tests.support.e2e_stack import (
     Traffic,
     engine_core_pid,
     engine_url,
-    http_status,
+    kill_engine_core,
     metrics_text,
     router_metric,
 )
@@ -43,18 +43,10 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
     container = healthy.engine(pool)
     pod = container.pod
     restarts = container.restart_count
-    ejections = router_metric(healthy, "vllm_operator_router_ejections_total", pool=pool)
     with Traffic(healthy) as traffic:
         healthy.wait(lambda: traffic.first(0, pool), 60, what="traffic on the short pool")
-        core = engine_core_pid(healthy, pool)
-        killed = time.monotonic()
-        os.kill(core, signal.SIGKILL)
-        healthy.wait(lambda: http_status(engine_url(healthy, pool) + "/health") in (503, None), 30, interval=0.05,
-                     what="/health 503")
-        unhealthy = time.monotonic()
-        healthy.wait(lambda: router_metric(healthy, "vllm_operator_router_ejections_total", pool=pool) > ejections,
-                     60, interval=0.05, what="router ejected the engine")
-        ejected = time.monotonic()
+        kill = kill_engine_core(healthy, pool)
+        killed, unhealthy, ejected = kill.killed, kill.unhealthy, kill.ejected
         errors_at_ejection = router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool)
         healthy.wait(lambda: container.restart_count > restarts, 60, interval=0.2, what="vLLM exited")
         phases_seen: list[str] = []  # the pool's status.startupPhase as the health loop writes it (every 2 s)

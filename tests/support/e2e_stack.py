@@ -41,6 +41,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -644,3 +645,30 @@ class Traffic:
 
 def router_metric(stack: Stack, name: str, **labels: str) -> float:
     return counter(metrics_text(stack.router_url()), name, **labels)
+
+
+@dataclass(frozen=True)
+class CoreKill:
+    """When a pool's engine core was SIGKILLed and when the two fast reactions to it came (monotonic, like
+    `Traffic`'s answers and the process node's container history)."""
+
+    killed: float
+    unhealthy: float
+    """The engine's /health answered 503 (or no longer answered)."""
+    ejected: float
+    """The router counted one more ejection for the pool."""
+
+
+def kill_engine_core(stack: Stack, pool: str) -> CoreKill:
+    """SIGKILL `pool`'s vLLM engine core and wait for /health to fail and the router to eject the engine: the
+    first steps of the engine-death fault, shared by the self-healing test and benchmarks/e2e/faults.py."""
+    ejections = router_metric(stack, "vllm_operator_router_ejections_total", pool=pool)
+    core = engine_core_pid(stack, pool)
+    killed = time.monotonic()
+    os.kill(core, signal.SIGKILL)
+    stack.wait(lambda: http_status(engine_url(stack, pool) + "/health") in (503, None), 30, interval=0.05,
+               what="/health 503")
+    unhealthy = time.monotonic()
+    stack.wait(lambda: router_metric(stack, "vllm_operator_router_ejections_total", pool=pool) > ejections, 60,
+               interval=0.05, what="router ejected the engine")
+    return CoreKill(killed=killed, unhealthy=unhealthy, ejected=time.monotonic())
