@@ -332,6 +332,13 @@ class ClientKubeApi:
             configuration.refresh_api_key_hook = _exec_token_refresher(loader)
         return cls(configuration, timeout=timeout, component=component)
 
+    def sibling(self, max_connections: int) -> ClientKubeApi:
+        """A client of the same server and credentials with a connection pool of its own, for watches: each holds
+        its connection for minutes, and must not hold one of those the requests share. The configuration object is
+        shared (the pool size is read when a client is made), so a refreshed token serves both. Close it too."""
+        return ClientKubeApi(self._client.configuration, timeout=self._timeout, component=self._component,
+                             max_connections=max_connections, discovery_ttl=self._discovery_ttl)
+
     async def connection(self) -> Connection:
         """This client's server and credentials, the bearer token re-read first (a projected service-account token
         rotates; an exec plugin's expires), so a login after a 401 gets the current one."""
@@ -528,21 +535,25 @@ class ClientKubeApi:
 
 
 async def list_watch(kube: KubeApi, res: Resource, namespace: str | None, *, label_selector: str | None = None,
-                     timeout_seconds: int = 300) -> AsyncIterator[dict[str, dict[str, Any]]]:
+                     timeout_seconds: int = 300,
+                     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                     ) -> AsyncIterator[dict[str, dict[str, Any]]]:
     """The objects matching `label_selector`, keyed `namespace/name`: once after the list, then after every change.
 
     A watch the server ends (every `timeout_seconds`) resumes from the last resourceVersion seen, a bookmark's
     included, without listing again; only a version the server no longer keeps (`WatchExpired`, 410) lists again.
     Other errors reach the caller, whose retry starts over with a list. Each snapshot is a new dict (the caller may
-    keep it); the objects in it are shared between snapshots and must not be changed.
+    keep it); the objects in it are shared between snapshots and must not be changed. `transform` is applied to
+    every object before it is kept (a cache drops what it never reads).
     """
+    shape = transform or (lambda obj: obj)
 
     def key(obj: Mapping[str, Any]) -> str:
         meta = obj.get("metadata") or {}
         return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
     items, version = await kube.list_versioned(res, namespace, label_selector)
-    objects = {key(item): item for item in items}
+    objects = {key(item): shape(item) for item in items}
     yield dict(objects)
     while True:
         try:
@@ -554,9 +565,9 @@ async def list_watch(kube: KubeApi, res: Resource, namespace: str | None, *, lab
                 if event.type == "DELETED":
                     objects.pop(key(event.object), None)
                 else:
-                    objects[key(event.object)] = event.object
+                    objects[key(event.object)] = shape(event.object)
                 yield dict(objects)
         except WatchExpired:
             items, version = await kube.list_versioned(res, namespace, label_selector)
-            objects = {key(item): item for item in items}
+            objects = {key(item): shape(item) for item in items}
             yield dict(objects)

@@ -987,8 +987,11 @@ class FakeCluster:
                                                   "metadata": {"resourceVersion": self.resource_version}})
                     quiet_since = loop.time()
                     continue
+                # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation that arrives as the event is
+                # set (a write woke the watch), and the watcher's task then never ends.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), min(deadline, quiet_since + self.bookmark_interval) - now)
+                    async with asyncio.timeout(min(deadline, quiet_since + self.bookmark_interval) - now):
+                        await wake.wait()
         finally:
             self._waiters.discard(wake)
 

@@ -67,7 +67,8 @@ README section "RBAC" explains every line.
   verbs: ["patch"]
 # Children rendered per VLLMDeployment: listed by label to converge, server-side applied when missing or when their
 # spec hash changed (an apply PATCH that creates the object is authorized as create too), deleted when the plan drops
-# them. Deployments are also watched (status) and read by the health loop, PDBs read for the disruption floor.
+# them. Deployments are also watched (status, and the health loop's cache of the pools' replicas), PDBs watched by
+# the health loop's cache for the disruption floor.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
@@ -79,7 +80,7 @@ README section "RBAC" explains every line.
   verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "create", "patch", "delete"]
@@ -94,10 +95,11 @@ README section "RBAC" explains every line.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list"]
-# The health loop lists engine pods (status, termination messages) and deletes a Stalled one within its budget.
+# The health loop watches engine pods (status, termination messages; listed when its watch is not current) and
+# deletes a Stalled one within its budget.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "delete"]
+  verbs: ["list", "watch", "delete"]
 # Events on VLLMDeployments (the controller's and kopf's).
 - apiGroups: [""]
   resources: ["events"]

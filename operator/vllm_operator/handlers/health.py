@@ -61,7 +61,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 return
             key = (meta.get("namespace"), meta.get("name"))
             result = await loop.check(memo.kube, source, fresh, interval_override=config.health_interval_override,
-                                      resolve_class=functools.partial(memo.classes.resolve, memo.kube, key))
+                                      resolve_class=functools.partial(memo.classes.resolve, memo.kube, key),
+                                      children=getattr(memo, "children", None))
             if result is not None:
                 await loop.execute(memo.kube, fresh, result, counters=memo.metrics,
                                    reconcile=functools.partial(reconcile, images=config.images,

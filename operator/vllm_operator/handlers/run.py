@@ -29,6 +29,7 @@ from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.lifecycle import ReconcileSlots
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.refresh import Coalescer
+from vllm_operator.handlers.watched import WATCHED, WatchedChildren
 from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import (
     DEFAULT_IMAGES,
@@ -166,11 +167,19 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
     slots = ReconcileSlots(config.max_concurrent_reconciles)
     metrics.reconciles_waiting.set_function(lambda: slots.waiting)
     metrics.reconciles_running.set_function(lambda: slots.running)
+    watcher: KubeApi = kube_api
+    if isinstance(kube_api, ClientKubeApi):
+        watcher = kube_api.sibling(max_connections=len(WATCHED) * max(1, len(config.namespaces)))
+    children = WatchedChildren(kube_api, watcher, config.namespaces, on_api_list=metrics.health_api_lists.inc)
+    metrics.watches_current.set_function(lambda: children.current_watches)
+    metrics.watches_wanted.set_function(lambda: children.watches if config.health_enabled else 0)
     memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
                      refresher=Coalescer(delay=config.status_refresh_delay),
                      classes=ClassIndex(enabled=config.workload_classes),
-                     slots=slots)
+                     slots=slots, children=children)
     login = kube_api.connection if isinstance(kube_api, ClientKubeApi) else None
+    # Started before kopf, which cancels on exit only the tasks made after it started; cancelled below.
+    watching = asyncio.create_task(children.run()) if config.health_enabled else None
     try:
         if config.http_port:
             runner = await serve_http(config, metrics, ready)
@@ -184,6 +193,11 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             ready_flag=ready,
         )
     finally:
+        if watching is not None:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        if watcher is not kube_api and isinstance(watcher, ClientKubeApi):
+            await watcher.close()
         if ready_flag is not None:
             forwarder.cancel()
         if runner is not None:

@@ -28,7 +28,7 @@ from vllm_operator.health import diagnose as diagnose_mod
 from vllm_operator.health import policy
 from vllm_operator.health.rungs import ladder_views
 from vllm_operator.health.snapshot import Snapshot
-from vllm_operator.health.source import MetricsSource, take_snapshot
+from vllm_operator.health.source import Lister, MetricsSource, take_snapshot
 from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import gpu_facts, gpu_type
@@ -78,9 +78,10 @@ def accelerator_in_effect(spec: VLLMDeploymentSpec, status: VLLMDeploymentStatus
 async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,
                 interval_override: float | None = None,
                 resolve_class: Callable[[VLLMDeploymentSpec], Awaitable[ClassProfile]] | None = None,
-                ) -> CheckResult | None:
+                children: Lister | None = None) -> CheckResult | None:
     """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that).
-    `resolve_class`: the operator's VLLMWorkloadClass lookup (None: the built-in table)."""
+    `resolve_class`: the operator's VLLMWorkloadClass lookup (None: the built-in table). `children`: where pods,
+    Deployments and PDBs are read (the operator's watch cache; None: LISTs through `kube`)."""
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     status = current_status(obj)
@@ -95,7 +96,7 @@ async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, A
     settings = remediation.resolve(resource.spec.remediation, thresholds=the_plan.thresholds,
                                   interval_override=interval_override)
     enabled = {p: pool.replicas for p, pool in the_plan.pools.items() if pool.enabled}
-    snap = await take_snapshot(kube, source, namespace, name, settings, enabled)
+    snap = await take_snapshot(children or kube, source, namespace, name, settings, enabled)
     diag = diagnose_mod.diagnose(snap, settings)
     decision = policy.decide(diag, status, settings, ladder_views(the_plan, settings.allow_lower_max_model_len),
                              generation=meta.get("generation"), metrics_configured=source is not None)

@@ -1,9 +1,10 @@
-"""The health loop's only network code: Prometheus through prometheus-api-client, pods through the KubeApi.
+"""The health loop's only network code: Prometheus through prometheus-api-client, pods through a `Lister`.
 
-Both readers sit behind small interfaces (`MetricsSource`, `KubeApi`) passed in by the caller, so there is no
-module-level client and tests can point them at a real Prometheus and the test control plane. Every failure to read
-metrics becomes `MetricsSnapshot.error` — a fact for the diagnosis ("Prometheus unreachable"), never an exception
-that would make the loop guess — and every metric fact keeps its sample time so staleness is visible downstream.
+Both readers sit behind small interfaces (`MetricsSource`, `Lister`: a KubeApi or the operator's watch cache) passed
+in by the caller, so there is no module-level client and tests can point them at a real Prometheus and the test
+control plane. Every failure to read metrics becomes `MetricsSnapshot.error` — a fact for the diagnosis ("Prometheus
+unreachable"), never an exception that would make the loop guess — and every metric fact keeps its sample time so
+staleness is visible downstream.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm_operator.health.snapshot import (
     Snapshot,
     pod_facts,
 )
-from vllm_operator.k8s import DEPLOYMENTS, PDBS, PODS, KubeApi
+from vllm_operator.k8s import DEPLOYMENTS, PDBS, PODS, Resource
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ class Sample:
 
 class MetricsError(Exception):
     """Prometheus could not be asked, or answered with an error."""
+
+
+class Lister(Protocol):
+    """Where pods, Deployments and PDBs are read: a KubeApi, or the operator's watch cache
+    (`handlers.watched.WatchedChildren`), which answers the same LISTs from memory."""
+
+    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                   ) -> list[dict[str, Any]]: ...
 
 
 class MetricsSource(Protocol):
@@ -147,12 +156,12 @@ def engine_selector(deployment: str) -> str:
             f"{constants.LABEL_COMPONENT}={constants.COMPONENT_ENGINE}")
 
 
-async def read_pods(kube: KubeApi, namespace: str, deployment: str) -> tuple[PodFacts, ...]:
+async def read_pods(kube: Lister, namespace: str, deployment: str) -> tuple[PodFacts, ...]:
     pods = await kube.list(PODS, namespace, engine_selector(deployment))
     return tuple(sorted((pod_facts(p) for p in pods), key=lambda f: f.name))
 
 
-async def read_pools(kube: KubeApi, namespace: str, deployment: str, enabled: Mapping[str, int]
+async def read_pools(kube: Lister, namespace: str, deployment: str, enabled: Mapping[str, int]
                      ) -> dict[str, PoolFacts]:
     """Desired replicas from each pool's Deployment (the plan's count when absent) and maxUnavailable from its
     PodDisruptionBudget (1, the rendered value, when absent or given as a percentage).
@@ -180,7 +189,7 @@ async def read_pools(kube: KubeApi, namespace: str, deployment: str, enabled: Ma
     return out
 
 
-async def take_snapshot(kube: KubeApi, source: MetricsSource | None, namespace: str, deployment: str,
+async def take_snapshot(kube: Lister, source: MetricsSource | None, namespace: str, deployment: str,
                         settings: HealthSettings, enabled_pools: Mapping[str, int]) -> Snapshot:
     """Pods and pools from the API, series from Prometheus (None when no Prometheus is configured)."""
     taken = time.time()

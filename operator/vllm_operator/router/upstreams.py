@@ -110,8 +110,11 @@ class Pool:
         """Wait up to `timeout` seconds for a healthy endpoint (a pool waking from zero); True when there is one."""
         if self.healthy_count:
             return True
+        # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation (the client went away) that arrives
+        # as the pool wakes, and the request would be sent on for nobody.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._awake.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._awake.wait()
         return self.healthy_count > 0
 
     @property

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import datetime as dt
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -67,6 +68,8 @@ class Setup:
     label: dict[str, str]
     operator_kubeconfig: Path
     """A TokenRequest token of the chart's ServiceAccount."""
+    user: str
+    """That ServiceAccount's user name in the audit log."""
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +83,7 @@ def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         label = {"vllm-operator.dev/test-node": ns}
         nodes = add_gpu_nodes(kube, ns, 2, label=label, gpus=8)
         try:
-            yield Setup(kube, ns, label, release.kubeconfig)
+            yield Setup(kube, ns, label, release.kubeconfig, release.user)
         finally:
             kube.kubectl("delete", "node", *nodes, "--wait=false", check=False)
     forbidden = [(e["verb"], e["requestURI"]) for e in kube.audit_events()
@@ -453,3 +456,38 @@ async def test_quiet_checks_write_nothing(setup: Setup, admin: ClientKubeApi, na
         assert before is not None and after is not None
         assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
         assert len(await reasons(admin, ns, name)) == events_before
+
+
+def operator_requests(setup: Setup, since: float) -> list[tuple[str, str]]:
+    """(verb, resource) of the operator's requests received at or after `since` (epoch seconds), from the audit log:
+    one per request (a watch is logged when its response starts, and again when it ends)."""
+    out, seen = [], set()
+    for e in setup.kube.audit_events():
+        if e.get("user", {}).get("username") != setup.user or e.get("auditID") in seen:
+            continue
+        seen.add(e.get("auditID"))
+        received = dt.datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        if received >= since:
+            out.append((e.get("verb", ""), e.get("objectRef", {}).get("resource", "")))
+    return out
+
+
+async def test_quiet_checks_read_pods_deployments_and_pdbs_from_the_watch_cache(setup: Setup, admin: ClientKubeApi,
+                                                                             name: str) -> None:
+    """Each check of a settled deployment sends one request (the GET of its VLLMDeployment): its engine pods, pool
+    Deployments and PDBs come from the operator's watches, which were opened with the chart's RBAC. Before the
+    cache, each check listed all three (benchmarks/scale: ~50 LISTs/s at 500 VLLMDeployments)."""
+    ns = setup.namespace
+    async with running_operator(setup):
+        await admin.create(VLLM_DEPLOYMENTS, ns, chat(setup, name))
+        await eventually(lambda: ready_obj(admin, ns, name), timeout=60)
+        await asyncio.sleep(2)  # the last in-flight reconcile and check land
+        since = time.time()
+        await asyncio.sleep(5)  # five checks at the 1 s interval
+        seen = operator_requests(setup, since)
+    checks = seen.count(("get", "vllmdeployments"))
+    lists = [r for verb, r in seen if verb == "list" and r in ("pods", "deployments", "poddisruptionbudgets")]
+    assert checks >= 3, f"the health loop checked {checks} times in 5 s at a 1 s interval: {seen}"
+    assert not lists, f"checks listed {lists} from the API although the watches were current"
+    watches = {r for verb, r in operator_requests(setup, 0) if verb == "watch"}
+    assert {"pods", "deployments", "poddisruptionbudgets"} <= watches, watches

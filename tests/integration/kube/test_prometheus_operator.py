@@ -199,10 +199,15 @@ def test_generated_configuration_scrapes_our_pods_and_prometheus_runs_it(
                              f"{json.dumps(status.get('containerStatuses'))}\nlogs: {json.dumps(logs, indent=1)}"
                              ) from None
 
-    config = wait_for("prometheus-operator to generate the configuration with our PodMonitor's jobs",
-                      lambda: (c := operator.generated_config(PROMETHEUS)) and
-                      any(j["job_name"].startswith("podMonitor/") for j in c.get("scrape_configs") or []) and c,
-                      timeout=90)
+    # prometheus-operator may write the configuration before it has seen every monitor (CI saw the PodMonitor's
+    # jobs without the chart's ServiceMonitor's): wait for all of them.
+    service_monitor = only(chart, "ServiceMonitor")
+    wanted = {f"podMonitor/{namespace}/{monitor['metadata']['name']}/{i}"
+              for i in range(len(monitor["spec"]["podMetricsEndpoints"]))}
+    wanted.add(f"serviceMonitor/{namespace}/{service_monitor['metadata']['name']}/0")
+    config = wait_for("prometheus-operator to generate the configuration with our PodMonitor's and ServiceMonitor's "
+                      "jobs", lambda: (c := operator.generated_config(PROMETHEUS)) and
+                      wanted <= {j["job_name"] for j in c.get("scrape_configs") or []} and c, timeout=90)
     deployment = monitor["metadata"]["name"]
     endpoints = monitor["spec"]["podMetricsEndpoints"]
     for index, endpoint in enumerate(endpoints):
@@ -235,7 +240,6 @@ def test_generated_configuration_scrapes_our_pods_and_prometheus_runs_it(
         for relabeling in job["relabel_configs"]:
             relabel(generated, **relabeling)
         assert (job["metrics_path"], job["scheme"]) == (generated["metrics_path"], generated["scheme"])
-    service_monitor = only(chart, "ServiceMonitor")
     scrape_job(config, f"serviceMonitor/{namespace}/{service_monitor['metadata']['name']}/0")
 
     files = wait_for("the rule files ConfigMap", lambda: operator.rule_files(PROMETHEUS), timeout=60)
