@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from vllm_operator import constants
 from vllm_operator.api.base import ApiModel
 from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.api.spec import RemediationThresholds, SecretKeyRef, Toleration
@@ -58,6 +59,9 @@ class AutoscalingPlan(ApiModel):
     target: float = Field(gt=0, description="Target value of the metric per replica.")
     scale_down_stabilization_seconds: int = Field(ge=0, description="HPA scale-down stabilization window.")
     idle_seconds: int = Field(ge=1, description="Idle time before a minReplicas-0 pool sleeps (KEDA cooldown).")
+    polling_interval_seconds: int = Field(
+        default=constants.KEDA_POLLING_INTERVAL_S, ge=1,
+        description="How often KEDA evaluates the triggers and activation (KEDA pollingInterval).")
 
 
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]

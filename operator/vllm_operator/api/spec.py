@@ -348,6 +348,11 @@ class PoolAutoscaling(ApiModel):
         default=None, ge=1, le=86_400,
         description="With minReplicas 0: how long the pool must be idle (nothing held, waiting or running) before it "
                     "sleeps at 0 (KEDA's cooldownPeriod); default: from the workload class.")
+    polling_interval_seconds: int | None = Field(
+        default=None, ge=1, le=3600,
+        description="How often KEDA queries Prometheus for this pool and decides whether it wakes from or sleeps at "
+                    "0 (KEDA's pollingInterval; scaling between 1 and N follows the HPA's own sync). Shorter wakes a "
+                    "sleeping pool sooner and costs a Prometheus query per trigger each time; default 15.")
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

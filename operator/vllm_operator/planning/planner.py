@@ -503,7 +503,9 @@ def _autoscaling(ps: PoolSpec, d: profiles.AutoscalingProfile, class_name: str,
         scale_down_stabilization_seconds=(a.scale_down_stabilization_seconds
                                           if a.scale_down_stabilization_seconds is not None
                                           else d.scale_down_stabilization_seconds),
-        idle_seconds=a.idle_seconds if a.idle_seconds is not None else d.idle_seconds)
+        idle_seconds=a.idle_seconds if a.idle_seconds is not None else d.idle_seconds,
+        polling_interval_seconds=(a.polling_interval_seconds if a.polling_interval_seconds is not None
+                                  else constants.KEDA_POLLING_INTERVAL_S))
 
 
 def _default_target(metric: AutoscalingMetric, pool: str) -> float:
@@ -616,12 +618,15 @@ its replicas, so a scale step never rewrites router.json)."""
                                         port=constants.ENGINE_PORT),
                      strategy=_strategy(spec, pool.name, klass),
                      prefix=PrefixRouting(block_tokens=block, index_blocks=index),
-                     wake_seconds=wake_budget(acc.is_gpu, _timeouts(spec).total_seconds) if sleeps else None)
+                     wake_seconds=wake_budget(acc.is_gpu, _timeouts(spec).total_seconds,
+                                              pool.autoscaling.polling_interval_seconds)
+                     if sleeps and pool.autoscaling is not None else None)
 
 
 # The wake chain of a pool at zero, each link at its default or a measured bound: Prometheus scrapes the router's
 # held-requests gauge (its default 30 s interval; the PodMonitor sets none), KEDA evaluates activation every
-# KEDA_POLLING_INTERVAL_S, the HPA controller syncs every 15 s (kube-controller-manager's default), the scheduler binds
+# pollingIntervalSeconds (KEDA_POLLING_INTERVAL_S unless the pool sets it), the HPA controller syncs every 15 s
+# (kube-controller-manager's default), the scheduler binds
 # and the kubelet starts the container (image present), and the engine starts: on an H200 under the engine wrapper,
 # Llama-3.1-8B with the long-doc plan, 172 s cold and 122 s warm from launch to Serving with dummy weights (Launching
 # 82 s, LoadingWeights 12 s, Compiling 61 s, KV cache 15 s; benchmarks/gpu/README.md, "LoRA and start-up phases"), so
@@ -632,10 +637,10 @@ WAKE_POD_START_S = 30
 WAKE_ENGINE_START_S = {True: 240, False: 90}
 
 
-def wake_budget(gpu: bool, total_seconds: float) -> float:
+def wake_budget(gpu: bool, total_seconds: float, polling_s: float = constants.KEDA_POLLING_INTERVAL_S) -> float:
     """How long the router holds a request for a sleeping pool: the whole wake chain, within the request's own
     total timeout (less 10 % for the answer itself)."""
-    chain = WAKE_SCRAPE_S + constants.KEDA_POLLING_INTERVAL_S + WAKE_HPA_SYNC_S + WAKE_POD_START_S \
+    chain = WAKE_SCRAPE_S + polling_s + WAKE_HPA_SYNC_S + WAKE_POD_START_S \
         + WAKE_ENGINE_START_S[gpu]
     return float(min(chain, total_seconds * 0.9))
 

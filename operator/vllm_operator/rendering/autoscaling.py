@@ -26,7 +26,8 @@ from vllm_operator.rendering import common
 API_VERSION = "keda.sh/v1alpha1"
 KIND = "ScaledObject"
 POLLING_INTERVAL_S = constants.KEDA_POLLING_INTERVAL_S
-"""How often KEDA evaluates activation (0 <-> 1); scaling between 1 and N follows the HPA's own sync period."""
+"""How often KEDA evaluates activation (0 <-> 1) unless the pool sets `pollingIntervalSeconds`; scaling between 1
+and N follows the HPA's own sync period."""
 
 _METRICS = {
     "num-requests-waiting": "num_requests_waiting",
@@ -73,7 +74,7 @@ def scaled_object(plan: Plan, pool: PoolPlan, prometheus_url: str) -> common.Man
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicaCount": scaling.min_replicas,
             "maxReplicaCount": scaling.max_replicas,
-            "pollingInterval": POLLING_INTERVAL_S,
+            "pollingInterval": scaling.polling_interval_seconds,
             "cooldownPeriod": scaling.idle_seconds,
             "initialCooldownPeriod": scaling.idle_seconds,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {

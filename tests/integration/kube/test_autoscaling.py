@@ -13,12 +13,13 @@ zero as failing.
 Pods are kwok pods, so their engines are fake vLLMs (tests/support: the project's fake, metrics pinned by the test)
 that this test starts for each Running pod, and Prometheus discovers them through file_sd targets with the label
 contract's labels (namespace, pod, vllmdeployment, pool) — what the rendered PodMonitor's relabelings give real pods.
-The router runs as a process of this test with static endpoints standing in for the pool's EndpointSlices (pod
-addresses are unreachable from the host by construction): the long pool's first engine is started on the port the
-router already knows, which is what a pod becoming Ready in the EndpointSlice is to the router.
+The router runs as a process of this test with static endpoints standing in for the pool's EndpointSlices (pod addresses
+are unreachable from the host by construction): the long pool's first engine is started on the port the router already
+knows, which is what a pod becoming Ready in the EndpointSlice is to the router.
 
-The windows are seconds (stabilization 5 s, idle 10 s, KEDA polling 15 s, HPA sync 2 s); each wait is on a condition
-with an allowance of several wake chains, and the measured times go to the log (the figures in the issue's note).
+The windows are seconds (stabilization 5 s, idle 10 s, KEDA polling 15 s and the long pool's 3 s, HPA sync 2 s); each
+wait is on a condition with an allowance of several wake chains, and the measured times go to the log (the figures in
+the issue's note).
 """
 
 from __future__ import annotations
@@ -55,14 +56,18 @@ log = logging.getLogger(__name__)
 NAME = "chat"
 STABILIZATION_S = 5
 IDLE_S = 10
+LONG_POLLING_S = 3
+"""The long pool's pollingIntervalSeconds (the short pool keeps the default, 15 s): KEDA's poll is a link of the
+long pool's wake and sleep."""
 AUTOSCALING = {
     "short": {"minReplicas": 1, "maxReplicas": 3, "metric": "num-requests-waiting", "target": 4,
               "scaleDownStabilizationSeconds": STABILIZATION_S},
     "long": {"minReplicas": 0, "maxReplicas": 2, "metric": "num-requests-waiting", "target": 2,
-             "scaleDownStabilizationSeconds": STABILIZATION_S, "idleSeconds": IDLE_S},
+             "scaleDownStabilizationSeconds": STABILIZATION_S, "idleSeconds": IDLE_S,
+             "pollingIntervalSeconds": LONG_POLLING_S},
 }
-# One wake chain here: Prometheus 1 s + KEDA polling 15 s + HPA 2 s + scheduling and kwok ~1 s, on a loaded 2-core
-# machine; every wait allows several.
+# One wake chain here: Prometheus 1 s + KEDA polling 3 s (long) or 15 s (short) + HPA 2 s + scheduling and kwok
+# ~1 s, on a loaded 2-core machine; every wait allows several.
 CHAIN_S = 120
 HEALTH_INTERVAL_S = 2
 """The health loop's pass interval (the chat class's is longer): it runs beside KEDA on every step of the test."""
@@ -289,6 +294,8 @@ def test_keda_scales_up_down_to_zero_and_back(kube: Cluster, release: Release, w
             so = json.loads(kube.kubectl("get", "scaledobject", names.pool(NAME, pool), "-n", ns, "-o",
                                          "json").stdout)
             assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == prom.url
+            assert so["spec"]["pollingInterval"] == (LONG_POLLING_S if pool == "long" else
+                                                     constants.KEDA_POLLING_INTERVAL_S)
         hpa = f"keda-hpa-{names.pool(NAME, 'short')}"
         wait_for("KEDA's HPA for the short pool", lambda: kube.kubectl("get", "hpa", hpa, "-n", ns,
                                                                        check=False).returncode == 0, timeout=CHAIN_S)

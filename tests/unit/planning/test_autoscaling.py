@@ -93,3 +93,21 @@ def test_router_holds_requests_only_for_a_pool_that_sleeps() -> None:
     short_total = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}},
                             routing={"timeouts": {"totalSeconds": 100}})
     assert short_total.router.pools.long.wake_seconds == 90.0, "within the request's own total timeout"
+
+
+def test_polling_interval_defaults_to_15_s_and_a_shorter_one_shortens_the_wake_hold() -> None:
+    """KEDA's pollingInterval is a link of a sleeping pool's wake chain, so the router's hold for it follows."""
+    default = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}})
+    fast = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2,
+                                                     "pollingIntervalSeconds": 5}}})
+    a, b = default.pools["long"].autoscaling, fast.pools["long"].autoscaling
+    assert a is not None and b is not None
+    assert (a.polling_interval_seconds, b.polling_interval_seconds) == (15, 5)
+    held = default.router.pools.long.wake_seconds, fast.router.pools.long.wake_seconds
+    assert held[0] is not None and held[1] is not None and held[0] - held[1] == 10
+
+
+def test_polling_interval_out_of_range_names_the_field() -> None:
+    with pytest.raises(SpecError) as err:
+        make_plan(pools={"long": {"autoscaling": {"maxReplicas": 2, "pollingIntervalSeconds": 0}}})
+    assert "pollingIntervalSeconds" in err.value.field + err.value.message

@@ -32,6 +32,7 @@ def test_one_scaled_object_for_the_autoscaled_pool() -> None:
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 3)
     assert spec["cooldownPeriod"] == spec["initialCooldownPeriod"] == 45
+    assert spec["pollingInterval"] == constants.KEDA_POLLING_INTERVAL_S
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"] == {
         "stabilizationWindowSeconds": 30}
     load, busy = spec["triggers"]
@@ -82,3 +83,9 @@ def test_render_cli_says_why_no_scaled_object(tmp_path: Any, capsys: Any) -> Non
     assert "kind: ScaledObject" not in out.out and "without --prometheus-url no KEDA ScaledObject" in out.err
     assert main(["-f", str(doc), "--prometheus-url", PROM]) == 0
     assert "kind: ScaledObject" in capsys.readouterr().out
+
+
+def test_the_pools_polling_interval_is_keda_s() -> None:
+    long = {**SPEC["pools"]["long"]["autoscaling"], "pollingIntervalSeconds": 5}
+    (so,) = scaled_objects(rendered(pools={"long": {"autoscaling": long}}))
+    assert so["spec"]["pollingInterval"] == 5
