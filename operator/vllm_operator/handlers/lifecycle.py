@@ -4,7 +4,9 @@ Thin on purpose — the work is in `reconcile.py`; owned-Deployment changes are 
 per VLLMDeployment (`refresh.py`) that reads kopf's in-memory indexes rather than the API. kopf's retry semantics:
 a refused spec is handled, not an error (no retry until the spec changes; SpecValid=False and a Warning event say
 why, and the operator's log has one WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay.
-There is no on.delete handler, so kopf adds no finalizer: children go by ownerReference garbage collection.
+There is no on.delete handler: children go by ownerReference garbage collection. kopf still puts its finalizer
+(`settings.persistence.finalizer`) on every VLLMDeployment, because the health loop is a kopf timer and kopf stops a
+timer before letting its object go; without a running operator a deleted VLLMDeployment keeps it (README, "Upgrading").
 
 Reconciles pass through `ReconcileSlots`, a few at a time in arrival order. kopf starts one handler per object at
 once, and every reconcile's ~26 requests share the API client's few worker threads: with 500 VLLMDeployments
