@@ -707,9 +707,12 @@ class FakeVllm:
     # ---------------------------------------------------------------- generation
     @staticmethod
     def _parse(raw: bytes) -> Any:
+        """The body, or None (answered 400). vLLM's FastAPI answers 400 for every body its parser fails on, nesting
+        too deep for json.loads (RecursionError) included: only a JSONDecodeError is a 422 there, which vLLM turns
+        into a 400 as well."""
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def _record(self, request: web.Request, raw: bytes, body: Any) -> RecordedRequest | None:

@@ -21,6 +21,7 @@ only place a request can go, so its limits are the final ones). With both disabl
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -105,6 +106,22 @@ class Refusal:
 
 Decision = Route | Refusal
 
+SHOWN_CHARS: Final = 80
+"""Longest echo of a client's value in an error message."""
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = SHOWN_CHARS
+_repr.maxlong = SHOWN_CHARS // 2
+
+
+def shown(value: object) -> str:
+    """`repr(value)` for an error message, shortened to about SHOWN_CHARS characters (reprlib abbreviates long
+    strings, integers, lists and dicts with `...`): a 60 KB string or a 4,000-digit integer a client sent is not
+    copied into the answer or the access log."""
+    try:
+        return _repr.repr(value)
+    except ValueError:  # an integer longer than sys.get_int_max_str_digits() (set below msgspec's 4,300)
+        return "<an integer too long to show>"
+
 
 def requested_max_tokens(body: Mapping[str, Any]) -> tuple[int | None, Refusal | None]:
     """The client's max_tokens: `max_completion_tokens` wins over `max_tokens` (as in vLLM); None when omitted.
@@ -116,7 +133,7 @@ def requested_max_tokens(body: Mapping[str, Any]) -> tuple[int | None, Refusal |
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            return None, Refusal(400, f"{field} must be an integer, got {value!r}", REASON_BAD_MAX_TOKENS,
+            return None, Refusal(400, f"{field} must be an integer, got {shown(value)}", REASON_BAD_MAX_TOKENS,
                                  param=field, code=CODE_INVALID)
         if value < 1:
             return None, Refusal(400, f"{field} must be at least 1, got {value}", REASON_BAD_MAX_TOKENS,

@@ -1,6 +1,6 @@
 """The forwarding path of `/v1/chat/completions` and `/v1/completions`.
 
-Per request: auth → content type → size → JSON → fields → prompt count → decision (decide.py) → body rewrite
+Per request: auth → content type → size → JSON (body.py) → fields → prompt count → decision (decide.py) → body rewrite
 (max_tokens, and `stream_options.include_usage` so that completion tokens can be counted) → least-loaded healthy
 endpoint → forward → pass the answer back (SSE event by event, never buffered whole) while reading `finish_reason`
 and `usage` out of it.
@@ -43,7 +43,18 @@ from vllm_operator.api.router_config import RouterConfig
 from vllm_operator.router import http1
 from vllm_operator.router.access import AccessLog
 from vllm_operator.router.auth import Auth
-from vllm_operator.router.decide import REASON_INVALID, Decision, Limits, Refusal, Route, decide, requested_max_tokens
+from vllm_operator.router.body import decode_body, too_deep
+from vllm_operator.router.decide import (
+    REASON_INVALID,
+    SHOWN_CHARS,
+    Decision,
+    Limits,
+    Refusal,
+    Route,
+    decide,
+    requested_max_tokens,
+    shown,
+)
 from vllm_operator.router.metrics import RouterMetrics
 from vllm_operator.router.server import BodyError, Request, Response, StreamResponse
 from vllm_operator.router.tokens import Count, Prompt, TokenCounter, extract_prompt
@@ -71,11 +82,9 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _DONE: Final = b"data: [DONE]"
 _FORWARD_HEADERS: Final = ("x-request-id", "traceparent", "tracestate")
-_decode: Final = msgspec.json.Decoder().decode
-"""The body is decoded and re-encoded (the engine gets the canonical body the router decided on, never duplicate
-keys or other parser differentials) with msgspec: ~4 µs for a 2 KB chat body against ~23 µs with the json module
-(benchmarks/router), integers of any size kept exact (orjson would turn those beyond 64 bits into floats)."""
 _encode: Final = msgspec.json.Encoder().encode
+"""The body is decoded (body.py) and re-encoded with msgspec: the engine gets the canonical body the router decided
+on, never duplicate keys or other parser differentials."""
 
 
 _UPSTREAM_CUT: Final = Refusal(502, "The engine closed the connection before its answer was complete.",
@@ -123,7 +132,8 @@ def adapter_limits(limits: Limits, pools: Sequence[str]) -> Limits:
 def model_not_found(model: object) -> Refusal:
     """OpenAI's answer for a model it does not serve (404, invalid_request_error, code model_not_found); the
     official clients raise NotFoundError for it."""
-    return Refusal(404, f"The model `{model}` does not exist or you do not have access to it.", REASON_INVALID,
+    name = model if isinstance(model, str) and len(model) <= SHOWN_CHARS else shown(model)
+    return Refusal(404, f"The model `{name}` does not exist or you do not have access to it.", REASON_INVALID,
                    param="model", code="model_not_found")
 
 
@@ -220,7 +230,7 @@ class Router:
             return tier
         note.tier = tier.name
         if request.content_type != _JSON:
-            return _bad(f"Content-Type must be {_JSON}, got {request.headers.get('content-type', 'none')!r}",
+            return _bad(f"Content-Type must be {_JSON}, got {shown(request.headers.get('content-type', 'none'))}",
                         status=415, code="unsupported_media_type")
         limit = self.config.max_body_bytes
         length = request.content_length
@@ -233,12 +243,9 @@ class Router:
             if err.status == 413:
                 return _bad(f"request body exceeds the limit of {limit} bytes", status=413, code="request_too_large")
             return _bad(err.message)
-        try:
-            body = _decode(raw)
-        except msgspec.DecodeError as err:
-            return _bad(f"request body is not valid JSON: {err}")
-        if not isinstance(body, dict):
-            return _bad(f"request body must be a JSON object, got {type(body).__name__}")
+        body = decode_body(raw)
+        if isinstance(body, Refusal):
+            return body
         model = body.get("model")
         if model is None:
             return _bad("'model' is a required field", param="model")
@@ -247,7 +254,7 @@ class Router:
             return model_not_found(model)
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
-            return _bad(f"'stream' must be a boolean, got {stream!r}", param="stream")
+            return _bad(f"'stream' must be a boolean, got {shown(stream)}", param="stream")
         prompt = extract_prompt(chat, body)
         if isinstance(prompt, Refusal):
             return prompt
@@ -297,7 +304,10 @@ class Router:
         start = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         note = _Note()
-        prepared = await self._prepare(request, chat, note)
+        try:
+            prepared = await self._prepare(request, chat, note)
+        except RecursionError:  # a body the decoder just got through, one frame deeper (body.py)
+            prepared = too_deep()
         if not isinstance(prepared, _Prepared):
             refusal, counted = prepared if isinstance(prepared, tuple) else (prepared, None)
             self.metrics.child(self.metrics.refusals, refusal.reason).inc()
