@@ -27,6 +27,11 @@ slot and rank, exactly the formula's, for (slots, rank) = (1, 8), (2, 16) and (4
 `--kv-cache-memory-bytes` is planned from, so vLLM's CPU KV cache is what the planner says). MoE expert layers are not
 in the formula (vLLM wraps each expert; not planned here), nor vLLM's CPU-side adapter cache (host memory,
 `max_cpu_loras` adapters of their own size), nor LoRA's activations in the profiling run (not measured: no GPU run).
+
+A pool that would fit without its slots and does not with them is refused on the field that set the rank (the
+highest adapter's maxRank, or spec.lora.maxRank), naming the adapter, the slots and their memory, with the highest
+rank and the most slots that plan (`planner._fitting_lora`, by planning again with `with_rank`/`with_max_loras`):
+blaming "overhead" and offering more GPUs sent users to buy hardware for an adapter rank they could lower.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.spec import AdapterSpec, VLLMDeploymentSpec
+from vllm_operator.api.spec import AdapterSpec, LoraSpec, VLLMDeploymentSpec
 from vllm_operator.planning.catalog import ModelInfo
 
 DEFAULT_MAX_LORAS = 4
@@ -48,12 +53,23 @@ whose activations stay 16-bit)."""
 
 @dataclass(frozen=True)
 class PoolLora:
-    """One pool's LoRA settings: the engine arguments and the memory they cost."""
+    """One pool's LoRA settings: the engine arguments and the memory they cost.
+
+    `rank_field`/`rank_cause`: the spec field that set `max_rank` and its words for a refusal (spec.lora.maxRank,
+    or the highest-ranked adapter's maxRank: "the rank of adapter sql-expert"), so a pool whose KV cache the slots
+    crowd out is refused naming them, not the accelerator."""
 
     max_loras: int
     max_rank: int
     slot_bytes: int
     adapters: tuple[str, ...]
+    rank_field: str = "spec.lora.maxRank"
+    rank_cause: str = "spec.lora.maxRank"
+
+    def describe(self) -> str:
+        """'4 LoRA slots of rank 512 (the rank of adapter sql-expert)'."""
+        return f"{self.max_loras} LoRA slot{'s' if self.max_loras > 1 else ''} of rank {self.max_rank} " \
+            f"({self.rank_cause})"
 
 
 def rank_of(adapter: AdapterSpec) -> int:
@@ -107,9 +123,31 @@ def pool_lora(spec: VLLMDeploymentSpec, pool: str, enabled: tuple[str, ...], mod
     if pool not in enabled or (not served and not keep_on):
         return None
     lora = spec.lora
-    max_rank = lora.max_rank if lora and lora.max_rank is not None else max(
-        (rank_of(a) for a in served), default=DEFAULT_ADAPTER_RANK)
     max_loras = lora.max_loras if lora and lora.max_loras is not None else DEFAULT_MAX_LORAS
+    if lora and lora.max_rank is not None:
+        max_rank, field, cause = lora.max_rank, "spec.lora.maxRank", "spec.lora.maxRank"
+    elif served:
+        top = max(served, key=rank_of)
+        max_rank, field = rank_of(top), f"spec.adapters[{(spec.adapters or []).index(top)}].maxRank"
+        cause = f"the {'' if top.max_rank is not None else 'default '}rank of adapter {top.name}"
+    else:
+        max_rank, field, cause = DEFAULT_ADAPTER_RANK, "spec.lora.maxRank", f"the default rank {DEFAULT_ADAPTER_RANK}"
     return PoolLora(max_loras=max_loras, max_rank=max_rank,
                     slot_bytes=lora_slot_bytes(model, max_loras=max_loras, max_rank=max_rank, tp=tp),
-                    adapters=tuple(a.name for a in served))
+                    adapters=tuple(a.name for a in served), rank_field=field, rank_cause=cause)
+
+
+def with_rank(spec: VLLMDeploymentSpec, rank: int) -> VLLMDeploymentSpec:
+    """`spec` with every adapter's rank, and spec.lora.maxRank, at most `rank` (a trial for a refusal's
+    'what fits')."""
+    adapters = [a.model_copy(update={"max_rank": min(rank_of(a), rank)}) for a in spec.adapters or []]
+    update: dict[str, object] = {"adapters": adapters or spec.adapters}
+    if spec.lora is not None and spec.lora.max_rank is not None:
+        update["lora"] = spec.lora.model_copy(update={"max_rank": min(spec.lora.max_rank, rank)})
+    return spec.model_copy(update=update)
+
+
+def with_max_loras(spec: VLLMDeploymentSpec, slots: int) -> VLLMDeploymentSpec:
+    """`spec` with spec.lora.maxLoras `slots`."""
+    lora = spec.lora.model_copy(update={"max_loras": slots}) if spec.lora is not None else LoraSpec(max_loras=slots)
+    return spec.model_copy(update={"lora": lora})

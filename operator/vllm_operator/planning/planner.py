@@ -50,6 +50,7 @@ from vllm_operator.api.router_config import (
     TokenizerConfig,
 )
 from vllm_operator.api.spec import (
+    LORA_RANKS,
     AcceleratorType,
     AutoscalingMetric,
     KVCacheDtype,
@@ -252,6 +253,7 @@ class _FitInputs:
     block: int
     fp8_allowed: bool
     lora_bytes: int = 0
+    lora: lora.PoolLora | None = None
 
     def budget(self, count: int) -> int:
         s = self.settings
@@ -298,12 +300,15 @@ def _what_fits(f: _FitInputs, budget: int) -> str:
 
 
 class _NoFit(SpecError):
-    """A pool's KV cache does not fit; `plan()` adds what accelerator would make the whole spec fit."""
+    """A pool's KV cache does not fit; `plan()` adds what accelerator would make the whole spec fit, and, where the
+    LoRA slots are what crowds the KV cache out (`lora`), the adapter rank and the slots that would."""
 
-    def __init__(self, field: str, message: str, lengths: str, cpu_memory_gib: int | None) -> None:
+    def __init__(self, field: str, message: str, lengths: str, cpu_memory_gib: int | None,
+                 pool_lora: lora.PoolLora | None = None) -> None:
         super().__init__(field, message)
         self.lengths = lengths
         self.cpu_memory_gib = cpu_memory_gib
+        self.lora = pool_lora
 
 
 def _fit_error(pool: str, max_model_len: int, acc: AcceleratorFacts, b: KVBreakdown, need: int,
@@ -313,17 +318,32 @@ def _fit_error(pool: str, max_model_len: int, acc: AcceleratorFacts, b: KVBreakd
     used = b.weights_bytes + kvcache.overhead_bytes(b)
     where = acc.type if acc.is_gpu else f"cpu ({_gib(acc.memory_bytes)} GiB pod memory)"
     tp = f" per GPU at tensor-parallel {acc.count}" if acc.is_gpu and acc.count > 1 else ""
+    slots = fits.lora
+    if slots is not None and budget + b.lora_bytes >= need:  # without its LoRA slots the pool would fit
+        allowed = int(b.device_bytes * b.utilization)
+        left = f"nothing is left for the KV cache on {where}" if budget <= 0 else \
+            f"only {_gib(budget)} GiB is left for the KV cache on {where}, and one {max_model_len}-token sequence " \
+            f"needs {_gib(need)} GiB"
+        limit = f"that gpu-memory-utilization {b.utilization} allows" if acc.is_gpu else "of the pod"
+        return _NoFit(slots.rank_field, f"the {pool} pool's {slots.describe()} take {_gib(b.lora_bytes)} GiB{tp}: "
+                      f"{left} "
+                      f"({_gib(b.weights_bytes)} GiB of weights, {_gib(used - b.weights_bytes - b.lora_bytes)} GiB "
+                      f"of runtime overhead and {_gib(b.lora_bytes)} GiB of LoRA slots against the {_gib(allowed)} "
+                      f"GiB {limit})", lengths, memory, slots)
     if budget <= 0:
         allowed = int(b.device_bytes * b.utilization)
         knob = f"gpu-memory-utilization {b.utilization} of {_gib(b.device_bytes)} GiB" if acc.is_gpu else \
             "the pod's memory"
+        overhead = f"{_gib(used - b.weights_bytes)} GiB of overhead" if not b.lora_bytes else \
+            f"{_gib(used - b.weights_bytes)} GiB of overhead ({_gib(b.lora_bytes)} GiB of it LoRA slots)"
         return _NoFit("spec.accelerator", f"nothing is left for the KV cache on {where}: {_gib(b.weights_bytes)} "
-                      f"GiB of weights{tp} and {_gib(used - b.weights_bytes)} GiB of overhead exceed the "
-                      f"{_gib(allowed)} GiB that {knob} allows", lengths, memory)
+                      f"GiB of weights{tp} and {overhead} exceed the {_gib(allowed)} GiB that {knob} allows",
+                      lengths, memory, slots)
     return _NoFit(f"spec.pools.{pool}.maxModelLen",
                   f"needs {_gib(need)} GiB of KV cache for one {max_model_len}-token sequence; about "
                   f"{_gib(budget)} GiB is left on {where} after {_gib(used)} GiB of weights and overhead{tp}"
-                  + (f" at gpu-memory-utilization {b.utilization}" if acc.is_gpu else ""), lengths, memory)
+                  + (f" at gpu-memory-utilization {b.utilization}" if acc.is_gpu else "")
+                  + (f" ({_gib(b.lora_bytes)} GiB of it LoRA slots)" if b.lora_bytes else ""), lengths, memory, slots)
 
 
 def _model_path(spec: VLLMDeploymentSpec) -> str:
@@ -425,7 +445,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
     capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
     if draft.enabled and (budget < need or capacity.max_concurrency < 1):  # vLLM: ceil(L / block) whole blocks
-        fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok, lora_bytes)
+        fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok, lora_bytes, pool_lora)
         raise _fit_error(name, s.max_model_len, acc, b, need, budget, fits)
     tokens = capacity.tokens
     full = round(capacity.max_concurrency, 2)
@@ -708,12 +728,43 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
         return _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version,
                      images=images, klass=klass)
     except _NoFit as err:
-        options = [err.lengths] if err.lengths else []
+        options = _fitting_lora(spec, accelerator, remediation, name, namespace, engine_version, err, klass)
+        options += [err.lengths] if err.lengths else []
         resource = _fitting_accelerator(spec, accelerator, remediation, name, namespace, engine_version, err, klass)
         if resource:
             options.append(resource)
         what = f"; what fits: {', or '.join(options)}" if options else ""
         raise SpecError(err.field, err.message + what) from None
+
+
+def _fitting_lora(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState,
+                  name: str, namespace: str, engine_version: str | None, err: _NoFit,
+                  klass: profiles.ClassProfile) -> list[str]:
+    """Where the LoRA slots crowd the KV cache out: the highest adapter rank (one vLLM supports) and the most slots
+    with which the whole spec plans, each found by planning it again, as text."""
+    slots = err.lora
+    if slots is None or not err.field.endswith("maxRank"):
+        return []
+    options: list[str] = []
+    rank = next((r for r in sorted(LORA_RANKS, reverse=True) if r < slots.max_rank and _plans(
+        lora.with_rank(spec, r), accelerator, remediation, name, namespace, engine_version, klass)), None)
+    field = slots.rank_field.removeprefix("spec.")
+    if rank is not None:
+        options.append(f"{field} {rank}" if field == "lora.maxRank" else
+                       f"an adapter of rank {rank} or lower ({field} {rank})")
+    # Fewer slots only free memory, so the fitting counts are 1..k: bisect for k (maxLoras may be 256).
+    low, high = 0, slots.max_loras - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _plans(lora.with_max_loras(spec, mid), accelerator, remediation, name, namespace, engine_version, klass):
+            low = mid
+        else:
+            high = mid - 1
+    count = low or None
+    if count is not None:
+        options.append(f"lora.maxLoras {count} (at rank {slots.max_rank}; more adapters than slots are served "
+                       "in turn)")
+    return options
 
 
 def _fitting_accelerator(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None,

@@ -104,3 +104,72 @@ def test_refusals_name_the_adapter_field(patch: dict[str, Any], message: str) ->
     with pytest.raises(SpecError) as err:
         planned(**patch)
     assert str(err.value) == message
+
+
+L4_LLAMA: dict[str, Any] = {
+    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+    "workloadClass": "chat",
+    "accelerator": {"type": "nvidia-l4-24gb", "count": 1},
+    "adapters": [{"name": "base-tone", "source": PVC, "maxRank": 8},
+                 {"name": "sql-expert", "source": {"huggingFace": {"repo": "acme/sql-lora"}}, "maxRank": 512}],
+}
+
+
+def planned_gpu(spec: dict[str, Any]) -> Plan:
+    return plan(parse_spec(spec), None, RemediationState(pools={}), name="chat", namespace="ml")
+
+
+def test_slots_that_crowd_out_the_kv_cache_are_blamed_with_the_adapter_and_the_rank_that_fits() -> None:
+    """Issue 42: a rank-512 adapter on a 24 GB card was refused as '15.0 GiB of weights and 12.1 GiB of
+    overhead' with 'accelerator.count 2' as the answer. The refusal names the field, the adapter, its rank and the
+    slots' memory, and the highest rank that would fit, found by planning again (so it plans, and the next rank up
+    does not)."""
+    with pytest.raises(SpecError) as err:
+        planned_gpu(L4_LLAMA)
+    assert str(err.value) == (
+        "spec.adapters[1].maxRank: the short pool's 4 LoRA slots of rank 512 (the rank of adapter sql-expert) take "
+        "11.0 GiB: nothing is left for the KV cache on nvidia-l4-24gb (15.0 GiB of weights, 1.1 GiB of runtime "
+        "overhead and 11.0 GiB of LoRA slots against the 19.8 GiB that gpu-memory-utilization 0.9 allows); what "
+        "fits: an adapter of rank 32 or lower (adapters[1].maxRank 32), or accelerator.count 2")
+    fits = copy.deepcopy(L4_LLAMA)
+    fits["adapters"][1]["maxRank"] = 32
+    assert lora_args(planned_gpu(fits), "short") == ["--enable-lora", "--max-lora-rank=32", "--max-loras=4"]
+    fits["adapters"][1]["maxRank"] = 64
+    with pytest.raises(SpecError, match=r"^spec.adapters\[1\].maxRank: the \w+ pool's 4 LoRA slots of rank 64"):
+        planned_gpu(fits)
+
+
+def test_the_slot_count_that_fits_is_offered_at_the_adapters_rank() -> None:
+    spec = {**copy.deepcopy(L4_LLAMA), "accelerator": {"type": "nvidia-a100-80gb", "count": 1},
+            "lora": {"maxLoras": 64}}
+    with pytest.raises(SpecError) as err:
+        planned_gpu(spec)
+    message = str(err.value)
+    assert message.startswith("spec.adapters[1].maxRank: the short pool's 64 LoRA slots of rank 512 (the rank of "
+                              "adapter sql-expert) take 176.2 GiB: nothing is left")
+    slots = int(message.split("lora.maxLoras ")[1].split(maxsplit=1)[0])
+    assert "an adapter of rank 128 or lower (adapters[1].maxRank 128)" in message
+    planned_gpu({**spec, "lora": {"maxLoras": slots}})
+    with pytest.raises(SpecError):
+        planned_gpu({**spec, "lora": {"maxLoras": slots + 1}})
+
+
+def test_a_capacity_rank_above_the_adapters_is_blamed_on_spec_lora() -> None:
+    spec = {**copy.deepcopy(L4_LLAMA), "lora": {"maxRank": 512, "maxLoras": 2}}
+    spec["adapters"][1]["maxRank"] = 16
+    with pytest.raises(SpecError) as err:
+        planned_gpu(spec)
+    assert str(err.value).startswith("spec.lora.maxRank: the short pool's 2 LoRA slots of rank 512 "
+                                     "(spec.lora.maxRank) take 5.5 GiB")
+    assert "what fits: lora.maxRank 64, or accelerator.count 2" in str(err.value)
+
+
+def test_weights_that_do_not_fit_are_not_blamed_on_small_slots() -> None:
+    """Slots whose removal would not make the pool fit are not the cause: the refusal stays the accelerator's,
+    and says how much of the overhead is LoRA."""
+    spec = {**copy.deepcopy(L4_LLAMA), "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}}
+    spec["adapters"][1]["maxRank"] = 8
+    with pytest.raises(SpecError) as err:
+        planned_gpu(spec)
+    assert str(err.value).startswith("spec.accelerator: nothing is left for the KV cache on nvidia-l4-24gb")
+    assert "GiB of it LoRA slots)" in str(err.value)
