@@ -501,6 +501,30 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         adapters=list(pool_lora.adapters) if pool_lora else [])
 
 
+def _paused(pool: PoolPlan) -> bool:
+    """An enabled pool that stays at zero engines: replicas 0, and nothing (KEDA, an external autoscaler) that
+    would ever scale it up."""
+    return pool.enabled and pool.autoscaling is None and pool.replicas == 0 and not pool.external_autoscaler
+
+
+def _paused_warnings(short: PoolPlan, long: PoolPlan) -> list[str]:
+    """Legal (a paused deployment) but worth a word: what the router answers while a pool is paused. The short
+    pool's requests fall back to a running long pool (proxy.py `_choose_pool`), so only a paused long pool beside
+    a running short one, and every enabled pool paused, leave requests without an engine."""
+    enabled = [p for p in (short, long) if p.enabled]
+    if all(_paused(p) for p in enabled):
+        which = "both pools are" if len(enabled) == 2 else f"the only enabled pool ({enabled[0].name}) is"
+        return [f"pools: {which} at replicas 0 with no autoscaling (a paused deployment): the router has no engine "
+                "to send a request to, so its readiness (/health) fails and its Service has no ready endpoint "
+                "(clients of the Service are refused; a request that reaches a router pod gets 503 "
+                "no_healthy_endpoint); set replicas or autoscaling on a pool to serve again"]
+    if short.enabled and _paused(long):
+        return [f"pools.long: replicas 0 with no autoscaling while the short pool runs: requests the router sends to "
+                f"the long pool (prompts of the routing threshold or more, and max_tokens above the short pool's "
+                f"{short.max_tokens}) get 503 no_healthy_endpoint until it has replicas"]
+    return []
+
+
 def _autoscaling(ps: PoolSpec, d: profiles.AutoscalingProfile, class_name: str,
                  name: str) -> AutoscalingPlan | None:
     """The pool's autoscaling, every unset field from the workload class's `d`; None when the pool sets none."""
@@ -833,6 +857,7 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
                         "0 needs a running short pool (short is "
                         f"{'disabled' if not short.enabled else 'at replicas 0'}), so a sleeping long pool never "
                         "makes short requests fail; set minReplicas 1 or run the short pool")
+    warnings += _paused_warnings(short, long)
     routing = spec.routing
     # The class's threshold holds for the class's short pool; a spec that changes that pool's lengths gets the
     # derived one (maxModelLen - maxTokens), as it always did.

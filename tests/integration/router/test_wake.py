@@ -81,3 +81,25 @@ async def test_without_a_wake_budget_nothing_is_held(short_engine: FakeVllm, cou
         status, _, body = await post(http, url)
         assert status == 503 and body["error"]["code"] == "no_healthy_endpoint"
         assert held(metrics) == 0
+
+
+async def test_a_paused_deployment_answers_503_and_is_not_ready(counter: TokenCounter) -> None:
+    """Both pools at replicas 0 with no autoscaling (no wake budget, no endpoint): what the README and the plan's
+    warning say — /health (the router's readiness probe) is 503, so its Service has no ready endpoint, and a request
+    that reaches the router anyway is a 503 `no_healthy_endpoint` with Retry-After, at once (nothing is held)."""
+    config = router_config([], [])
+    assert config.pools.short.wake_seconds is None and config.pools.long.wake_seconds is None
+    async with running_router(config, counter) as (url, metrics), aiohttp.ClientSession() as http:
+        async with http.get(url + "/health") as response:
+            assert response.status == 503
+            assert (await response.json())["pools"]["short"] == {"enabled": True, "healthy": 0, "endpoints": 0}
+        for path, body in ((CHAT, {"messages": [{"role": "user", "content": words(5)}]}),
+                           (CHAT, {"messages": [{"role": "user", "content": words(LONG_PROMPT)}]}),
+                           ("/v1/completions", {"prompt": words(5)})):
+            async with http.post(url + path, json={"model": MODEL, **body}) as response:
+                assert response.status == 503
+                assert response.headers["Retry-After"] == "1"
+                error = (await response.json())["error"]
+            assert error["code"] == "no_healthy_endpoint"
+            assert error["message"].startswith("No healthy endpoint in the ")
+        assert held(metrics) == 0

@@ -97,3 +97,11 @@ def test_kopfs_error_line_for_a_refusal_is_dropped() -> None:
     assert not keep(record(f"Webhook {WEBHOOK_ID!r} failed permanently: spec.pools.long: ..."))
     assert not keep(record(f"Webhook {WEBHOOK_ID!r} succeeded."))
     assert keep(record("Handler 'reconcile' failed permanently: boom"))
+
+
+async def test_a_paused_deployment_is_allowed_with_a_warning_kubectl_prints() -> None:
+    """Issue 42: both pools at replicas 0 is legal (a pause) and was accepted without a word."""
+    verdict = await review(NoCluster(), "CREATE", chat(pools={"short": {"replicas": 0}, "long": {"replicas": 0}}),
+                           None)  # type: ignore[arg-type]
+    assert verdict.allowed, verdict.message
+    assert any(w.startswith("pools: both pools are at replicas 0") for w in verdict.warnings), verdict.warnings

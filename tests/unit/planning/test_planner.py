@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -14,8 +15,9 @@ from tests.unit.planning.helpers import arg, make_plan, make_spec
 from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import Plan
-from vllm_operator.api.resource import parse_resource
+from vllm_operator.api.resource import parse_resource, parse_spec
 from vllm_operator.api.spec import SecretKeyRef, Toleration, WorkloadClass
+from vllm_operator.handlers import conditions
 from vllm_operator.planning import RemediationState, catalog, plan, profiles
 from vllm_operator.planning.planner import check_name
 
@@ -382,3 +384,36 @@ def test_a_name_that_cannot_prefix_service_names_is_refused_with_one_that_can(na
     assert err.value.field == "metadata.name"
     assert repr(name) in err.value.message and repr(suggestion) in err.value.message
     check_name(suggestion)
+
+
+def _paused_plan(**pools: Any) -> Any:
+    spec = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "workloadClass": "chat",
+            "accelerator": {"type": "nvidia-l4-24gb", "count": 1}, "pools": pools}
+    return plan(parse_spec(spec), None, RemediationState(pools={}), name="chat", namespace="ml")
+
+
+@pytest.mark.parametrize(("pools", "warning"), [
+    ({"short": {"replicas": 0}, "long": {"replicas": 0}},
+     "pools: both pools are at replicas 0 with no autoscaling (a paused deployment): the router has no engine"),
+    ({"short": {"enabled": False}, "long": {"replicas": 0}},
+     "pools: the only enabled pool (long) is at replicas 0 with no autoscaling (a paused deployment)"),
+    ({"short": {"replicas": 1}, "long": {"replicas": 0}},
+     "pools.long: replicas 0 with no autoscaling while the short pool runs: requests the router sends to the long "
+     "pool (prompts of the routing threshold or more, and max_tokens above the short pool's 512) get 503"),
+    ({"short": {"replicas": 0}, "long": {"replicas": 1}}, None),  # short requests fall back to the long pool
+    ({"short": {"replicas": 0, "externalAutoscaler": True}, "long": {"replicas": 0, "externalAutoscaler": True}},
+     None),
+    ({"short": {"replicas": 0}, "long": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}}, None),
+], ids=["both-paused", "only-pool-paused", "long-paused", "short-paused", "external-autoscaler", "long-autoscaled"])
+def test_paused_pools_are_planned_with_what_the_router_answers(pools: dict[str, Any], warning: str | None) -> None:
+    """Issue 42: legal, but a request then has no engine; the warning says what clients get."""
+    planned = _paused_plan(**pools)
+    found = [w for w in planned.warnings if "replicas 0" in w]
+    if warning is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(warning), found
+        # and the status shows it: the plan summary the operator writes to status.plan.warnings
+        status = conditions.with_plan(None, planned, {"short": None, "long": None}, None, generation=1,
+                                      now="2026-12-04T00:00:00Z")
+        assert status.plan is not None and found[0] in status.plan.warnings
