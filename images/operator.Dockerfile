@@ -12,7 +12,7 @@ COPY images/constraints.txt /tmp/constraints.txt
 COPY pyproject.toml README.md ./
 COPY operator/ ./operator/
 RUN python -m venv /opt/vllm-operator \
- && /opt/vllm-operator/bin/pip install --constraint /tmp/constraints.txt . \
+ && /opt/vllm-operator/bin/pip install --constraint /tmp/constraints.txt '.[operator]' \
  && /opt/vllm-operator/bin/vllm-operator --help >/dev/null \
  && /opt/vllm-operator/bin/vllm-operator run --help >/dev/null
 

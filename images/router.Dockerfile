@@ -11,7 +11,7 @@ COPY images/constraints.txt /tmp/constraints.txt
 COPY pyproject.toml README.md ./
 COPY operator/ ./operator/
 RUN python -m venv /opt/vllm-operator \
- && /opt/vllm-operator/bin/pip install --constraint /tmp/constraints.txt . \
+ && /opt/vllm-operator/bin/pip install --constraint /tmp/constraints.txt '.[router]' \
  && /opt/vllm-operator/bin/vllm-operator router --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

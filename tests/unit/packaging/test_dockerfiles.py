@@ -159,12 +159,13 @@ def test_pip_installs_name_no_unpinned_package() -> None:
                     continue
                 for match in re.finditer(r"pip install ([^&]+)", " ".join(ins.value)):
                     for word in match.group(1).split():
-                        if word.startswith(("-", "/", ".", "$", '"$')) or word.endswith(".whl"):
+                        if word.startswith(("-", "/", ".", "'.", "$", '"$')) or word.endswith(".whl"):
                             continue
                         assert "==" in word, f"{path.name}:{ins.start_line}: unpinned {word}"
 
 
 def test_constraints_pin_every_runtime_dependency_within_range() -> None:
+    """The core's and both images' extras' direct dependencies (the images share the constraints file)."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins: dict[str, str] = {}
     for raw in (IMAGES / "constraints.txt").read_text().splitlines():
@@ -173,8 +174,32 @@ def test_constraints_pin_every_runtime_dependency_within_range() -> None:
             name, sep, version = line.partition("==")
             assert sep, f"constraints.txt: {line!r} is not an exact pin"
             pins[canonicalize_name(name)] = version
-    for dep in pyproject["project"]["dependencies"]:
+    extras = pyproject["project"]["optional-dependencies"]
+    for dep in [*pyproject["project"]["dependencies"], *extras["operator"], *extras["router"]]:
         req = Requirement(dep)
         name = canonicalize_name(req.name)
         assert name in pins, f"images/constraints.txt lacks {req.name}"
         assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {dep}"
+
+
+@pytest.mark.parametrize("name", ["operator", "router"])
+def test_each_image_installs_only_its_own_extra(name: str) -> None:
+    """Issue 37: the router image installed kopf, prometheus-api-client and cryptography, which only the operator
+    imports. Each image installs the package with its own extra (tests/integration/packaging/test_plain_install.py
+    runs each deployable from exactly that extra's closure)."""
+    installs = [" ".join(i.value) for s in parse(IMAGES / f"{name}.Dockerfile").stages for i in s.instructions
+                if i.cmd == "RUN" and "pip install" in " ".join(i.value)]
+    assert len(installs) == 1 and f"pip install --constraint /tmp/constraints.txt '.[{name}]'" in installs[0]
+
+
+def test_the_extras_split_the_dependencies_by_deployable() -> None:
+    """The router's extra has none of the operator's own dependencies and the other way round; the core holds only
+    what plan/render/crd need; dev pulls both extras for the tests."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    names = {k: {canonicalize_name(Requirement(d).name) for d in v} for k, v in extras.items()}
+    core = {canonicalize_name(Requirement(d).name) for d in project["dependencies"]}
+    assert core == {"pydantic", "pyyaml"}
+    assert names["router"].isdisjoint({"kopf", "prometheus-api-client", "cryptography"})
+    assert names["operator"].isdisjoint({"tokenizers", "msgspec", "httptools", "uvloop", "jinja2"})
+    assert "vllm-operator[operator,router]" in project["optional-dependencies"]["dev"]
