@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 TOOLS := .tools
 
-.PHONY: demo test lint unit integration e2e crds schemas goldens bench venv test-deps vllm-venv tools clean cluster-bin
+.PHONY: demo test lint unit integration e2e crds schemas goldens bench venv test-deps vllm-venv tools clean cluster-bin \
+	control-plane
 
 $(BIN)/vllm-operator: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +19,7 @@ venv: $(BIN)/vllm-operator
 
 ## demo: create .venv, install, build the control plane, and run the main job: the chart and the operator on a real
 ## kube-apiserver with kwok GPU nodes (testcluster/demo.py; EXAMPLES=DIR for another directory).
-demo: venv cluster-bin
+demo: venv control-plane
 	scripts/install-helm.sh
 	$(BIN)/python -m testcluster.demo --examples $(or $(EXAMPLES),examples)
 
@@ -30,13 +31,17 @@ test: venv test-deps
 test-deps: venv cluster-bin
 	scripts/install-test-deps.sh
 
-## cluster-bin: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go modules
-## in cluster/ into ~/.cache/vllm-operator/kube-<hash>/, KEDA (cluster/keda) into ~/.cache/vllm-operator/keda-<hash>/
-## and Prometheus with Kubernetes service discovery (cluster/prometheus) into ~/.cache/vllm-operator/prometheus-<hash>/
-## and prometheus-operator (cluster/prometheus-operator) into ~/.cache/vllm-operator/prometheus-operator-<hash>/
-## (outside the clone; each a no-op when built; cold: ~15 min + KEDA's + Prometheus', see the README).
-cluster-bin:
+## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go
+## modules in cluster/ into ~/.cache/vllm-operator/kube-<hash>/ (outside the clone; a no-op when built): all that
+## `make demo` runs (testcluster/demo.py starts no KEDA and no Prometheus: the operator runs with --no-health).
+control-plane:
 	scripts/build-cluster-bin.sh
+
+## cluster-bin: the control plane, and what the tests run beside it: KEDA (cluster/keda) into
+## ~/.cache/vllm-operator/keda-<hash>/, Prometheus with Kubernetes service discovery (cluster/prometheus) into
+## ~/.cache/vllm-operator/prometheus-<hash>/ and prometheus-operator (cluster/prometheus-operator) into
+## ~/.cache/vllm-operator/prometheus-operator-<hash>/ (each a no-op when built; cold times in the README).
+cluster-bin: control-plane
 	scripts/build-keda-bin.sh
 	scripts/build-prometheus.sh
 	scripts/build-prometheus-operator.sh
