@@ -224,10 +224,18 @@ class Stack:
     errors: _Errors
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+ROUTERS = {
+    "clamp-least-outstanding": {},
+    "reject-prefix": {"overLimit": "reject", "pools.short.strategy": "prefix", "pools.long.strategy": "prefix"},
+}
+
+
+@pytest.fixture(scope="module", params=list(ROUTERS))
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Two healthy fake engines and a router with API keys, on threads of their own, for the whole module: the
-    property test sends hundreds of requests to one router, as clients would."""
+    property test sends hundreds of requests to one router, as clients would. Twice: clamping with the
+    least-outstanding choice, and refusing over-limit requests with the prefix-cache-aware choice (which names
+    every prompt's blocks)."""
     tmp = tmp_path_factory.mktemp("hostile")
     keys = tmp / "keys"
     keys.mkdir()
@@ -239,8 +247,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         with run_in_thread(model=MODEL, max_model_len=200, natural_tokens=5, record=False) as short, \
                 run_in_thread(model=MODEL, max_model_len=1000, natural_tokens=5, record=False) as long, \
-                router_in_thread(router_config([short.url], [long.url], apiKeysDir=str(keys),
-                                               maxBodyBytes=MAX_BODY), word_counter(Path(tmp) / "tok")) \
+                router_in_thread(router_config([short.url], [long.url], apiKeysDir=str(keys), maxBodyBytes=MAX_BODY,
+                                               **ROUTERS[request.param]), word_counter(Path(tmp) / "tok")) \
                 as (url, metrics):
             yield Stack(int(url.rsplit(":", 1)[1]), metrics, errors)
     finally:
