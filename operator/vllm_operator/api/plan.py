@@ -187,3 +187,8 @@ class Plan(ApiModel):
                                   "class's, field by field (unset: the operator's defaults). The health loop and "
                                   "the alert rules both read these.")
     hash: Text = Field(description="Stable hash of everything above.")
+
+    def all_warnings(self) -> list[str]:
+        """The deployment's warnings, then each enabled pool's (each already names its pool): what status and the
+        admission webhook show, so kubectl prints at apply time what status says after."""
+        return list(self.warnings) + [w for p in self.pools.values() if p.enabled for w in p.warnings]

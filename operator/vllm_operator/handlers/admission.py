@@ -79,7 +79,7 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
         # Only `auto` reads the cluster; the API server did not answer, so the planner could not decide.
         return Verdict(True, warnings=[f"spec.accelerator.type: auto could not be judged at admission (reading "
                                        f"Nodes failed: {err}); the operator decides when it reconciles"])
-    return Verdict(True, warnings=list(the_plan.warnings))
+    return Verdict(True, warnings=the_plan.all_warnings())
 
 
 class AdmissionLogFilter(logging.Filter):

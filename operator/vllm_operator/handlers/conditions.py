@@ -40,7 +40,7 @@ def plan_summary(plan: Plan) -> PlanSummary:
                 max_num_batched_tokens=pool.max_num_batched_tokens, kv_cache_dtype=pool.kv_cache_dtype,
                 kv_tokens=pool.kv.planned_tokens,
                 concurrency_at_full_length=round(pool.kv.concurrency_at_full_length, 2))
-    warnings = list(plan.warnings) + [w for p in plan.pools.values() if p.enabled for w in p.warnings]
+    warnings = plan.all_warnings()
     return PlanSummary(hash=plan.hash, engine_version=plan.engine_version,
                        prompt_length_threshold=plan.router.prompt_length_threshold,
                        short=pools.get(constants.POOL_SHORT), long=pools.get(constants.POOL_LONG),

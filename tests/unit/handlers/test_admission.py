@@ -62,7 +62,12 @@ async def test_impossible_specs_are_refused_with_the_planners_message(case: str)
 
 
 async def test_the_example_is_allowed_with_the_planners_warnings() -> None:
-    assert (await review(NoCluster(), "CREATE", chat(), None)).allowed  # type: ignore[arg-type]
+    plain = await review(NoCluster(), "CREATE", chat(), None)  # type: ignore[arg-type]
+    assert plain.allowed
+    # The pools' own warnings reach kubectl too, as status.plan.warnings shows them (the example's pools each say
+    # how few full-length sequences fit on an L4).
+    assert any(w.startswith("pools.short:") and "sequences" in w for w in plain.warnings), plain.warnings
+    assert any(w.startswith("pools.long:") for w in plain.warnings), plain.warnings
     # A tier whose default does not fit the short pool: allowed, and the planner's warning says why it matters.
     obj = chat(routing={**CHAT["spec"]["routing"], "tiers": [{"name": "free", "defaultMaxTokens": 1024,
                                                               "maxTokens": 1024}]})
