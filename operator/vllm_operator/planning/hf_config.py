@@ -35,10 +35,35 @@ from typing import Any
 from vllm_operator.api.errors import SpecError
 
 GIB = 1 << 30
-# Buffers vLLM allocates at load on top of the tensors (RoPE caches and the like): calibrated on Llama-3.1-8B, whose
-# 8.03 B parameters (14.96 GiB) vLLM 0.26 reported as 15.04 GiB on the H200. On Qwen3-30B-A3B (56.87 GiB of tensors,
-# 56.91 GiB measured) the same factor over-estimates by 0.4 %, on the safe side.
-LOAD_OVERHEAD = 1.005
+LOAD_FIXED_BYTES = 40 << 20
+"""What vLLM's "Model loading took" holds beyond the weight tensors and the RoPE cache (`rope_cache_bytes`):
+40 MiB, fitted on the H200 with vLLM 0.26 — Llama-3.1-8B 14.96 GiB of tensors + 0.03 RoPE → 15.04 measured,
+Llama-3.3-70B FP8-dynamic 67.69 → 67.73, Qwen3-30B-A3B 56.88 → 56.91. Before issue 38 this was a 0.5 % factor on
+the weights, which put the 70B FP8 shape 0.27 GiB above vLLM (a fixed cost, not a share of the weights)."""
+ROPE_CACHE_DTYPE_BYTES = 2
+"""vLLM's rotary embedding keeps one cos/sin cache of max_position × rotary_dim in the model dtype, shared by all
+layers (model_executor/layers/rotary_embedding: `_ROPE_DICT`)."""
+DEFAULT_GROUP_SIZE = 128
+SCALE_BYTES = 2
+"""Group scales of AWQ, GPTQ and compressed-tensors int checkpoints are 16-bit; zero points have the weights' bits."""
+
+
+def rope_cache_bytes(max_position: int, rotary_dim: int) -> int:
+    return max_position * rotary_dim * ROPE_CACHE_DTYPE_BYTES
+
+
+def load_extra_bytes(max_position: int, rotary_dim: int) -> int:
+    """Bytes vLLM counts as weights on top of the tensors."""
+    return rope_cache_bytes(max_position, rotary_dim) + LOAD_FIXED_BYTES
+
+
+def grouped_int_bytes(bits: int, group_size: int, zero_points: bool) -> float:
+    """Bytes per weight of a group-quantized int checkpoint as vLLM's Marlin kernels keep it: the packed weight,
+    a 16-bit scale per group and output, and a `bits`-wide zero point per group when the format has them (AWQ;
+    symmetric GPTQ's zeros are dropped on load). group_size -1 = one group per output channel (~no overhead)."""
+    per_group = SCALE_BYTES + (bits / 8 if zero_points else 0.0)
+    return bits / 8 + (per_group / group_size if group_size > 0 else 0.0)
+
 
 DENSE = "dense"
 MOE = "moe"
@@ -82,12 +107,16 @@ class ConfigShape:
     experts_per_token: int = 0
     notes: list[str] = field(default_factory=list)
 
+    rotary_dim: int = 0
+
     def weights_gib(self) -> float | None:
-        """Estimated weights as vLLM loads them (None when the quantization is unknown)."""
+        """Estimated weights as vLLM loads them (None when the quantization is unknown): the quantized linear layers,
+        embeddings and LM head in 16 bit (no format here quantizes them), the RoPE cache and vLLM's fixed extra."""
         if self.bytes_per_param is None:
             return None
         dense = (self.params - self.embedding_params) * self.bytes_per_param + self.embedding_params * 2
-        return max(round(dense / GIB * LOAD_OVERHEAD, 2), 0.01)
+        total = dense + load_extra_bytes(self.max_context_length, self.rotary_dim or self.head_dim)
+        return max(round(total / GIB, 2), 0.01)
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
@@ -114,17 +143,48 @@ def architecture(config: Mapping[str, Any], origin: str) -> str:
     return name
 
 
+def _compressed_tensors_bytes(quant: Mapping[str, Any]) -> float | None:
+    """compressed-tensors (llm-compressor) checkpoints: the first config group's weight scheme — 8-bit float
+    (FP8-dynamic/static: a per-channel or per-tensor scale, ~1 byte per weight) or 4/8-bit int in groups."""
+    groups = quant.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return None
+    first = next(iter(groups.values()))
+    weights = first.get("weights") if isinstance(first, Mapping) else None
+    if not isinstance(weights, Mapping):
+        return None
+    bits, kind = weights.get("num_bits"), str(weights.get("type", "int"))
+    if kind == "float" and bits == 8:
+        return 1.0
+    if kind == "int" and bits in (4, 8):
+        group = weights.get("group_size") if weights.get("strategy") == "group" else -1
+        return grouped_int_bytes(bits, group if isinstance(group, int) else DEFAULT_GROUP_SIZE,
+                                 zero_points=weights.get("symmetric") is False)
+    return None
+
+
 def _bytes_per_param(cfg: Mapping[str, Any]) -> float | None:
+    """Bytes per weight of the (quantized) linear layers; None for a quantization the estimate does not know."""
     quant = cfg.get("quantization_config")
     if isinstance(quant, Mapping):
         method = str(quant.get("quant_method", "")).lower()
         if method == "fp8":
             return 1.0
-        bits = quant.get("bits")
-        if method in {"awq", "gptq"} and isinstance(bits, int) and bits in (4, 8):
-            return bits / 8 * 1.03  # group scales and zeros: ~3 % at group size 128
+        if method == "compressed-tensors":
+            return _compressed_tensors_bytes(quant)
+        bits = quant.get("bits") or quant.get("w_bit")
+        group = quant.get("group_size", quant.get("q_group_size", DEFAULT_GROUP_SIZE))
+        if method in {"awq", "gptq"} and isinstance(bits, int) and bits in (4, 8) and isinstance(group, int):
+            zeros = bool(quant.get("zero_point", True)) if method == "awq" else quant.get("sym") is False
+            return grouped_int_bytes(bits, group, zero_points=zeros)
         return None
     return 2.0
+
+
+def checkpoint_dtype(cfg: Mapping[str, Any]) -> str | None:
+    """The checkpoint's own dtype (`torch_dtype`, or `dtype` as transformers 5 writes it), lower-case."""
+    value = cfg.get("torch_dtype", cfg.get("dtype"))
+    return str(value).lower() if isinstance(value, str) else None
 
 
 def _moe_layers(arch: str, cfg: Mapping[str, Any], layers: int) -> list[bool]:
@@ -219,4 +279,5 @@ def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
         architecture=arch, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         max_context_length=context, hidden_size=hidden, activation_intermediate=per_token_mlp, vocab_size=vocab,
         params=params, embedding_params=embeddings, bytes_per_param=_bytes_per_param(cfg), kv_lora_rank=kv_lora,
-        qk_rope_head_dim=rope, experts=experts, experts_per_token=top_k, notes=notes)
+        qk_rope_head_dim=rope, experts=experts, experts_per_token=top_k, notes=notes,
+        rotary_dim=rope or int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)))

@@ -99,15 +99,19 @@ def non_torch_bytes(overhead: OverheadModel, tp: int) -> int:
 
 
 def gpu_breakdown(*, device_bytes: int, utilization: float, model: ModelInfo, tp: int, max_num_batched_tokens: int,
-                  max_num_seqs: int, overhead: OverheadModel, weights_bytes: int | None = None) -> KVBreakdown:
-    """The inputs of one GPU's KV budget (per GPU for tensor-parallel pools)."""
+                  max_num_seqs: int, overhead: OverheadModel, weights_bytes: int | None = None,
+                  lora_bytes: int = 0) -> KVBreakdown:
+    """The inputs of one GPU's KV budget (per GPU for tensor-parallel pools). The margin is a share of the KV
+    memory the other terms leave (see the module docstring)."""
     weights = (weights_bytes if weights_bytes is not None else model.weights_bytes) // tp
     graphs = cuda_graph_estimate_bytes(model, overhead)
+    activations = activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
+    non_torch = non_torch_bytes(overhead, tp)
+    kv_before_margin = int(device_bytes * utilization) - weights - activations - non_torch - graphs - lora_bytes
     return KVBreakdown(
-        device_bytes=device_bytes, utilization=utilization, weights_bytes=weights,
-        activation_bytes=activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp),
-        non_torch_bytes=non_torch_bytes(overhead, tp), cuda_graph_bytes=graphs,
-        margin_bytes=int(device_bytes * utilization * overhead.margin_fraction))
+        device_bytes=device_bytes, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
+        non_torch_bytes=non_torch, cuda_graph_bytes=graphs, lora_bytes=lora_bytes,
+        margin_bytes=int(max(kv_before_margin, 0) * overhead.margin_fraction))
 
 
 def cpu_breakdown(*, memory_bytes: int, model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int,

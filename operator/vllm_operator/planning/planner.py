@@ -72,9 +72,6 @@ DEFAULT_TIMEOUTS = Timeouts(connect_seconds=2, first_byte_seconds=60, idle_secon
 DEFAULT_MAX_BODY_BYTES = 8 * MIB
 DEFAULT_TIER = "default"
 DEFAULT_CPU_CORES = 2
-# Weight size relative to bf16 for quantized checkpoints of catalog models: 4-bit AWQ/GPTQ keep embeddings and
-# lm_head in 16 bit (~0.30 of bf16 for 7-9B models), FP8 checkpoints keep them too (~0.52).
-QUANTIZED_WEIGHT_SHARE = {Quantization.AWQ: 0.30, Quantization.GPTQ: 0.30, Quantization.FP8: 0.52}
 # CUDA graphs are captured outside `utilization × total`: keep this much free beyond the graphs' estimate.
 GRAPH_HEADROOM_BYTES = GIB // 4
 
@@ -148,7 +145,7 @@ def _weights_bytes(spec: VLLMDeploymentSpec, model: ModelInfo) -> int:
     quant = spec.model.quantization
     if quant is None or spec.model.facts is not None:  # facts give the checkpoint's own size
         return model.weights_bytes
-    return int(model.weights_bytes * QUANTIZED_WEIGHT_SHARE[quant])
+    return catalog.quantized_weights_bytes(model, quant.value)
 
 
 def _check_tensor_parallel(model: ModelInfo, tp: int) -> None:
@@ -260,8 +257,9 @@ class _FitInputs:
         assert s.gpu_memory_utilization is not None
         b = kvcache.gpu_breakdown(device_bytes=self.acc.memory_bytes, utilization=s.gpu_memory_utilization,
                                   model=self.model, tp=count, max_num_batched_tokens=s.max_num_batched_tokens,
-                                  max_num_seqs=s.max_num_seqs, overhead=self.overhead, weights_bytes=self.weights)
-        return kvcache.budget_bytes(b) - self.lora_bytes
+                                  max_num_seqs=s.max_num_seqs, overhead=self.overhead, weights_bytes=self.weights,
+                                  lora_bytes=self.lora_bytes)
+        return kvcache.budget_bytes(b)
 
     def longest(self, budget: int, dtype: str, count: int) -> int:
         """The longest sequence whose whole blocks fit the budget (vLLM needs ceil(L / block) blocks for one)."""
@@ -388,6 +386,24 @@ def _attention_backend(extra: list[str], field_path: str) -> constants.Attention
         return None  # a backend the KV table does not know: vLLM judges it
 
 
+def _model_dtype(version: engine_args.EngineVersion, acc: AcceleratorFacts, backend: constants.AttentionBackend | None,
+                 kv_cache_dtype: str, extra: list[str], pool: str) -> str | None:
+    """`--dtype` the pool needs for its KV dtype on this GPU (engine_args.ENGINE_VERSIONS' dtype rules), or None.
+    An extraArgs `--dtype` the rule allows is left to stand (no second flag); one it refuses is a SpecError."""
+    rule = engine_args.model_dtype_rule(version, acc.compute_capability if acc.is_gpu else None, backend,
+                                        kv_cache_dtype)
+    if rule is None:
+        return None
+    given = engine_args.extra_flag_value(extra, "dtype")
+    if given is None:
+        return rule.model_dtype
+    if given.lower() in rule.refused:
+        raise SpecError(f"spec.pools.{pool}.extraArgs", f"--dtype={given} cannot run with a {kv_cache_dtype} KV "
+                        f"cache on {acc.type} (vLLM {version.version}): {rule.source}; remove --dtype (the planner "
+                        f"then sets --dtype={rule.model_dtype}) or set kvCacheDtype: auto")
+    return None
+
+
 def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, acc: AcceleratorFacts,
                version: engine_args.EngineVersion, version_text: str, remedy: PoolRemediation,
                short_len: int | None, images: ImageDefaults, pool_lora: lora.PoolLora | None = None) -> PoolPlan:
@@ -429,8 +445,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         assert s.gpu_memory_utilization is not None
         b = kvcache.gpu_breakdown(device_bytes=acc.memory_bytes, utilization=s.gpu_memory_utilization, model=model,
                                   tp=tp, max_num_batched_tokens=s.max_num_batched_tokens,
-                                  max_num_seqs=s.max_num_seqs, overhead=version.overhead, weights_bytes=weights)
-        b = b.model_copy(update={"lora_bytes": lora_bytes})
+                                  max_num_seqs=s.max_num_seqs, overhead=version.overhead, weights_bytes=weights,
+                                  lora_bytes=lora_bytes)
         budget = kvcache.budget_bytes(b)
         kv_memory_bytes = None
     else:
@@ -463,6 +479,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
                             f"{_gib(outside)} GiB outside the budget; CUDA graphs may need ~{_gib(beyond)} GiB more "
                             "than vLLM's estimate there and run out of memory")
     chunked = prof.chunked_prefill or s.max_model_len > s.max_num_batched_tokens
+    model_dtype = _model_dtype(version, acc, backend, s.kv_cache_dtype, extra, name)
     hf = spec.model.source.hugging_face if spec.model.source else None
     served = spec.model.served_model_name or spec.model.name
     values = engine_args.PoolArgs(
@@ -472,7 +489,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv_cache_memory_bytes=kv_memory_bytes, tensor_parallel_size=tp,
         quantization=spec.model.quantization.value if spec.model.quantization else None,
         revision=hf.revision if hf is not None else None, port=constants.ENGINE_PORT,
-        max_loras=pool_lora.max_loras if pool_lora else None, max_lora_rank=pool_lora.max_rank if pool_lora else None)
+        max_loras=pool_lora.max_loras if pool_lora else None, max_lora_rank=pool_lora.max_rank if pool_lora else None,
+        dtype=model_dtype)
     args = engine_args.build_args(values, version, extra)
     node_selector = dict(ps.node_selector or {})
     products = catalog.gpu_products(acc.type, acc.product) if acc.is_gpu and acc.type in catalog.GPUS_BY_NAME \

@@ -21,13 +21,13 @@ CASES: list[Any] = [
                  id="max-model-len-above-native-context"),
     pytest.param({"accelerator": {"type": "nvidia-a10g-24gb"}, "pools": {"long": {"maxModelLen": 131072}}},
                  "spec.pools.long.maxModelLen",
-                 r"^needs 16\.0 GiB of KV cache for one 131072-token sequence; about 3\.2 GiB is left on "
-                 r"nvidia-a10g-24gb after 16\.6 GiB of weights and overhead at gpu-memory-utilization 0\.9; what "
-                 r"fits: maxModelLen 26352 \(52720 with kvCacheDtype fp8\), or accelerator\.count 2$",
+                 r"^needs 16\.0 GiB of KV cache for one 131072-token sequence; about 3\.4 GiB is left on "
+                 r"nvidia-a10g-24gb after 16\.4 GiB of weights and overhead at gpu-memory-utilization 0\.9; what "
+                 r"fits: maxModelLen 27696 \(55408 with kvCacheDtype fp8\), or accelerator\.count 2$",
                  id="a10g-llama-8b-131072-does-not-fit"),
     pytest.param({"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}},
                  "spec.accelerator",
-                 r"^nothing is left for the KV cache on nvidia-h100-80gb: 132\.1 GiB of weights and 2\.3 GiB of "
+                 r"^nothing is left for the KV cache on nvidia-h100-80gb: 131\.5 GiB of weights and 1\.6 GiB of "
                  r"overhead exceed the 71\.3 GiB that gpu-memory-utilization 0\.9 of 79\.2 GiB allows",
                  id="weights-do-not-fit"),
     pytest.param({"pools": {"short": {"maxTokens": 4096}}}, "spec.pools.short.maxTokens",
@@ -128,13 +128,13 @@ def refusal(**patch: Any) -> SpecError:
 
 def test_a_length_that_does_not_fit_names_the_longest_that_does_and_fp8() -> None:
     err = refusal(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 131072}})
-    assert err.message.endswith("; what fits: maxModelLen 26352 (52720 with kvCacheDtype fp8), or accelerator.count 2")
+    assert err.message.endswith("; what fits: maxModelLen 27696 (55408 with kvCacheDtype fp8), or accelerator.count 2")
     # each suggestion plans, and one block more does not
-    make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 26352}})
-    make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 52720, "kvCacheDtype": "fp8"}})
+    make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 27696}})
+    make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 55408, "kvCacheDtype": "fp8"}})
     make_plan(accelerator={"type": "nvidia-l4-24gb", "count": 2}, pools={"long": {"maxModelLen": 131072}})
     with pytest.raises(SpecError):
-        make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 26352 + 16}})
+        make_plan(accelerator={"type": "nvidia-l4-24gb"}, pools={"long": {"maxModelLen": 27696 + 16}})
 
 
 def test_fp8_that_fits_the_whole_length_says_so() -> None:
