@@ -144,6 +144,11 @@ class ModelFacts(ApiModel):
                     "experts); refines the activation estimate.")
     vocab_size: int | None = Field(
         default=None, ge=1, le=16_777_216, description="Vocabulary size (sizes the sampler's logits).")
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=10_485_760,
+        description="Every layer attends to this many tokens only (Mistral-7B-v0.1's sliding_window): vLLM keeps "
+                    "the window per sequence, not the whole length, so more sequences fit; leave it unset when "
+                    "only some layers slide.")
 
     @model_validator(mode="after")
     def _weights_known(self) -> Self:

@@ -58,10 +58,13 @@ def load_extra_bytes(max_position: int, rotary_dim: int) -> int:
 
 
 def grouped_int_bytes(bits: int, group_size: int, zero_points: bool) -> float:
-    """Bytes per weight of a group-quantized int checkpoint as vLLM's Marlin kernels keep it: the packed weight,
-    a 16-bit scale per group and output, and a `bits`-wide zero point per group when the format has them (AWQ;
-    symmetric GPTQ's zeros are dropped on load). group_size -1 = one group per output channel (~no overhead)."""
-    per_group = SCALE_BYTES + (bits / 8 if zero_points else 0.0)
+    """Bytes per weight of a group-quantized int checkpoint as vLLM keeps it: the packed weight, a 16-bit scale per
+    group and output, and a zero point per group when the format has them (AWQ; symmetric GPTQ's are dropped on
+    load). Zero points count 16 bits: on Hopper vLLM 0.26 runs AWQ through Machete, which keeps them as 16-bit
+    scaled zeros (the H200 matrix: Qwen2.5-72B-AWQ loaded 39.60 GiB, 4-bit zeros would give 39.1); Marlin packs
+    them to `bits`, so elsewhere this over-estimates by (16 - bits) / 8 / group_size bytes per weight (the safe
+    side). group_size -1 = one group per output channel (~no overhead)."""
+    per_group = SCALE_BYTES + (SCALE_BYTES if zero_points else 0.0)
     return bits / 8 + (per_group / group_size if group_size > 0 else 0.0)
 
 
@@ -108,6 +111,7 @@ class ConfigShape:
     notes: list[str] = field(default_factory=list)
 
     rotary_dim: int = 0
+    sliding_window: int | None = None  # every layer slides with this window (None: some or none do)
 
     def weights_gib(self) -> float | None:
         """Estimated weights as vLLM loads them (None when the quantization is unknown): the quantized linear layers,
@@ -271,13 +275,19 @@ def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
     params = sum(attn + m + 2 * hidden for m in mlp) + embeddings
     sliding = _sliding_layers(cfg, layers, context)
+    all_sliding = None
     if sliding is not None:
         window, count = sliding
-        notes.append(f"{count} of {layers} layers use a {window}-token sliding window; the KV estimate sizes them "
-                     "at full length (an over-estimate: vLLM will report more KV tokens than planned)")
+        if count == layers:
+            all_sliding = window
+            notes.append(f"every layer uses a {window}-token sliding window: vLLM keeps the window per sequence, "
+                         "and the plan counts sequences and tokens as vLLM does")
+        else:
+            notes.append(f"{count} of {layers} layers use a {window}-token sliding window; the KV estimate sizes "
+                         "them at full length (an over-estimate: vLLM will report more KV tokens than planned)")
     return ConfigShape(
         architecture=arch, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         max_context_length=context, hidden_size=hidden, activation_intermediate=per_token_mlp, vocab_size=vocab,
         params=params, embedding_params=embeddings, bytes_per_param=_bytes_per_param(cfg), kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope, experts=experts, experts_per_token=top_k, notes=notes,
-        rotary_dim=rope or int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)))
+        rotary_dim=rope or int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)), sliding_window=all_sliding)

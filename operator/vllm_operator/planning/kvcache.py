@@ -68,6 +68,11 @@ class OverheadModel:
     # room for a real tokenizer and vocabulary, and heap growth under load.
     cpu_runtime_gib: float = 2.5
     cpu_margin_fraction: float = 0.05
+    # Batches scheduled but not yet settled (vLLM's max_concurrent_batches: 2 with async scheduling, the 0.26
+    # default): a sliding-window sequence holds its window plus this many batches of max_num_batched_tokens
+    # (v1/kv_cache_interface.SlidingWindowSpec.max_admission_blocks_per_request). Measured on the H200: Mistral-7B
+    # (window 4096, 8192 batched tokens, L 32768) -> 1281 blocks per sequence, 88.84 sequences.
+    in_flight_batches: int = 2
 
 
 def kv_heads_per_gpu(model: ModelInfo, tp: int) -> int:
@@ -162,12 +167,26 @@ class Capacity:
     max_concurrency: float
 
 
-def reported_capacity(budget: int, per_token: int, max_model_len: int, block_size: int = BLOCK_SIZE) -> Capacity:
+def blocks_per_sequence(max_model_len: int, block_size: int = BLOCK_SIZE, sliding_window: int | None = None,
+                        in_flight_tokens: int = 0) -> int:
+    """Blocks one max_model_len request holds at most: ceil(L / block); with a sliding window on every layer the
+    window less one, plus the in-flight tokens, capped at L, plus one block (the window need not start on a block
+    boundary) — vLLM's SlidingWindowSpec.max_admission_blocks_per_request."""
+    if sliding_window is None or sliding_window >= max_model_len:
+        return -(-max_model_len // block_size)
+    tokens = min(sliding_window - 1 + in_flight_tokens, max_model_len)
+    return -(-tokens // block_size) + 1
+
+
+def reported_capacity(budget: int, per_token: int, max_model_len: int, block_size: int = BLOCK_SIZE,
+                      per_request_blocks: int | None = None) -> Capacity:
     """vLLM's own arithmetic (v1/core/kv_cache_utils.get_kv_cache_capacity): a request at max_model_len takes
-    ceil(L / block) whole blocks, concurrency = blocks / that, tokens = int(concurrency × L). When L is a multiple
-    of the block size this is blocks × block; otherwise fewer (benchmarks/vllm-cpu: 512 blocks at L 1000 -> 64,000)."""
+    `per_request_blocks` (default ceil(L / block)) whole blocks, concurrency = blocks / that, tokens =
+    int(concurrency × L). When L is a multiple of the block size and nothing slides this is blocks × block; otherwise
+    fewer (benchmarks/vllm-cpu: 512 blocks at L 1000 -> 64,000), or more with a sliding window (the H200 matrix:
+    Mistral-7B-v0.1, 113,801 blocks of 16 -> 2,911,031 tokens)."""
     blocks = num_blocks(budget, per_token, block_size)
-    per_request = -(-max_model_len // block_size)
+    per_request = per_request_blocks or -(-max_model_len // block_size)
     max_concurrency = blocks / per_request
     return Capacity(blocks, int(max_concurrency * max_model_len), max_concurrency)
 

@@ -457,9 +457,12 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         budget = int(kvcache.budget_bytes(b) * s.cpu_kv_fraction) // MIB * MIB
         kv_memory_bytes = max(budget, 0)
     per_token = kvcache.bytes_per_token(model, s.kv_cache_dtype, tp)
-    need = per_token * s.max_model_len
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
-    capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block)
+    per_request = kvcache.blocks_per_sequence(
+        s.max_model_len, block, model.sliding_window,
+        version.overhead.in_flight_batches * s.max_num_batched_tokens)
+    need = per_token * min(s.max_model_len, per_request * block)
+    capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block, per_request)
     if draft.enabled and (budget < need or capacity.max_concurrency < 1):  # vLLM: ceil(L / block) whole blocks
         fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok, lora_bytes, pool_lora)
         raise _fit_error(name, s.max_model_len, acc, b, need, budget, fits)

@@ -110,12 +110,21 @@ def test_moe_config_without_expert_numbers_is_refused() -> None:
         catalog.facts_from_hf_config(cfg)
 
 
-def test_sliding_window_layers_are_sized_at_full_length_with_a_note() -> None:
+def test_a_window_on_every_layer_becomes_the_facts_sliding_window() -> None:
     notes: list[str] = []
     facts = catalog.facts_from_hf_config(config("mistral-7b-v0.1"), notes=notes)
-    assert notes == ["32 of 32 layers use a 4096-token sliding window; the KV estimate sizes them at full length "
+    assert notes == ["every layer uses a 4096-token sliding window: vLLM keeps the window per sequence, and the plan "
+                     "counts sequences and tokens as vLLM does"]
+    assert (facts.num_layers, facts.num_kv_heads, facts.head_dim, facts.sliding_window) == (32, 8, 128, 4096)
+
+
+def test_a_window_on_some_layers_is_sized_at_full_length_with_a_note() -> None:
+    notes: list[str] = []
+    cfg = {**config("qwen3-30b-a3b"), "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 40}
+    facts = catalog.facts_from_hf_config(cfg, notes=notes)
+    assert notes == ["8 of 48 layers use a 4096-token sliding window; the KV estimate sizes them at full length "
                      "(an over-estimate: vLLM will report more KV tokens than planned)"]
-    assert (facts.num_layers, facts.num_kv_heads, facts.head_dim) == (32, 8, 128)
+    assert facts.sliding_window is None
 
 
 def test_qwen_sliding_window_switched_off_is_no_sliding_window() -> None:
@@ -133,7 +142,7 @@ def test_tied_embeddings_are_counted_once() -> None:
 
 
 @pytest.mark.parametrize(("quant", "ratio"), [({"quant_method": "fp8"}, 0.5), ({"quant_method": "awq", "bits": 4},
-                                                                                0.26)], ids=["fp8", "awq4"])
+                                                                                0.28)], ids=["fp8", "awq4"])
 def test_quantized_checkpoints_are_sized_per_byte_width(quant: dict[str, Any], ratio: float) -> None:
     bf16 = catalog.facts_from_hf_config(config("qwen3-30b-a3b")).weights_gib
     quantized = catalog.facts_from_hf_config({**config("qwen3-30b-a3b"), "quantization_config": quant}).weights_gib

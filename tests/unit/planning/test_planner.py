@@ -132,8 +132,9 @@ def test_quantized_checkpoint_shrinks_weights_and_sets_flag() -> None:
     awq = make_plan(model={"quantization": "awq"})
     assert arg(awq, "short", "--quantization") == "awq"
     # 4-bit linear layers with group scales and zeros, 16-bit embeddings and LM head (2.1 B of the 8.0 B params):
-    # 5.41 GiB (hugging-quants' AWQ INT4 checkpoint of Llama-3.1-8B is 5.73 GB = 5.34 GiB on disk, without the RoPE cache).
-    assert awq.pools["short"].kv.breakdown.weights_bytes / GIB == pytest.approx(5.41, abs=0.01)
+    # 5.48 GiB (hugging-quants' AWQ INT4 checkpoint of Llama-3.1-8B is 5.73 GB = 5.34 GiB on disk with 4-bit zeros;
+    # vLLM's Machete kernel on Hopper keeps them in 16 bit).
+    assert awq.pools["short"].kv.breakdown.weights_bytes / GIB == pytest.approx(5.48, abs=0.01)
     assert awq.pools["short"].kv.planned_tokens > plain.planned_tokens
 
 
