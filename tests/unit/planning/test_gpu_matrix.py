@@ -1,0 +1,161 @@
+"""Issue 38: what the H200 compatibility matrix (benchmarks/gpu/README.md, vLLM 0.26.0) found, held on the rendered
+arguments and the planned KV figures.
+
+* A float16 checkpoint (AWQ, GPTQ) with an fp8 KV cache died in CUDA graph capture on FlashAttention 3 unless the
+  engine ran in bfloat16: every plan with fp8 KV on an FA3 GPU carries `--dtype=bfloat16` (per engine version;
+  0.26 measured, 0.32/0.33 carried over unverified on a GPU).
+* Planned KV tokens within ±2 % of vLLM's `kv_cache_size_tokens` in every cell that started, and never above it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.planning.helpers import arg, make_plan
+from vllm_operator.api.errors import SpecError
+from vllm_operator.api.plan import Plan
+from vllm_operator.planning import catalog, engine_args
+
+REPO = Path(__file__).resolve().parents[3]
+SHAPES = REPO / "benchmarks" / "gpu" / "matrix" / "shapes"
+H200 = {"type": "nvidia-h200-141gb", "count": 1}
+
+
+def shape_model(shape: str, name: str, **more: Any) -> dict[str, Any]:
+    """spec.model for a matrix shape, with the facts `plan --model-config` reads off its config.json."""
+    config = json.loads((SHAPES / shape / "config.json").read_text())
+    return {"name": name, "facts": catalog.facts_from_hf_config(config).to_wire(), **more}
+
+
+def awq_plan(klass: str = "long-doc", version: str = "0.26", **patch: Any) -> Plan:
+    model = shape_model("qwen2.5-72b-instruct-awq", "Qwen/Qwen2.5-72B-Instruct-AWQ", quantization="awq")
+    return make_plan(engine_version=version, model=model, workloadClass=klass, accelerator=H200, **patch)
+
+
+# --- the dtype FlashAttention 3 needs with an fp8 KV cache ----------------------------------------------------------
+
+@pytest.mark.parametrize("version", ["0.26", "0.32", "0.33"])
+def test_fp8_kv_on_hopper_runs_the_model_in_bfloat16(version: str) -> None:
+    # Without it vLLM 0.26.0 died on the H200: "RuntimeError: For FP16/BF16 input, output must have the same dtype
+    # as inputs. For FP8 input, output must have dtype BF16" (cell awq72-fp8-nodtype); with it, it served.
+    p = awq_plan(version=version)
+    assert arg(p, "long", "--kv-cache-dtype") == "fp8"
+    assert arg(p, "long", "--dtype") == "bfloat16"
+    assert arg(p, "short", "--kv-cache-dtype") == "auto"
+    assert arg(p, "short", "--dtype") is None  # model-dtype KV: the checkpoint's float16 is fine
+
+
+def test_only_versions_whose_table_has_the_rule_get_the_flag() -> None:
+    table = engine_args.ENGINE_VERSIONS["0.26"]
+    assert engine_args.FA3_FP8_KV_NEEDS_BF16 in table.dtype_rules
+    assert "measured" in table.dtype_rules_source
+    assert "unverified on a GPU" in engine_args.ENGINE_VERSIONS["0.33"].dtype_rules_source
+    bare = engine_args.EngineVersion("0.26", table.flags, table.overhead)
+    assert engine_args.model_dtype_rule(bare, (9, 0), None, "fp8") is None
+    assert engine_args.model_dtype_rule(table, (9, 0), None, "fp8") is engine_args.FA3_FP8_KV_NEEDS_BF16
+
+
+@pytest.mark.parametrize(("cc", "backend", "kv", "wanted"), [
+    pytest.param((9, 0), None, "fp8", True, id="hopper-default-backend-fp8"),
+    pytest.param((9, 0), None, "fp8_e4m3", True, id="hopper-e4m3"),
+    pytest.param((9, 0), None, "auto", False, id="hopper-model-dtype-kv"),
+    pytest.param((9, 0), "FLASHINFER", "fp8", False, id="hopper-flashinfer"),
+    pytest.param((8, 9), None, "fp8", False, id="ada-fa2-has-no-fp8"),
+    pytest.param((8, 0), None, "fp8", False, id="ampere"),
+    pytest.param(None, None, "fp8", False, id="cpu"),
+])
+def test_the_rule_applies_to_fa3_with_fp8_only(cc: tuple[int, int] | None, backend: str | None, kv: str,
+                                               wanted: bool) -> None:
+    from vllm_operator.constants import AttentionBackend
+
+    chosen = AttentionBackend(backend) if backend else None
+    rule = engine_args.model_dtype_rule(engine_args.ENGINE_VERSIONS["0.26"], cc, chosen, kv)
+    assert (rule is not None) is wanted
+
+
+def test_a_gpu_without_fa3_gets_no_dtype_flag() -> None:
+    p = make_plan(engine_version="0.26", workloadClass="long-doc", accelerator={"type": "nvidia-a100-80gb"},
+                  pools={"long": {"maxModelLen": 32768}})
+    assert arg(p, "long", "--dtype") is None
+
+
+def test_an_extra_args_dtype_the_rule_allows_is_not_doubled() -> None:
+    p = awq_plan(pools={"long": {"extraArgs": ["--dtype=bfloat16"]}})
+    assert [a for a in p.pools["long"].engine_args if a.startswith("--dtype")] == ["--dtype=bfloat16"]
+
+
+@pytest.mark.parametrize("value", ["float16", "half", "auto"])
+def test_an_extra_args_dtype_that_cannot_run_is_refused_with_the_fix(value: str) -> None:
+    with pytest.raises(SpecError) as info:
+        awq_plan(pools={"long": {"extraArgs": [f"--dtype={value}"]}})
+    assert info.value.field == "spec.pools.long.extraArgs"
+    assert info.value.message.startswith(f"--dtype={value} cannot run with a fp8 KV cache on nvidia-h200-141gb "
+                                          "(vLLM 0.26): FlashAttention 3 with an fp8 KV cache only writes bf16 output")
+    assert info.value.message.endswith("remove --dtype (the planner then sets --dtype=bfloat16) or set "
+                                       "kvCacheDtype: auto")
+    # what the message offers plans
+    awq_plan(pools={"long": {"extraArgs": [f"--dtype={value}"], "kvCacheDtype": "auto"}})
+
+
+# --- planned KV against vLLM's, every cell that started -------------------------------------------------------------
+
+# (shape or None for the catalog entry, model name, class, pool, pool fields, quantization, vLLM kv_cache_size_tokens)
+H200_MATRIX = [
+    pytest.param("qwen2.5-72b-instruct-awq", "Qwen/Qwen2.5-72B-Instruct-AWQ", "long-doc", "long", {}, "awq",
+                 546_752, id="awq72-fp8"),
+    pytest.param("qwen2.5-72b-instruct-awq", "Qwen/Qwen2.5-72B-Instruct-AWQ", "long-doc", "short", {}, "awq",
+                 273_472, id="awq72-short"),
+    pytest.param("llama-3.3-70b-instruct-fp8-dynamic", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "long-doc",
+                 "long", {"kvCacheDtype": "auto"}, None, 182_096, id="fp8w70-auto"),
+    pytest.param("mistral-7b-instruct-v0.1", "mistralai/Mistral-7B-Instruct-v0.1", "long-doc", "long", {}, None,
+                 2_911_031, id="mistral-sw-fp8"),
+    pytest.param("deepseek-v2-lite-chat", "deepseek-ai/DeepSeek-V2-Lite-Chat", "chat", "long", {}, None,
+                 3_285_008, id="dsv2lite-mla-chat"),
+    pytest.param("deepseek-v2-lite-chat", "deepseek-ai/DeepSeek-V2-Lite-Chat", "long-doc", "long", {}, None,
+                 6_569_984, id="dsv2lite-mla-fp8"),
+    pytest.param("llama-3.2-3b-instruct", "meta-llama/Llama-3.2-3B-Instruct", "chat", "short", {}, None,
+                 1_112_032, id="llama3b-tied-chat"),
+    pytest.param(None, "Qwen/Qwen3-30B-A3B", "long-doc", "long", {}, None, 1_480_272, id="qwen3moe-fp8"),
+    pytest.param(None, "meta-llama/Llama-3.1-8B-Instruct", "chat", "short", {}, None, 897_424, id="dense8-chat"),
+    pytest.param(None, "meta-llama/Llama-3.1-8B-Instruct", "long-doc", "long", {}, None, 1_793_328,
+                 id="dense8-long-fp8"),
+]
+
+
+@pytest.mark.parametrize(("shape", "name", "klass", "pool", "fields", "quant", "measured"), H200_MATRIX)
+def test_planned_kv_is_within_2_percent_of_vllm_on_the_h200(shape: str | None, name: str, klass: str, pool: str,
+                                                           fields: dict[str, Any], quant: str | None,
+                                                           measured: int) -> None:
+    model = shape_model(shape, name) if shape else {"name": name}
+    if quant:
+        model["quantization"] = quant
+    p = make_plan(engine_version="0.26", model=model, workloadClass=klass, accelerator=H200,
+                  pools={pool: {"replicas": 1, **fields}})
+    planned = p.pools[pool].kv.planned_tokens
+    assert planned == pytest.approx(measured, rel=0.02)
+    assert planned <= measured  # an under-estimate: the plan never promises KV vLLM does not allocate
+
+
+def test_the_fp8_weights_70b_shape_is_no_longer_minus_2_8_percent() -> None:
+    # The issue's figures: vLLM 67.73 GiB of weights and 182,176 tokens; the plan said 68.00 GiB and 177,040. The
+    # matrix run measured 67.75 GiB and 182,096; the plan now says 67.74 GiB (the tensors, 16-bit embeddings and LM
+    # head, the RoPE cache and a fixed 40 MiB, no longer +0.5 % of the weights) and a margin of 1 % of the KV memory.
+    model = shape_model("llama-3.3-70b-instruct-fp8-dynamic", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic")
+    p = make_plan(engine_version="0.26", model=model, workloadClass="long-doc", accelerator=H200,
+                  pools={"long": {"kvCacheDtype": "auto"}})
+    kv = p.pools["long"].kv
+    assert kv.breakdown.weights_bytes / catalog.GIB == pytest.approx(67.75, abs=0.03)
+    assert (kv.planned_tokens - 182_096) / 182_096 > -0.011
+
+
+def test_the_lora_deployment_of_issue_28_is_within_2_percent() -> None:
+    # benchmarks/gpu/deployments/lora.yaml on the H200 (2026-12-01): vLLM 1,790,432 KV tokens with two rank-16 slots.
+    doc = yaml.safe_load((REPO / "benchmarks" / "gpu" / "deployments" / "lora.yaml").read_text())
+    p = make_plan(engine_version="0.26", **{k: v for k, v in doc["spec"].items() if k != "engine"})
+    planned = p.pools["long"].kv.planned_tokens
+    assert planned == pytest.approx(1_790_432, rel=0.02) and planned <= 1_790_432
