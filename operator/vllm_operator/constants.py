@@ -171,6 +171,12 @@ EXIT_STARTUP_STALLED: Final = 83
 """The start stopped advancing: one start-up phase (`StartupPhase`) went its limit without a new phase, a progress
 line or a downloaded byte, so the wrapper stopped vLLM. The termination message names the phase and the limit."""
 
+EXIT_STARTUP_FAILED: Final = 82
+"""vLLM exited with an error before it served, and the error is none of the above (not out of memory, not a KV cache
+too small): a combination of model, arguments and GPU that this vLLM cannot run — e.g. FlashAttention 3's
+"For FP8 input, output must have dtype BF16" in CUDA graph capture (issue 38). Restarting with smaller memory
+settings cannot help, so the health loop reports it (with vLLM's error line) and steps nothing down."""
+
 REASON_ENGINE_OOM: Final = "EngineOOM"
 REASON_ENGINE_DEAD: Final = "EngineDead"
 REASON_KV_CACHE_TOO_SMALL: Final = "KVCacheTooSmall"
@@ -178,6 +184,7 @@ REASON_PREFLIGHT_FAILED: Final = "PreflightFailed"
 REASON_UNEXPECTED_EXIT: Final = "UnexpectedExit"
 REASON_LAUNCH_FAILED: Final = "LaunchFailed"
 REASON_STARTUP_STALLED: Final = "StartupStalled"
+REASON_STARTUP_FAILED: Final = "StartupFailed"
 
 EXIT_REASONS: Final = {
     EXIT_ENGINE_OOM: REASON_ENGINE_OOM,
@@ -187,6 +194,7 @@ EXIT_REASONS: Final = {
     EXIT_UNEXPECTED: REASON_UNEXPECTED_EXIT,
     EXIT_LAUNCH_FAILED: REASON_LAUNCH_FAILED,
     EXIT_STARTUP_STALLED: REASON_STARTUP_STALLED,
+    EXIT_STARTUP_FAILED: REASON_STARTUP_FAILED,
 }
 """Exit code -> reason (the `reason` field of the termination message)."""
 

@@ -83,9 +83,18 @@ KV_NUMBERS = re.compile(r"max seq len \((?P<max_seq_len>\d+)\).*?\((?P<needed_gi
                         r"(?:.*?estimated maximum model length is (?P<estimated_max_model_len>\d+))?")
 
 
+EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[\w.]*(?:Error|Exception))\b: \S")
+"""A Python exception's last line, also as vLLM's engine-core process prefixes it: `(EngineCore pid=N) RuntimeError:
+For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must have dtype BF16`."""
+GENERIC_EXCEPTION = re.compile(r"Engine core initialization failed|See root cause above|EngineDeadError|"
+                               r"KeyboardInterrupt|SystemExit")
+"""Exception lines that only point at another one (vLLM prints the root cause first) or that a stop causes."""
+
+
 @dataclass
 class Scanner:
-    """Remembers the first log line that matched each failure pattern.
+    """Remembers the first log line that matched each failure pattern, and the last exception line that names a
+    cause (`EXCEPTION_LINE`, not `GENERIC_EXCEPTION`) — the error a start that fails for another reason ends with.
 
     Once a stop was requested (SIGTERM forwarded), engine-death lines are part of a normal shutdown — vLLM's API
     server raises EngineDeadError when its engine core exits first — so only lines seen before the stop count.
@@ -94,8 +103,12 @@ class Scanner:
     seen: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: bool = False
+    error_line: str | None = None
 
     def feed(self, line: str) -> None:
+        if not self.stopping and EXCEPTION_LINE.search(line) and not GENERIC_EXCEPTION.search(line):
+            with self.lock:
+                self.error_line = line.strip()[:1024]
         for pattern in PATTERNS:
             if self.stopping and pattern.reason == constants.REASON_ENGINE_DEAD:
                 continue
@@ -112,10 +125,12 @@ class Outcome:
     numbers: Mapping[str, float | int | str]
 
 
-def outcome(child_code: int, seen: dict[str, str], stop_requested: bool, stalled: str | None = None) -> Outcome:
+def outcome(child_code: int, seen: dict[str, str], stop_requested: bool, stalled: str | None = None,
+            error_line: str | None = None, served: bool = False) -> Outcome:
     """The wrapper's exit code and reason from the child's code and what its log said (pure). `stalled` is the
     tracker's description when the wrapper stopped a stalled start: that stop is the cause, whatever vLLM printed
-    while it went down."""
+    while it went down. A non-zero exit before vLLM ever served (`served` False) with an exception line and none of
+    the patterns is StartupFailed, its detail vLLM's error line."""
     if stalled is not None:
         return Outcome(constants.EXIT_STARTUP_STALLED, constants.REASON_STARTUP_STALLED, stalled, {})
     for pattern in PATTERNS:
@@ -130,7 +145,9 @@ def outcome(child_code: int, seen: dict[str, str], stop_requested: bool, stalled
                        "vLLM exited with code 0 although no stop was requested", {})
     if child_code < 0:  # killed by a signal
         return Outcome(128 - child_code, None, f"vLLM was killed by signal {-child_code}", {})
-    return Outcome(child_code, None, "", {})
+    if child_code != 0 and not served and not stop_requested and error_line:
+        return Outcome(constants.EXIT_STARTUP_FAILED, constants.REASON_STARTUP_FAILED, error_line[:1024], {})
+    return Outcome(child_code, None, error_line[:1024] if error_line else "", {})
 
 
 def termination_message(result: Outcome, child_code: int, startup: Mapping[str, object] | None = None) -> str:
@@ -335,7 +352,8 @@ def _run_child(command: Sequence[str], termination_path: str, options: StartupOp
     for reader in readers:
         reader.join(READER_JOIN_S)
     watchdog.join(READER_JOIN_S)
-    result = outcome(code, dict(scanner.seen), stop.is_set(), stalled[0] if stalled else None)
+    result = outcome(code, dict(scanner.seen), stop.is_set(), stalled[0] if stalled else None,
+                     scanner.error_line, served=monitor.serving)
     if result.reason is not None or result.exit_code != 0:
         write_termination_message(termination_path, termination_message(result, code, monitor.snapshot()))
     if result.reason is not None:

@@ -32,6 +32,7 @@ class State(enum.StrEnum):
     CRASH_LOOPING = "CrashLooping"
     ENGINE_DEAD = "EngineDead"
     STARTUP_STALLED = "StartupStalled"
+    STARTUP_FAILED = "StartupFailed"
     STALLED = "Stalled"
     RUNAWAY_GENERATION = "RunawayGeneration"
     KV_PRESSURE = "KVPressure"
@@ -64,6 +65,14 @@ DESCRIPTIONS: Mapping[State, str] = {
                            "progress line or a downloaded byte (fresh wrapper metrics say so, or the wrapper "
                            "stopped vLLM with exit code 83). The wrapper already stops it and the kubelet restarts "
                            "it; the loop reports the phase. Not a slow start, not an OOM.",
+    State.STARTUP_FAILED: "vLLM exited with an error before it ever served, and the error is not out of memory and "
+                          "not a KV cache too small (the wrapper's exit code 82 / termination reason "
+                          "StartupFailed, its detail vLLM's error line — e.g. FlashAttention 3's \"For FP8 input, "
+                          "output must have dtype BF16\"): this model, these arguments and this GPU do not run "
+                          "together. Smaller memory settings cannot help, so nothing is stepped down and the "
+                          "operator deletes nothing; the kubelet's restarts (with its back-off) are the only ones. "
+                          "The pool's status and an event carry the error line; the fix is in the spec or the "
+                          "planner's tables.",
     State.STALLED: "Ready and answering /health, with requests running for the whole stall window and zero new "
                    "generation tokens, from fresh samples; the window is counted from when the current vLLM "
                    "process began serving (its wrapper's metrics), not from the container's start. Nothing else "
@@ -85,6 +94,7 @@ SEVERITY: tuple[State, ...] = (
     State.ENGINE_OOM,
     State.KV_CACHE_TOO_SMALL,
     State.HOST_OOM_KILLED,
+    State.STARTUP_FAILED,
     State.ENGINE_DEAD,
     State.STARTUP_STALLED,
     State.STALLED,
@@ -99,7 +109,8 @@ SEVERITY: tuple[State, ...] = (
 """Most severe first: a pool's primary state is the first of these present."""
 
 FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
-                            State.STARTUP_STALLED, State.STALLED, State.CRASH_LOOPING, State.UNSCHEDULABLE})
+                            State.STARTUP_STALLED, State.STARTUP_FAILED, State.STALLED, State.CRASH_LOOPING,
+                            State.UNSCHEDULABLE})
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,8 @@ def classify(term: Termination) -> State | None:
         return State.ENGINE_DEAD
     if term.wrapper_reason == constants.REASON_STARTUP_STALLED:
         return State.STARTUP_STALLED
+    if term.wrapper_reason == constants.REASON_STARTUP_FAILED:
+        return State.STARTUP_FAILED
     if term.exit_code not in (None, 0):
         return State.CRASH_LOOPING
     return None
@@ -211,8 +224,8 @@ def _describe_termination(term: Termination, state: State) -> str:
         parts.append(f"reason {term.reason}")
     lines = term.message.strip().splitlines()
     text = term.detail or (lines[0] if lines else "")
-    if text:
-        parts.append(text[:200])
+    if text:  # a start-up failure's error line is the whole diagnosis: keep more of it
+        parts.append(text[:600] if state is State.STARTUP_FAILED else text[:200])
     return f"{state.value}: " + ", ".join(parts)
 
 

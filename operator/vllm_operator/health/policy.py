@@ -184,6 +184,10 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
             budget.oom_events = [*budget.oom_events, when][-RESTART_HISTORY_MAX:]
         if term.state is State.KV_CACHE_TOO_SMALL and not stale_rung:
             new_kv = True
+        if term.state is State.STARTUP_FAILED:
+            out.notes.append(f"pool {pool}: vLLM cannot start with this plan ({term.detail[:300]}); not an "
+                             "out-of-memory, so nothing is stepped down and no pod is deleted — the kubelet "
+                             "restarts it with back-off; the spec (or the planner's tables) needs the fix")
 
     # 3. The KVCacheTooSmall path: deterministic at start-up, so one occurrence is enough.
     if new_kv:

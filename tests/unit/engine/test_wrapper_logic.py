@@ -75,7 +75,7 @@ def test_termination_message_is_one_line_within_4096_bytes() -> None:
 def test_exit_codes_are_distinct_and_named() -> None:
     codes = [constants.EXIT_ENGINE_OOM, constants.EXIT_ENGINE_DEAD, constants.EXIT_KV_CACHE_TOO_SMALL,
              constants.EXIT_PREFLIGHT_FAILED, constants.EXIT_UNEXPECTED, constants.EXIT_LAUNCH_FAILED,
-             constants.EXIT_STARTUP_STALLED]
+             constants.EXIT_STARTUP_STALLED, constants.EXIT_STARTUP_FAILED]
     assert len(set(codes)) == len(codes) and set(constants.EXIT_REASONS) == set(codes)
     assert all(80 <= c < 90 for c in codes)
 
@@ -134,3 +134,56 @@ def test_parse_nvidia_smi() -> None:
     rows = preflight.parse_nvidia_smi("0, NVIDIA H200, 143771, 143000, 9.0\n1, NVIDIA H200, 143771, 1000, 9.0\n")
     assert [(g.index, g.free_bytes // 1024**2, g.compute_capability) for g in rows] == [(0, 143000, (9, 0)),
                                                                                         (1, 1000, (9, 0))]
+
+
+# The tail of vLLM 0.26.0's log on the H200 when a float16 AWQ model met an fp8 KV cache on FlashAttention 3
+# (benchmarks/gpu/results/matrix/call4.tar.xz, cell awq72-fp8-nodtype): the root cause first, then the pointers to it.
+FA3_TAIL = [
+    "(EngineCore pid=7071) INFO 12-04 03:25:20 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode)",
+    "(EngineCore pid=7071) ERROR 12-04 03:25:21 [core.py:1] EngineCore failed to start.",
+    "(EngineCore pid=7071) Traceback (most recent call last):",
+    "(EngineCore pid=7071) RuntimeError: For FP16/BF16 input, output must have the same dtype as inputs. For FP8 "
+    "input, output must have dtype BF16",
+    "(APIServer pid=580) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+    "proc(s): {}",
+]
+
+
+def scanner_of(lines: list[str]) -> Scanner:
+    s = Scanner()
+    for line in lines:
+        s.feed(line)
+    return s
+
+
+def test_a_start_that_fails_with_an_error_line_is_startup_failed_with_that_line() -> None:
+    s = scanner_of(FA3_TAIL)
+    result = outcome(1, s.seen, False, error_line=s.error_line, served=False)
+    assert (result.exit_code, result.reason) == (constants.EXIT_STARTUP_FAILED, "StartupFailed")
+    assert result.detail == FA3_TAIL[3]
+    body = json.loads(termination_message(result, 1, {"phase": "Compiling", "since": 1.0}))
+    assert body["reason"] == "StartupFailed" and body["exitCode"] == 82 and body["phase"] == "Compiling"
+    assert "For FP8 input, output must have dtype BF16" in body["detail"]
+
+
+@pytest.mark.parametrize(("child", "stop", "served", "lines", "code", "reason"), [
+    pytest.param(1, False, True, FA3_TAIL, 1, None, id="after-serving-keeps-vllms-code"),
+    pytest.param(1, True, False, FA3_TAIL, 1, None, id="while-stopping"),
+    pytest.param(1, False, False, ["INFO nothing went wrong in words"], 1, None, id="no-error-line"),
+    pytest.param(1, False, False, [*FA3_TAIL, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"],
+                 constants.EXIT_ENGINE_OOM, "EngineOOM", id="an-oom-wins"),
+    pytest.param(1, False, False, [FA3_TAIL[4]], 1, None, id="only-the-pointer-to-a-cause"),
+])
+def test_startup_failed_needs_a_failed_start_with_a_cause(child: int, stop: bool, served: bool, lines: list[str],
+                                                          code: int, reason: str | None) -> None:
+    s = scanner_of(lines)
+    result = outcome(child, s.seen, stop, error_line=s.error_line, served=served)
+    assert (result.exit_code, result.reason) == (code, reason)
+
+
+def test_exception_lines_after_a_stop_request_are_not_the_cause() -> None:
+    s = Scanner()
+    s.feed("ValueError: a real cause")
+    s.stopping = True
+    s.feed("RuntimeError: raised while shutting down")
+    assert s.error_line == "ValueError: a real cause"

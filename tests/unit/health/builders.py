@@ -35,6 +35,10 @@ KV = term(constants.EXIT_KV_CACHE_TOO_SMALL, wrapper=constants.REASON_KV_CACHE_T
           detail="2.0 GiB needed, 1.1 GiB left")
 DEAD = term(constants.EXIT_ENGINE_DEAD, wrapper=constants.REASON_ENGINE_DEAD,
             detail="EngineCore encountered a fatal error")
+FA3_LINE = ("(EngineCore pid=7071) RuntimeError: For FP16/BF16 input, output must have the same dtype as inputs. "
+            "For FP8 input, output must have dtype BF16")
+"""vLLM 0.26.0's error line on the H200 (benchmarks/gpu/results/matrix, cell awq72-fp8-nodtype)."""
+STARTUP_FAILED = term(constants.EXIT_STARTUP_FAILED, wrapper=constants.REASON_STARTUP_FAILED, detail=FA3_LINE)
 HOST_OOM = term(137, "OOMKilled")
 ERROR = term(1)
 

@@ -10,10 +10,12 @@ import pytest
 from tests.unit.health.builders import (
     DEAD,
     ERROR,
+    FA3_LINE,
     HOST_OOM,
     KV,
     NOW,
     OOM,
+    STARTUP_FAILED,
     busy,
     pod,
     serving_since,
@@ -61,6 +63,8 @@ ROWS = {
                            State.HOST_OOM_KILLED, State.HOST_OOM_KILLED),
     "kv-cache-too-small": Row([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=2, last=KV)], {},
                               State.KV_CACHE_TOO_SMALL, State.KV_CACHE_TOO_SMALL),
+    "startup-failed": Row([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=3, last=STARTUP_FAILED)], {},
+                          State.STARTUP_FAILED, State.STARTUP_FAILED),
     "engine-dead": Row([pod("a", ready=False, started_ago=5, restarts=1, last=DEAD)], {}, State.ENGINE_DEAD,
                        State.ENGINE_DEAD),
     "unexpected-exit-zero-is-dead": Row([pod("a", ready=False, started_ago=5, restarts=1, last=term(86))], {},
@@ -186,7 +190,8 @@ def test_termination_keys_survive_the_restart() -> None:
 @pytest.mark.parametrize(("raw", "expect"), [
     (OOM, State.ENGINE_OOM), (KV, State.KV_CACHE_TOO_SMALL), (HOST_OOM, State.HOST_OOM_KILLED),
     (DEAD, State.ENGINE_DEAD), (ERROR, State.CRASH_LOOPING), (term(0, "Completed"), None),
-], ids=["oom", "kv", "host-oom", "dead", "error", "clean"])
+    (STARTUP_FAILED, State.STARTUP_FAILED), (term(82), State.STARTUP_FAILED),
+], ids=["oom", "kv", "host-oom", "dead", "error", "clean", "startup-failed", "startup-failed-code-only"])
 def test_classify(raw: dict[str, Any], expect: State | None) -> None:
     facts = pod_facts(pod("a", ready=False, started_ago=2, restarts=1, last=raw))
     assert facts.last_termination is not None
@@ -208,3 +213,11 @@ def test_a_pool_asleep_at_zero_is_healthy_not_degraded() -> None:
     assert long.state is State.HEALTHY and long.pods == () and long.desired_replicas == 0
     waking = diagnose(snapshot([pod("a")], {"a": busy("a")}, replicas={"short": 1, "long": 1}), S).pools["long"]
     assert waking.state is State.STARTING, "asked to wake, no pod yet: starting, not failing"
+
+
+def test_a_startup_failure_names_vllms_error_line() -> None:
+    snap = snapshot([pod("a", ready=False, waiting="CrashLoopBackOff", restarts=3, last=STARTUP_FAILED)])
+    d = diagnose(snap, S).pools["short"]
+    assert d.state is State.STARTUP_FAILED
+    assert d.pods[0].message == ("pod a: StartupFailed: exit code 82, reason Error, " + FA3_LINE
+                                 + " (waiting: CrashLoopBackOff)")

@@ -325,3 +325,32 @@ def test_startup_phase_reaches_pool_status_and_a_stuck_start_degrades() -> None:
 def test_loaded_adapters_go_into_status() -> None:
     d = run([pod("a")], {"a": busy("a", adapters=(("sql", True), ("new", False)))})
     assert [(a.name, a.loaded_replicas) for a in short(d).adapters or []] == [("new", 0), ("sql", 1)]
+
+
+# --------------------------------------------------------------------------- a start-up failure that is not an OOM
+def test_a_startup_failure_is_reported_with_vllms_line_and_nothing_is_stepped_down() -> None:
+    # The H200 matrix's float16 AWQ + fp8 KV start: no OOM, so neither ladder moves and no pod is deleted; the pool's
+    # status says StartupFailed, one event carries vLLM's error line, and the Remediating condition says why.
+    from tests.unit.health.builders import FA3_LINE, STARTUP_FAILED
+
+    p = pod("a", ready=False, waiting="CrashLoopBackOff", restarts=3, last=STARTUP_FAILED)
+    d = run([p])
+    assert d.rung_changes == [] and d.deletions == [] and d.actions == []
+    assert short(d).diagnosis == "StartupFailed"
+    assert short(d).step_down.level == 0 and short(d).step_down.kv_level == 0
+    assert short(d).restart_budget.oom_events == [] and short(d).restart_budget.used == 0
+    observed = [e for e in d.events if e.reason == "ObservedStartupFailed"]
+    assert len(observed) == 1 and FA3_LINE in observed[0].message
+    remediating = next(c for c in d.status.conditions if c.type == constants.COND_REMEDIATING)
+    assert "not an out-of-memory, so nothing is stepped down" in remediating.message
+    again = run([p], status=d.status)  # the same termination seen again: no second event, still nothing done
+    assert [e for e in again.events if e.reason == "ObservedStartupFailed"] == [] and again.rung_changes == []
+
+
+def test_repeated_startup_failures_never_feed_the_oom_ladder() -> None:
+    from tests.unit.health.builders import STARTUP_FAILED
+
+    pods = [pod(n, ready=False, waiting="CrashLoopBackOff", restarts=5, last={**STARTUP_FAILED, "finishedAt": ago(a)})
+            for n, a in (("a", 30), ("b", 60), ("c", 90))]
+    d = run(pods)
+    assert d.rung_changes == [] and short(d).restart_budget.oom_events == []
