@@ -19,7 +19,8 @@ Two halves, so the GPU time goes to engines only:
 
 What the rig substitutes, as a launcher does (and nothing else): the model id after `serve` becomes the carried
 weightless shape directory and `--load-format=dummy` is appended (no weights to download); `$(POD_IP)` and the
-pod's POD_IP env become 127.0.0.1; `/models` (the pods' volume) becomes a local folder; the wrapper's
+pod's POD_IP env become 127.0.0.1; `/models` and `/adapters` (the pods' volumes) become local folders, the
+adapters ConfigMap's files are written to a local folder instead of `/etc/vllm-operator/adapters`; the wrapper's
 `--termination-message-path` points into the cell's folder instead of /dev/termination-log. `vllm` and
 `vllm-operator` are small shims on PATH (`python3 -m vllm.entrypoints.cli.main`, `python3 -m vllm_operator.cli`),
 since the carried packages have no console scripts.
@@ -95,7 +96,10 @@ CELLS: tuple[Cell, ...] = (
     Cell("qwen3moe-fp8", "qwen3-30b-a3b", "long-doc", "long", "Qwen/Qwen3-30B-A3B", model_config=False,
          note="MoE (needs the MoE kernels), catalog entry, fp8 KV"),
     Cell("lora8-fp8", "llama-3.1-8b-instruct", "long-doc", "long", "meta-llama/Llama-3.1-8B-Instruct",
-         model_config=False, spec={"lora": {"maxLoras": 2, "maxRank": 16}}, note="two LoRA slots of rank 16, fp8 KV"),
+         model_config=False, spec={"lora": {"maxLoras": 2, "maxRank": 16}, "adapters": [
+             {"name": "a1", "source": {"pvc": {"claimName": "adapters", "path": "a1"}}, "maxRank": 16,
+              "pools": ["long"]}]},
+         note="two LoRA slots of rank 16 (an adapter listed, so the planner reserves them), fp8 KV"),
     Cell("fp8w70-fp8", "llama-3.3-70b-instruct-fp8-dynamic", "long-doc", "long",
          "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", note="FP8 weights and fp8 KV"),
     Cell("awq72-short", "qwen2.5-72b-instruct-awq", "long-doc", "short", "Qwen/Qwen2.5-72B-Instruct-AWQ",
@@ -177,12 +181,15 @@ def render_cell(cell: Cell, engine_version: str) -> dict[str, Any]:
     container = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")
     router_cm = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-router"))
     args = [a for a in container.get("args", []) if a not in cell.drop_args]
+    adapters_cm = next((o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-adapters")),
+                       None)
     kv = pool.kv
     rec.update(
         refused=False, warnings=warnings, command=container["command"], args=args, dropped=list(cell.drop_args),
         env=[{"name": e["name"], "value": e.get("value"), "fieldRef": (e.get("valueFrom") or {}).get("fieldRef")}
              for e in container.get("env", [])],
         router=json.loads(router_cm["data"]["router.json"]),
+        adapters_files=dict(adapters_cm["data"]) if adapters_cm is not None else {},
         planned={"weights_bytes": kv.breakdown.weights_bytes, "kv_tokens": kv.planned_tokens,
                  "budget_bytes": kv.budget_bytes, "bytes_per_token": kv.bytes_per_token,
                  "concurrency": kv.concurrency_at_full_length, "kv_cache_dtype": pool.kv_cache_dtype,
@@ -268,14 +275,25 @@ def shims(bindir: Path, python: str) -> None:
         path.chmod(0o755)
 
 
-def substitute(rec: dict[str, Any], model_dir: str, term_path: str, mount: str) -> tuple[list[str], dict[str, str]]:
-    """The launcher's substitutions (module docstring) on the rendered command, args and env."""
-    command = list(rec["command"])
+ADAPTERS_DIR = "/etc/vllm-operator/adapters"
+"""Where the pods mount the adapters ConfigMap; the rig writes its files to a local folder instead."""
+
+
+def substitute(rec: dict[str, Any], model_dir: str, term_path: str, mount: str, adapters_dir: str = "",
+               ports: tuple[int, int] = (ENGINE_PORT, STATUS_PORT)) -> tuple[list[str], dict[str, str]]:
+    """The launcher's substitutions (module docstring) on the rendered command, args and env. `ports` (engine,
+    wrapper status) other than the pod's 8000/8001 are for rehearsals that share a host with other tests."""
+    command = [c.replace(ADAPTERS_DIR, adapters_dir) if adapters_dir else c for c in rec["command"]]
+    command = [c.replace("=/adapters/", f"={mount}/adapters/") for c in command]
+    if ports[1] != STATUS_PORT:
+        command.insert(command.index("engine") + 1, f"--status-port={ports[1]}")
     serve = command.index("serve")
     command[serve + 1] = model_dir
     engine = command.index("engine")
     command[engine + 1:engine + 1] = [f"--termination-message-path={term_path}"]
     args = [a.replace("$(POD_IP)", "127.0.0.1") for a in rec["args"]]
+    if ports[0] != ENGINE_PORT:
+        args = [f"--port={ports[0]}" if a.startswith("--port=") else a for a in args]
     if any(a.startswith("--load-format") for a in args):
         raise SystemExit(f"{rec['cell']}: the plan already sets --load-format")
     env: dict[str, str] = {}
@@ -289,7 +307,7 @@ def substitute(rec: dict[str, Any], model_dir: str, term_path: str, mount: str) 
 
 LOG_FACTS = {
     "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
-    "load_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+    "load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
     "kv_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
     "kv_memory_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
     "concurrency": re.compile(r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
@@ -342,6 +360,7 @@ class Run:
         self.bindir = Path(args.work) / "bin"
         shims(self.bindir, self.python)
         self.site = args.site
+        self.engine_port, self.status_port, self.router_port = args.engine_port, args.status_port, args.router_port
 
     def left(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.t0) if self.args.budget_s > 0 else float("inf")
@@ -375,7 +394,12 @@ class Run:
             return result
         mount = str(Path(self.args.work) / "models-volume")
         term = cdir / "termination.log"
-        argv, env = substitute(rec, self.model_dir(rec["shape"]), str(term), mount)
+        adapters_dir = cdir / "adapters"
+        adapters_dir.mkdir(exist_ok=True)
+        for fname, text in (rec.get("adapters_files") or {}).items():
+            (adapters_dir / fname).write_text(text)
+        argv, env = substitute(rec, self.model_dir(rec["shape"]), str(term), mount, str(adapters_dir),
+                               (self.engine_port, self.status_port))
         result["argv"] = argv
         logfile = cdir / "engine.log"
         fh = logfile.open("wb")
@@ -397,7 +421,7 @@ class Run:
         while time.monotonic() - t0 < limit:
             if proc.poll() is not None:
                 break
-            code, _ = get(f"http://127.0.0.1:{STATUS_PORT}/startup", 2.0)
+            code, _ = get(f"http://127.0.0.1:{self.status_port}/startup", 2.0)
             if code == 200:
                 serving_s = round(time.monotonic() - t0, 1)
                 break
@@ -406,12 +430,12 @@ class Run:
         if serving_s is not None:
             log(f"{name}: serving after {serving_s} s")
             deadline = time.monotonic() + 30
-            while get(f"http://127.0.0.1:{ENGINE_PORT}/health", 2.0)[0] != 200 and time.monotonic() < deadline:
+            while get(f"http://127.0.0.1:{self.engine_port}/health", 2.0)[0] != 200 and time.monotonic() < deadline:
                 time.sleep(0.5)
-            metrics = get(f"http://127.0.0.1:{ENGINE_PORT}/metrics", 10.0)[1]
+            metrics = get(f"http://127.0.0.1:{self.engine_port}/metrics", 10.0)[1]
             result["cache_config_info"] = cache_info(metrics)
             result["chat"] = self.chat(rec, cdir)
-        result["status"] = _json(get(f"http://127.0.0.1:{STATUS_PORT}/status", 5.0)[1])
+        result["status"] = _json(get(f"http://127.0.0.1:{self.status_port}/status", 5.0)[1])
         code = stop(proc)
         fh.close()
         result["wrapper_exit_code"] = code
@@ -434,9 +458,9 @@ class Run:
         cfg = json.loads(json.dumps(rec["router"]))
         for route in cfg["pools"].values():
             route["service"] = None
-            route["endpoints"] = [f"http://127.0.0.1:{ENGINE_PORT}"] if route.get("enabled") else []
+            route["endpoints"] = [f"http://127.0.0.1:{self.engine_port}"] if route.get("enabled") else []
         cfg["tokenizer"] = {"path": self.model_dir(rec["shape"])}
-        cfg["port"] = ROUTER_PORT
+        cfg["port"] = self.router_port
         (cdir / "router.json").write_text(json.dumps(cfg, indent=2) + "\n")
         rlog = (cdir / "router.log").open("wb")
         router = subprocess.Popen(["vllm-operator", "router", "--config", str(cdir / "router.json"), "--host",
@@ -448,13 +472,13 @@ class Run:
             if router.poll() is not None:
                 via, why = "direct", f"router exited with code {router.returncode} (router.log)"
                 break
-            if get(f"http://127.0.0.1:{ROUTER_PORT}/health", 2.0)[0] == 200:
+            if get(f"http://127.0.0.1:{self.router_port}/health", 2.0)[0] == 200:
                 break
             if time.monotonic() - t0 > 60:
                 via, why = "direct", "router not healthy within 60 s (router.log)"
                 break
             time.sleep(0.5)
-        base = f"http://127.0.0.1:{ROUTER_PORT if via == 'router' else ENGINE_PORT}"
+        base = f"http://127.0.0.1:{self.router_port if via == 'router' else self.engine_port}"
         try:
             got = post(base + "/v1/chat/completions", body)
         finally:
@@ -568,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--site", default="/tmp/site")
     r.add_argument("--work", default="/tmp/matrix")
     r.add_argument("--python", default=sys.executable)
+    r.add_argument("--engine-port", type=int, default=ENGINE_PORT)
+    r.add_argument("--status-port", type=int, default=STATUS_PORT)
+    r.add_argument("--router-port", type=int, default=ROUTER_PORT)
     t = sub.add_parser("table")
     t.add_argument("results", nargs="+")
     args = ap.parse_args(argv)

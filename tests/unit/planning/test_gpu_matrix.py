@@ -112,6 +112,10 @@ H200_MATRIX = [
                  273_472, id="awq72-short"),
     pytest.param("llama-3.3-70b-instruct-fp8-dynamic", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "long-doc",
                  "long", {"kvCacheDtype": "auto"}, None, 182_096, id="fp8w70-auto"),
+    # vLLM's log (cell fp8w70-fp8, call 3): it profiled this KV cache and logged "Starting vLLM server" 161 s after
+    # launch, after the rig had stopped waiting for the call's budget (no chat request was sent).
+    pytest.param("llama-3.3-70b-instruct-fp8-dynamic", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "long-doc",
+                 "long", {}, None, 364_192, id="fp8w70-fp8"),
     pytest.param("mistral-7b-instruct-v0.1", "mistralai/Mistral-7B-Instruct-v0.1", "long-doc", "long", {}, None,
                  2_911_031, id="mistral-sw-fp8"),
     pytest.param("deepseek-v2-lite-chat", "deepseek-ai/DeepSeek-V2-Lite-Chat", "chat", "long", {}, None,
