@@ -316,7 +316,8 @@ LOG_FACTS = {
     "quant_kernel": re.compile(r"(Using \w*Marlin\w*[^\n]*|Selected \w+ for \w+)"),
 }
 ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[\w.]*(?:Error|Exception))\b: ")
-"""A Python exception line, also as vLLM's engine-core process prefixes it (`(EngineCore_DP0 pid=N) RuntimeError: …`)."""
+"""A Python exception line, also as vLLM's engine-core process prefixes it
+(`(EngineCore_DP0 pid=N) RuntimeError: …`)."""
 GENERIC_ERROR = re.compile(r"Engine core initialization failed|See root cause above|sitecustomize")
 """Exception lines that only point at another one (the root cause is printed before them)."""
 
@@ -346,7 +347,7 @@ def trim(text: str, head: int = 400, tail: int = 400) -> str:
     lines = [ln.rsplit("\r", 1)[-1] for ln in text.splitlines()]
     if len(lines) <= head + tail:
         return "\n".join(lines) + "\n"
-    return "\n".join(lines[:head] + [f"... {len(lines) - head - tail} lines left out ..."] + lines[-tail:]) + "\n"
+    return "\n".join([*lines[:head], f"... {len(lines) - head - tail} lines left out ...", *lines[-tail:]]) + "\n"
 
 
 class Run:

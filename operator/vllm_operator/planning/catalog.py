@@ -226,7 +226,7 @@ class ModelInfo:
         return self.vocab_size or 128_256
 
 
-def _bf16_gib(params: int, context: int, rotary_dim: int = 128) -> float:
+def _bf16(params: int, context: int, rotary_dim: int = 128) -> float:
     """bf16 weights in GiB as vLLM counts them: the tensors, the RoPE cache and a fixed extra
     (`hf_config.load_extra_bytes`; Llama-3.1-8B: 14.96 GiB of tensors, reported by vLLM 0.26 as 15.04 GiB)."""
     return round((params * 2 + hf_config.load_extra_bytes(context, rotary_dim)) / GIB, 2)
@@ -240,22 +240,22 @@ MODELS: tuple[ModelInfo, ...] = (
     ModelInfo("meta-llama/Llama-3.1-8B-Instruct", 32, 32, 8, 128, 131_072, 15.04, 4096, 14336, 128_256,
               ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
               "HF config.json; weights as vLLM 0.26 reported them on the H200"),
-    ModelInfo("meta-llama/Llama-3.1-70B-Instruct", 80, 64, 8, 128, 131_072, _bf16_gib(70_553_706_496, 131_072), 8192, 28672,
+    ModelInfo("meta-llama/Llama-3.1-70B-Instruct", 80, 64, 8, 128, 131_072, _bf16(70_553_706_496, 131_072), 8192, 28672,
               128_256, ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct",
                         "meta-llama/Meta-Llama-3.1-70B"), "HF config.json; 70.55 B params"),
-    ModelInfo("Qwen/Qwen2.5-7B-Instruct", 28, 28, 4, 128, 32_768, _bf16_gib(7_615_616_512, 32_768), 3584, 18944, 152_064,
+    ModelInfo("Qwen/Qwen2.5-7B-Instruct", 28, 28, 4, 128, 32_768, _bf16(7_615_616_512, 32_768), 3584, 18944, 152_064,
               ("Qwen/Qwen2.5-7B",), "HF config.json (32768 native; 131072 only with YaRN rope scaling); 7.62 B"),
-    ModelInfo("Qwen/Qwen2.5-72B-Instruct", 80, 64, 8, 128, 32_768, _bf16_gib(72_706_203_648, 32_768), 8192, 29568, 152_064,
+    ModelInfo("Qwen/Qwen2.5-72B-Instruct", 80, 64, 8, 128, 32_768, _bf16(72_706_203_648, 32_768), 8192, 29568, 152_064,
               ("Qwen/Qwen2.5-72B",), "HF config.json (32768 native; 131072 only with YaRN); 72.71 B params"),
-    ModelInfo("mistralai/Mistral-7B-Instruct-v0.3", 32, 32, 8, 128, 32_768, _bf16_gib(7_248_023_552, 32_768), 4096, 14336,
+    ModelInfo("mistralai/Mistral-7B-Instruct-v0.3", 32, 32, 8, 128, 32_768, _bf16(7_248_023_552, 32_768), 4096, 14336,
               32_768, ("mistralai/Mistral-7B-v0.3",), "HF config.json; 7.25 B params"),
-    ModelInfo("THUDM/glm-4-9b-chat", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360, 131_072), 4096, 13696, 151_552,
+    ModelInfo("THUDM/glm-4-9b-chat", 40, 32, 2, 128, 131_072, _bf16(9_399_951_360, 131_072), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b-chat",),
               "HF config.json (ChatGLM names; seq_length 131072, multi_query_group_num 2); 9.40 B params",
               trust_remote_code=True),
-    ModelInfo("THUDM/glm-4-9b-chat-hf", 40, 32, 2, 128, 131_072, _bf16_gib(9_399_951_360, 131_072), 4096, 13696, 151_552,
+    ModelInfo("THUDM/glm-4-9b-chat-hf", 40, 32, 2, 128, 131_072, _bf16(9_399_951_360, 131_072), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b-chat-hf",), "the transformers-native (Glm) port of glm-4-9b-chat: same shape"),
-    ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16_gib(9_399_951_360, 8_192), 4096, 13696, 151_552,
+    ModelInfo("THUDM/glm-4-9b", 40, 32, 2, 128, 8_192, _bf16(9_399_951_360, 8_192), 4096, 13696, 151_552,
               ("zai-org/glm-4-9b",), "the base model of glm-4-9b-chat: same shape, but seq_length 8192",
               trust_remote_code=True),
     # Mixture of experts: the weights hold every expert; activations see the experts a token is routed to
@@ -264,7 +264,7 @@ MODELS: tuple[ModelInfo, ...] = (
               "HF config.json (Qwen3MoeForCausalLM: 128 experts of width 768, 8 per token, untied embeddings; "
               "30.53 B params = 56.87 GiB of bf16 tensors); weights as vLLM 0.26 loaded them on the H200 "
               "('Model loading took 56.91 GiB')"),
-    ModelInfo("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 32, 8, 128, 32_768, _bf16_gib(46_702_792_704, 32_768), 4096,
+    ModelInfo("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 32, 8, 128, 32_768, _bf16(46_702_792_704, 32_768), 4096,
               2 * 14336, 32_000, ("mistralai/Mixtral-8x7B-v0.1",),
               "HF config.json (MixtralForCausalLM: 8 experts of width 14336, 2 per token, sliding_window null); "
               "46.70 B params"),

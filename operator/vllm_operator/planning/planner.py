@@ -56,7 +56,6 @@ from vllm_operator.api.spec import (
     KVCacheDtype,
     OverLimit,
     PoolSpec,
-    Quantization,
     RoutingStrategy,
     VLLMDeploymentSpec,
 )

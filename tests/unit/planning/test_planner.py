@@ -14,12 +14,12 @@ from tests.support.paths import EXAMPLE_FILES
 from tests.unit.planning.helpers import arg, make_plan, make_spec
 from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
-from vllm_operator.planning.catalog import GIB
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_resource, parse_spec
 from vllm_operator.api.spec import SecretKeyRef, Toleration, WorkloadClass
 from vllm_operator.handlers import conditions
 from vllm_operator.planning import RemediationState, catalog, plan, profiles
+from vllm_operator.planning.catalog import GIB
 from vllm_operator.planning.planner import check_name
 
 

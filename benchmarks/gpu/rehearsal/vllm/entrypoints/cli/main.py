@@ -16,7 +16,8 @@ def main() -> None:
     assert argv[0] == "serve", argv
     model = argv[1]
     opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in argv[2:] if a.startswith("--"))
-    config = json.load(open(os.path.join(model, "config.json")))
+    with open(os.path.join(model, "config.json")) as fh:
+        config = json.load(fh)
     print(f"INFO [api_server.py] vLLM API server version 0.26.0 (stand-in); args {argv[2:]}", flush=True)
     print("INFO [gpu_model_runner.py] Starting to load model", flush=True)
     time.sleep(0.5)
