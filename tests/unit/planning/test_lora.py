@@ -128,14 +128,14 @@ def test_slots_that_crowd_out_the_kv_cache_are_blamed_with_the_adapter_and_the_r
         planned_gpu(L4_LLAMA)
     assert str(err.value) == (
         "spec.adapters[1].maxRank: the short pool's 4 LoRA slots of rank 512 (the rank of adapter sql-expert) take "
-        "11.0 GiB: nothing is left for the KV cache on nvidia-l4-24gb (15.0 GiB of weights, 1.1 GiB of runtime "
+        "11.0 GiB: nothing is left for the KV cache on nvidia-l4-24gb (15.0 GiB of weights, 0.9 GiB of runtime "
         "overhead and 11.0 GiB of LoRA slots against the 19.8 GiB that gpu-memory-utilization 0.9 allows); what "
-        "fits: an adapter of rank 32 or lower (adapters[1].maxRank 32), or accelerator.count 2")
+        "fits: an adapter of rank 64 or lower (adapters[1].maxRank 64), or accelerator.count 2")
     fits = copy.deepcopy(L4_LLAMA)
-    fits["adapters"][1]["maxRank"] = 32
-    assert lora_args(planned_gpu(fits), "short") == ["--enable-lora", "--max-lora-rank=32", "--max-loras=4"]
     fits["adapters"][1]["maxRank"] = 64
-    with pytest.raises(SpecError, match=r"^spec.adapters\[1\].maxRank: the \w+ pool's 4 LoRA slots of rank 64"):
+    assert lora_args(planned_gpu(fits), "short") == ["--enable-lora", "--max-lora-rank=64", "--max-loras=4"]
+    fits["adapters"][1]["maxRank"] = 128
+    with pytest.raises(SpecError, match=r"^spec.adapters\[1\].maxRank: the \w+ pool's 4 LoRA slots of rank 128"):
         planned_gpu(fits)
 
 
@@ -161,7 +161,7 @@ def test_a_capacity_rank_above_the_adapters_is_blamed_on_spec_lora() -> None:
         planned_gpu(spec)
     assert str(err.value).startswith("spec.lora.maxRank: the short pool's 2 LoRA slots of rank 512 "
                                      "(spec.lora.maxRank) take 5.5 GiB")
-    assert "what fits: lora.maxRank 64, or accelerator.count 2" in str(err.value)
+    assert "what fits: lora.maxRank 128, or accelerator.count 2" in str(err.value)
 
 
 def test_weights_that_do_not_fit_are_not_blamed_on_small_slots() -> None:
