@@ -44,10 +44,24 @@ def test_failure_text_becomes_exit_code_and_message(mode: str, code: int, reason
     assert "INFO Starting vLLM API server" in done.stdout  # passed through
 
 
-def test_plain_error_keeps_the_child_code(tmp_path: Path) -> None:
-    done, msg = wrap("error", tmp_path)
+def test_an_error_after_serving_keeps_the_child_code(tmp_path: Path) -> None:
+    done, msg = wrap("error-after-serving", tmp_path)
     assert done.returncode == 3 and "RuntimeError: something else" in done.stderr
     assert msg is not None and msg["reason"] is None and msg["exitCode"] == 3
+    assert msg["detail"] == "RuntimeError: something else"
+
+
+@pytest.mark.parametrize(("mode", "line"), [
+    ("error", "RuntimeError: something else"),
+    ("startup-fa3", "(EngineCore pid=7071) RuntimeError: For FP16/BF16 input, output must have the same dtype as "
+                    "inputs. For FP8 input, output must have dtype BF16"),
+], ids=["plain-error", "fa3-fp8-float16"])
+def test_an_error_before_serving_is_startup_failed_with_the_root_cause(mode: str, line: str,
+                                                                       tmp_path: Path) -> None:
+    done, msg = wrap(mode, tmp_path)
+    assert done.returncode == constants.EXIT_STARTUP_FAILED, done.stderr
+    assert msg is not None and msg["reason"] == "StartupFailed" and msg["exitCode"] == 82
+    assert msg["detail"] == line  # the cause, not vLLM's "See root cause above"
 
 
 def test_killed_child_is_128_plus_signal(tmp_path: Path) -> None:

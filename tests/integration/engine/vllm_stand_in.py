@@ -36,6 +36,17 @@ def main(mode: str) -> int:
     if mode == "error":
         print("RuntimeError: something else", file=sys.stderr, flush=True)
         return 3
+    if mode == "error-after-serving":
+        print("INFO:     Application startup complete.", flush=True)
+        time.sleep(0.5)
+        print("RuntimeError: something else", file=sys.stderr, flush=True)
+        return 3
+    if mode == "startup-fa3":  # vLLM 0.26.0 on the H200, float16 AWQ model with fp8 KV (benchmarks/gpu, issue 38)
+        print("(EngineCore pid=7071) RuntimeError: For FP16/BF16 input, output must have the same dtype as inputs. "
+              "For FP8 input, output must have dtype BF16", file=sys.stderr, flush=True)
+        print("(APIServer pid=580) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+              "proc(s): {}", file=sys.stderr, flush=True)
+        return 1
     if mode == "sigterm":
         def drain(signum: int, _frame: object) -> None:
             print(f"INFO drained after signal {signum}", flush=True)
