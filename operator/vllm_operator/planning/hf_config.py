@@ -17,13 +17,17 @@ What is counted, per family (the parameter counts match the published totals: Ll
   own rule (Qwen: `decoder_sparse_step` and `mlp_only_layers`; DeepSeek: `first_k_dense_replace` and
   `moe_layer_freq`);
 * embeddings once when `tie_word_embeddings`, else twice (the LM head);
-* bytes per parameter: 2 for 16-bit checkpoints (vLLM also loads float32 checkpoints in 16 bit by default), 1 for
-  `quantization_config.quant_method: fp8` (embeddings stay 16 bit), `bits / 8` for AWQ/GPTQ; any other quantization
-  needs an explicit weight size.
+* bytes per parameter of the linear layers: 2 for 16-bit checkpoints (vLLM also loads float32 checkpoints in 16 bit
+  by default), 1 for `quant_method: fp8` and compressed-tensors 8-bit float schemes, `bits / 8` plus 16-bit group
+  scales and zero points for AWQ, GPTQ and compressed-tensors int schemes (`grouped_int_bytes`); embeddings and the
+  LM head stay 16 bit in every format; any other quantization needs an explicit weight size;
+* on top, what vLLM counts as weights: the RoPE cache and a fixed 40 MiB (`load_extra_bytes`, fitted on the H200).
 
-Sliding-window attention (Mistral-7B-v0.1's `sliding_window`, Gemma-style `layer_types`) lets vLLM keep only the
-window for those layers; the estimator sizes every layer at full length instead — an over-estimate of the KV each
-sequence needs, so the plan promises fewer tokens than vLLM will have, never more — and says so in a note.
+Sliding-window attention: when every layer slides (Mistral-7B-v0.1's `sliding_window`), the shape carries the
+window and the planner counts sequences and tokens as vLLM does (a sequence holds its window, not the whole
+length); when only some layers do (Gemma-style `layer_types`, Qwen's `max_window_layers`), every layer is sized at
+full length — an over-estimate of the KV each sequence needs, so the plan promises fewer tokens than vLLM will have,
+never more — and a note says so.
 """
 
 from __future__ import annotations

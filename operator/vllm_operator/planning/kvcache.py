@@ -19,11 +19,12 @@ estimate whose source is written down:
   against 46.58 GiB of KV at 0.45; 109.68 against 109.49 at 0.9), which is what a subtracted estimate looks like.
   The graphs actually captured took 0.97 GiB; what exceeds the estimate lands outside `utilization × total`, so the
   planner warns when `(1 − utilization) × total` leaves less than ~1 GiB beyond it.
-* margin: 1 % of the memory vLLM may use (utilisation × device), explicit; it absorbs the estimates' error and makes
-  the prediction a slight under-estimate (the planner promises no more than vLLM will give). Of the memory vLLM may
-  use, not of the device: a pool given a small share of a GPU (two engines on one H200, issue 28) keeps a margin in
-  proportion — 1 % of the whole device was 5.5 % of a 0.3 share's KV cache and put the plan 5.7 % under vLLM's
-  (209,776 tokens at 0.3; 1,106,176 at 0.6, −2.1 %), where it is −1.2 … −1.8 % with the share's margin.
+* margin: 1 % of the KV memory the other terms leave, explicit; it absorbs the estimates' error and makes the
+  prediction a slight under-estimate (the planner promises no more than vLLM will give). A share of the KV memory,
+  not of the device or of the memory vLLM may use: 1 % of the whole device was 5.5 % of a 0.3 share's KV cache
+  (issue 28: −5.7 %), and 1 % of `utilization × device` was 2.3 % of a 70B model's KV cache (issue 38: Llama-3.3-70B
+  FP8, whose weights take 54 % of the budget, −2.8 %). The H200 matrix (benchmarks/gpu/README.md, 2026-12-04) puts
+  every started cell at −0.69 … −1.18 % with it.
 
 Tokens as vLLM reports them: whole blocks of 16 (the GPU default; 128 on CPU), `blocks = budget // (block ×
 bytes_per_token)`, counted per max_model_len request: `int(blocks / ceil(L / block) × L)` — the same as
