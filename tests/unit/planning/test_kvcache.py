@@ -65,13 +65,13 @@ H200_MEASURED = [
 
 
 @pytest.mark.parametrize(("util", "dtype", "measured"), H200_MEASURED)
-def test_h200_measurements_within_5_percent(util: float, dtype: str, measured: int) -> None:
+def test_h200_measurements_within_2_percent(util: float, dtype: str, measured: int) -> None:
     # vLLM 0.26's defaults on a >=70 GiB GPU: 8192 batched tokens, 1024 sequences.
     p = make_plan(engine_version="0.26", accelerator={"type": "nvidia-h200-141gb"},
                   pools={"long": {"maxModelLen": 32768, "gpuMemoryUtilization": util, "kvCacheDtype": dtype,
                                   "maxNumBatchedTokens": 8192, "maxNumSeqs": 1024}})
     planned = p.pools["long"].kv.planned_tokens
-    assert planned == pytest.approx(measured, rel=0.05)
+    assert planned == pytest.approx(measured, rel=0.02)  # issue 38's target (was 5 % before its margin change)
     assert planned <= measured  # the margin makes the prediction an under-estimate, never a promise vLLM breaks
     # vLLM's CUDA-graph estimate (6 MiB per layer) explains the 0.19 GiB the measured terms leave unaccounted
     assert p.pools["long"].kv.breakdown.cuda_graph_bytes / GIB == pytest.approx(0.19, abs=0.01)
