@@ -1,8 +1,9 @@
 """Start and stop one upstream control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok).
 
-Every component runs inside the cluster's own network namespace (testcluster.netns), started with `ip netns exec`,
-which execs the binary, so the PID recorded in `state.json` is the component's own. Stopping sends SIGTERM to those
-PIDs (SIGKILL after a grace period), removes etcd's tmpfs data and the namespace; nothing else is signalled.
+Every component runs inside the cluster's own network namespace (testcluster.netns), entered through the cluster's
+pin of it with `nsenter --net=`, which execs the binary, so the PID recorded in `state.json` is the component's own.
+Stopping sends SIGTERM to those PIDs (SIGKILL after a grace period), removes etcd's tmpfs data and the namespace
+(if it is still this cluster's); nothing else is signalled.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class State:
     slot: int
     directory: str
     etcd_data: str
+    pin: str = ""  # the namespace's name of this cluster's own (testcluster.netns); "" in states from before pins
     pids: dict[str, int] = field(default_factory=dict)
     binaries: dict[str, str] = field(default_factory=dict)
     argv: dict[str, list[str]] = field(default_factory=dict)  # how each was started (Cluster.start_component)
@@ -188,7 +190,7 @@ class Cluster:
     def start_component(self, name: str, *, ready_timeout: float = 120) -> None:
         """Start a component `stop_component` stopped, with its recorded command line, and wait until it is ready
         (etcd healthy; the API server's /readyz; the controller manager's and the scheduler's /healthz)."""
-        if _alive(self.state.pids[name], self.state.binaries[name]):
+        if _running(self.state.pids[name], self.state.binaries[name]):
             raise ClusterError(f"{name} is still running (pid {self.state.pids[name]})")
         launcher = _Launcher(self.netns, self.state)
         proc = launcher.spawn(name, self.state.argv[name])
@@ -291,7 +293,7 @@ def load(directory: Path) -> Cluster:
     """The cluster whose state is in `directory` (started by `start`, possibly in another process)."""
     raw = json.loads((directory / "state.json").read_text())
     state = State(**raw)
-    return Cluster(state=state, netns=Netns(state.slot))
+    return Cluster(state=state, netns=Netns(state.slot, pin_name=state.pin))
 
 
 def start(directory: Path, *, kwok: bool = True, ready_timeout: float = 120,
@@ -307,7 +309,7 @@ def start(directory: Path, *, kwok: bool = True, ready_timeout: float = 120,
     directory.mkdir(parents=True, exist_ok=True)
     netns = create()  # raises NetnsError (fail closed) before anything starts
     etcd_data = tempfile.mkdtemp(prefix=f"vllmop-etcd-{netns.slot}-", dir="/dev/shm")
-    state = State(slot=netns.slot, directory=str(directory), etcd_data=etcd_data)
+    state = State(slot=netns.slot, directory=str(directory), etcd_data=etcd_data, pin=netns.pin_name)
     _save(state)
     try:
         _start(_Launcher(netns, state), bins, kwok=kwok, ready_timeout=ready_timeout, heartbeats=heartbeats)
@@ -354,7 +356,12 @@ def _start(launcher: _Launcher, bins: binaries.Binaries, *, kwok: bool, ready_ti
         f"--advertise-address={netns.address}", "--bind-address=0.0.0.0", f"--secure-port={API_PORT}",
         f"--tls-cert-file={keys.apiserver.cert}", f"--tls-private-key-file={keys.apiserver.key}",
         f"--client-ca-file={keys.ca.cert}",
-        "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+        "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+        # a real kubelet (testcluster.node) is reached at its InternalIP (its name resolves nowhere), its serving
+        # certificate verified against the cluster CA, with a client certificate of the API server's own
+        "--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={keys.ca.cert}",
+        f"--kubelet-client-certificate={keys.kubelet_client.cert}",
+        f"--kubelet-client-key={keys.kubelet_client.key}",
         f"--service-cluster-ip-range={netns.service_cidr}",
         f"--service-account-key-file={keys.service_account_pub}",
         f"--service-account-signing-key-file={keys.service_account_key}",
@@ -449,6 +456,36 @@ def _alive(pid: int, binary: str) -> bool:
     return Path(exe).name == Path(binary).name
 
 
+def _exiting(pid: int) -> bool:
+    """True while a process whose executable is no longer readable still has a thread running: a multithreaded
+    process (every Go binary) killed with SIGKILL loses its leader's memory map, and with it /proc/PID/exe, before
+    its other threads have exited and closed its files. Seen: kube-apiserver restarted right after a kill failed
+    with "bind: address already in use" on 6443, the dead one's listener still open."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] not in "ZX":
+            return True
+    return False
+
+
+def _running(pid: int, binary: str) -> bool:
+    """Still ours and running, or ours and not yet finished exiting (what a wait must wait for)."""
+    if _alive(pid, binary):
+        return True
+    try:
+        os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return _exiting(pid)
+    return False  # readable and another program: the PID was reused
+
+
 def stop_child(proc: subprocess.Popen[Any], grace: float = 20) -> None:
     """Stop a child this process started (its Popen, so the PID is ours and reaped): SIGTERM, up to `grace`
     seconds, then SIGKILL. The demo's operator and the tests' operator and vmtouch processes stop this way."""
@@ -472,7 +509,7 @@ def stop_processes(procs: Sequence[tuple[int, str]], *, first: signal.Signals = 
                 os.kill(pid, first)
     deadline = time.monotonic() + grace
     for pid, binary in procs:
-        while _alive(pid, binary) and time.monotonic() < deadline:
+        while _running(pid, binary) and time.monotonic() < deadline:
             _reap(pid)
             time.sleep(0.05)
         if _alive(pid, binary):
@@ -480,7 +517,7 @@ def stop_processes(procs: Sequence[tuple[int, str]], *, first: signal.Signals = 
                 os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + kill_wait
     for pid, binary in procs:
-        while _alive(pid, binary) and time.monotonic() < deadline:
+        while _running(pid, binary) and time.monotonic() < deadline:
             _reap(pid)
             time.sleep(0.05)
         _reap(pid)
@@ -488,7 +525,8 @@ def stop_processes(procs: Sequence[tuple[int, str]], *, first: signal.Signals = 
 
 def stop(state: State, grace: float = 10) -> None:
     """Stop the recorded PIDs one at a time in reverse start order, each gone before the next is signalled; remove
-    etcd's data and the network namespace.
+    etcd's data and the network namespace if it is still this cluster's (a stale state's stop, or a second stop,
+    leaves a slot another cluster has claimed since alone).
 
     One at a time because of etcd: signalled together, kube-apiserver never finishes its shutdown once etcd is gone
     (it waited out the grace and was killed) and etcd took 7 s to close with the API server's connections open, so
@@ -496,7 +534,7 @@ def stop(state: State, grace: float = 10) -> None:
     for name in reversed(list(state.pids)):
         stop_processes([(state.pids[name], state.binaries.get(name, ""))], grace=grace)
     shutil.rmtree(state.etcd_data, ignore_errors=True)
-    Netns(state.slot).teardown()
+    Netns(state.slot, pin_name=state.pin).teardown()  # only if the slot is still this cluster's
     state.pids.clear()
     with contextlib.suppress(OSError):
         _save(state)

@@ -14,14 +14,25 @@ from the host fails at once instead of leaving through the default gateway.
 Fail closed: every step is checked; if one fails, what was made is torn down and `NetnsError` is raised before any
 component starts. `prove_isolated` then shows that an outside address has no route inside the namespace and that the
 host drops the service and pod ranges.
+
+Ownership. The slot's name (`/run/netns/vllmop-S`) is only the atomic claim; right after it, the claimant binds the
+same namespace to a second name of its own, `vllmop-S.<random>` (the pin), and every process it starts enters the
+namespace through the pin (`nsenter --net=<pin>`), never by the slot's name. Teardown deletes the slot's name and its
+blackhole routes only while that name is still the pinned namespace (same nsfs inode), then its own pin. Before
+this, teardown deleted `vllmop-S` by name, and components entered it by name: a stale state's stop (`python -m
+testcluster down` on a cluster that had died, a second stop of a stopped one) deleted the namespace another cluster
+had claimed since, the next `create` claimed the free name, and the first cluster's next `ip netns exec vllmop-S`
+(its next component, or a restarted one) landed in the newcomer's namespace: two API servers on 172.29.S.2:6443.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 SLOTS = 16
 PREFIX = "vllmop-"
@@ -53,11 +64,22 @@ def require_privileges() -> None:
                          f"{caps}); run it where root may create network namespaces")
 
 
+def _identity(path: str) -> int | None:
+    """The namespace a `/run/netns` file is bound to (its nsfs inode), or None when the file is missing or is not a
+    bound namespace (a claim whose mount has not happened yet, or was undone, is an empty file on tmpfs)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino if st.st_dev == os.stat("/proc/self/ns/net").st_dev else None
+
+
 @dataclass(frozen=True)
 class Netns:
-    """One claimed slot: names and addresses."""
+    """One claimed slot: names and addresses, and the pin (`pin_name`) that makes it this claimant's."""
 
     slot: int
+    pin_name: str = ""
 
     @property
     def name(self) -> str:
@@ -92,33 +114,48 @@ class Netns:
     def first_service_ip(self) -> str:
         return str(ipaddress.ip_network(self.service_cidr)[1])
 
+    @property
+    def path(self) -> str:
+        """The pin: this claimant's own name for the namespace, which nobody else deletes or re-creates."""
+        if not self.pin_name:
+            raise NetnsError(f"slot {self.slot} has no pin (a state written before pins existed): its namespace "
+                             f"cannot be told from one another cluster claimed since")
+        return f"/run/netns/{self.pin_name}"
+
+    def owned(self) -> bool:
+        """True while the slot's name still names the namespace this claimant pinned."""
+        if not self.pin_name:
+            return False
+        mine = _identity(self.path)
+        return mine is not None and _identity(f"/run/netns/{self.name}") == mine
+
     def exec_prefix(self) -> list[str]:
-        """Prefix a command with this to run it inside the namespace (`ip netns exec` execs it: same PID)."""
-        return ["ip", "netns", "exec", self.name]
+        """Prefix a command with this to run it inside the namespace, entered through the pin (nsenter execs the
+        command: same PID). Not `ip netns exec`, which enters by the slot's name and remounts /sys (a kubelet then
+        finds no cgroup mounts)."""
+        return ["nsenter", f"--net={self.path}", "--"]
 
     def run(self, *cmd: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.exec_prefix(), *cmd], capture_output=True, text=True, check=False)
 
     def teardown(self) -> None:
-        """Remove the namespace (its veth pair goes with it) and the blackhole routes. Idempotent."""
-        _ip("netns", "del", self.name, check=False)
-        for cidr in (self.service_cidr, self.pod_cidr):
-            _ip("route", "del", "blackhole", cidr, check=False)
+        """Remove the namespace (its veth pair goes with it) and the blackhole routes, if the slot is still ours;
+        then the pin. Idempotent, and harmless on a stale state: a slot someone else claimed since is not touched."""
+        if self.owned():
+            for cidr in (self.service_cidr, self.pod_cidr):
+                _ip("route", "del", "blackhole", cidr, check=False)
+        self.release()
+
+    def release(self) -> None:
+        """Give the slot back: its name if it is still ours, then the pin; routes are left alone."""
+        if self.owned():
+            _ip("netns", "del", self.name, check=False)
+        if self.pin_name:
+            _ip("netns", "del", self.pin_name, check=False)
 
     def prove_isolated(self) -> None:
         """Raise unless no outside address routes from inside and the host drops the service and pod ranges."""
-        gateway = _ip("route", "show", "default", check=False).stdout.split()
-        probes = list(PROBE_ADDRESSES)
-        if "via" in gateway:
-            probes.append(gateway[gateway.index("via") + 1])
-        for address in probes:
-            proc = self.run("ip", "route", "get", address)
-            if proc.returncode == 0:
-                raise NetnsError(f"namespace {self.name} has a route to {address} ({proc.stdout.strip()}): "
-                                 "refusing to start a cluster that could reach off the machine")
-        routes = self.run("ip", "-o", "route", "show", "table", "all").stdout
-        if " default " in f" {routes} " or routes.startswith("default"):
-            raise NetnsError(f"namespace {self.name} has a default route: {routes.strip()}")
+        refuse_routes_out(self.exec_prefix(), f"namespace {self.name}")
         for cidr in (self.service_cidr, self.pod_cidr):
             if not _ip("route", "show", "type", "blackhole", "exact", cidr, check=False).stdout.strip():
                 raise NetnsError(f"host has no blackhole route for {cidr}")
@@ -131,6 +168,24 @@ class Netns:
         if proc.returncode != 0 or f"dev {self.host_link}" not in proc.stdout:
             raise NetnsError(f"host does not reach {self.address} through {self.host_link}: "
                              f"{(proc.stdout or proc.stderr).strip()}")
+
+
+def refuse_routes_out(prefix: list[str], label: str) -> None:
+    """Raise `NetnsError` if, inside the namespace that `prefix` enters, a public address, a private one or the
+    host's own gateway has a route, or any routing table has a default route."""
+    gateway = _ip("route", "show", "default", check=False).stdout.split()
+    probes = list(PROBE_ADDRESSES)
+    if "via" in gateway:
+        probes.append(gateway[gateway.index("via") + 1])
+    for address in probes:
+        proc = subprocess.run([*prefix, "ip", "route", "get", address], capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            raise NetnsError(f"{label} has a route to {address} ({proc.stdout.strip()}): refusing to start "
+                             "anything that could reach off the machine")
+    routes = subprocess.run([*prefix, "ip", "-o", "route", "show", "table", "all"], capture_output=True, text=True,
+                            check=False).stdout
+    if " default " in f" {routes} " or routes.startswith("default"):
+        raise NetnsError(f"{label} has a default route: {routes.strip()}")
 
 
 def _check_ranges_free(ns: Netns) -> None:
@@ -153,22 +208,48 @@ def _check_ranges_free(ns: Netns) -> None:
             raise NetnsError(f"host already routes {dest} ({line.strip()}), which overlaps slot {ns.slot}")
 
 
+def _pin(slot: int) -> Netns | None:
+    """Bind the namespace just claimed as `vllmop-<slot>` to a name of this claimant's own as well (a bind mount of
+    the nsfs file, as `ip netns` makes its names); None when the claim is no longer a namespace to pin."""
+    claimed = f"/run/netns/{PREFIX}{slot}"
+    ns = Netns(slot, pin_name=f"{PREFIX}{slot}.{secrets.token_hex(4)}")
+    if _identity(claimed) is None:
+        return None
+    pin = Path(ns.path)
+    try:
+        pin.touch(exist_ok=False)
+    except OSError as err:
+        raise NetnsError(f"could not create the pin {pin}: {err}") from err
+    mount = subprocess.run(["mount", "--bind", claimed, str(pin)], capture_output=True, text=True, check=False)
+    if mount.returncode != 0 or _identity(str(pin)) != _identity(claimed):
+        pin.unlink(missing_ok=True)
+        raise NetnsError(f"could not pin {claimed} at {pin}: {mount.stderr.strip()}")
+    return ns
+
+
 def create() -> Netns:
     """Claim a free slot and build its isolated network; on any failure tear down and raise `NetnsError`."""
     require_privileges()
     last_error = ""
     for slot in range(SLOTS):
-        ns = Netns(slot)
-        claim = _ip("netns", "add", ns.name, check=False)
+        claim = _ip("netns", "add", f"{PREFIX}{slot}", check=False)
         if claim.returncode != 0:
             last_error = claim.stderr.strip()
+            continue
+        try:
+            ns = _pin(slot)
+        except NetnsError:
+            _ip("netns", "del", f"{PREFIX}{slot}", check=False)  # the claim this call just made
+            raise
+        if ns is None:
+            last_error = f"slot {slot}'s namespace went away right after it was claimed"
             continue
         try:
             _check_ranges_free(ns)
         except NetnsError as err:
             # the slot's previous owner removed its namespace but its veth is still going away: try the next slot,
             # touching nothing of theirs (only the namespace this call just added is removed)
-            _ip("netns", "del", ns.name, check=False)
+            ns.release()
             last_error = str(err)
             continue
         try:

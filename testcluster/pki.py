@@ -49,8 +49,16 @@ def _name(common_name: str, orgs: tuple[str, ...] = ()) -> x509.Name:
 class Authority:
     """A CA that issues leaf certificates into one directory."""
 
-    def __init__(self, directory: Path, name: str) -> None:
+    def __init__(self, directory: Path, name: str, *, existing: bool = False) -> None:
         self.directory = directory
+        self.pair = Pair(directory / f"{name}.crt", directory / f"{name}.key")
+        if existing:  # a CA written earlier (the cluster's, for nodes that join after it started)
+            key = serialization.load_pem_private_key(self.pair.key.read_bytes(), password=None)
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                raise TypeError(f"{self.pair.key} is not an EC key")
+            self._key = key
+            self._cert = x509.load_pem_x509_certificate(self.pair.cert.read_bytes())
+            return
         self._key = _key()
         now = datetime.datetime.now(datetime.UTC)
         subject = _name(name)
@@ -66,7 +74,6 @@ class Authority:
                            critical=True)
             .sign(self._key, hashes.SHA256())
         )
-        self.pair = Pair(directory / f"{name}.crt", directory / f"{name}.key")
         self.pair.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         _write_key(self._key, self.pair.key)
 
@@ -107,6 +114,7 @@ class ClusterPKI:
     service_account_key: Path
     service_account_pub: Path
     users: dict[str, Pair]
+    kubelet_client: Pair  # what the API server presents to kubelets (logs, exec, port-forward)
 
 
 # user name -> (certificate file stem, groups). The controller manager and the scheduler get the identities their
@@ -132,10 +140,24 @@ def make_pki(directory: Path, *, advertise_address: str, service_ip: str) -> Clu
     )
     front_client = front.issue("front-proxy-client", "front-proxy-client")
     users = {user: ca.issue(stem, user, orgs=groups) for user, (stem, groups) in USERS.items()}
+    # kubeadm's name for it; a kubelet authorizes each of its requests by a SubjectAccessReview like any other
+    # caller's (authorization mode Webhook), which system:masters passes
+    kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",))
     sa_key = _key()
     sa_key_path, sa_pub_path = directory / "sa.key", directory / "sa.pub"
     _write_key(sa_key, sa_key_path)
     sa_pub_path.write_bytes(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                             serialization.PublicFormat.SubjectPublicKeyInfo))
     return ClusterPKI(ca=ca.pair, front_proxy_ca=front.pair, apiserver=apiserver, front_proxy_client=front_client,
-                      service_account_key=sa_key_path, service_account_pub=sa_pub_path, users=users)
+                      service_account_key=sa_key_path, service_account_pub=sa_pub_path, users=users,
+                      kubelet_client=kubelet_client)
+
+
+def node_credentials(directory: Path, node: str, node_ip: str) -> tuple[Pair, Pair]:
+    """A node's client certificate (system:node:<name> in system:nodes: the Node authorizer's and NodeRestriction's
+    identity for its kubelet) and its kubelet's serving certificate for its address, from the cluster's CA in
+    `directory` (the API server verifies that one: --kubelet-certificate-authority)."""
+    ca = Authority(directory, "ca", existing=True)
+    client = ca.issue(f"node-{node}", f"system:node:{node}", orgs=("system:nodes",))
+    serving = ca.issue(f"node-{node}-serving", f"system:node:{node}", server=True, dns=(node,), ips=(node_ip,))
+    return client, serving

@@ -226,7 +226,7 @@ class Stack:
                             run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=testcluster.API_PORT,
                             capacity={"cpu": "8", "memory": "24Gi", "pods": "110"},
                             runtime={"max_grace_s": 10.0}, lease_s=HEARTBEATS.lease_s, renew_s=HEARTBEATS.renew_s)
-        self.node = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
+        self.node = AgentThread(config, kube.kubeconfig, kube.netns.pin_name).start()
         self._exits.callback(self.node.stop)
         self.prom = self._prometheus(kube)
         self._loop_thread.start()

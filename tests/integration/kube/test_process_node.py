@@ -237,7 +237,7 @@ def test_a_dead_node_agent_gets_its_pods_evicted_and_rescheduled_on_another(kube
                               cluster_pod_cidr=kube.netns.pod_cidr, work_dir=tmp_path / "b",
                               run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
                               labels=label, taints=[TAINT], runtime={"max_grace_s": 5.0})
-        node_b = AgentThread(config_b, kube.kubeconfig, kube.netns.name).start()
+        node_b = AgentThread(config_b, kube.kubeconfig, kube.netns.pin_name).start()
         wait_for("node B Ready", lambda: _node_ready(kube, name_b), timeout=60)
 
         killed = time.monotonic()

@@ -85,7 +85,7 @@ def setup(kube: Cluster) -> Iterator[Setup]:
 @pytest.fixture
 def inside(setup: Setup) -> Iterator[None]:
     """This thread (the test's event loop) in the cluster's network namespace for the test."""
-    with entered(setup.kube.netns.name):
+    with entered(setup.kube.netns.pin_name):
         yield
 
 
@@ -151,7 +151,7 @@ class Fleet:
         return await self.admin.get(PODS, self.namespace, pod) is None
 
     def _ip(self, verb: str, ip: str) -> None:
-        subprocess.run(["ip", "-n", self.setup.kube.netns.name, "addr", verb, f"{ip}/32", "dev", "lo"],
+        subprocess.run(["ip", "-n", self.setup.kube.netns.pin_name, "addr", verb, f"{ip}/32", "dev", "lo"],
                        check=verb == "add", capture_output=True, text=True)
 
     async def ready_endpoints(self, service: str) -> int:
