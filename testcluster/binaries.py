@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "scripts" / "build-cluster-bin.sh"
 PROMETHEUS_SCRIPT = ROOT / "scripts" / "build-prometheus.sh"
+KUBELET_SCRIPT = ROOT / "scripts" / "build-kubelet.sh"
 # kwok's own default stages: nodes become Ready at once and keep a Lease; pods become Running/Ready, complete and
 # are deleted as a kubelet would.
 KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
@@ -90,6 +91,29 @@ def prometheus() -> Path:
     """Prometheus with Kubernetes service discovery, built from its Go module (scripts/build-prometheus.sh, part of
     `make cluster-bin`): Debian's 2.42 has no kubernetes_sd_configs."""
     return built_directory(PROMETHEUS_SCRIPT, "Prometheus is", ("prometheus",)) / "prometheus"
+
+
+def kubelet_directory() -> Path:
+    """kubelet and the pause binary, built from their Go module and the k8s module's C source
+    (scripts/build-kubelet.sh, part of `make cluster-bin`)."""
+    return built_directory(KUBELET_SCRIPT, "kubelet is", ("kubelet", "pause"))
+
+
+# The node runtime: Debian's packages (scripts/install-test-deps.sh), at the paths the packages install.
+CONTAINERD = "/usr/bin/containerd"
+CTR = "/usr/bin/ctr"
+RUNC = "/usr/sbin/runc"
+CNI_BIN_DIR = "/usr/lib/cni"
+
+
+def node_runtime() -> None:
+    """Raise `MissingBinaries` unless containerd, ctr, runc and the CNI bridge, host-local and loopback plugins are
+    installed."""
+    wanted = [CONTAINERD, CTR, RUNC, *(f"{CNI_BIN_DIR}/{p}" for p in ("bridge", "host-local", "loopback"))]
+    missing = [path for path in wanted if not os.access(path, os.X_OK)]
+    if missing:
+        raise MissingBinaries(f"the node runtime lacks {', '.join(missing)}: run scripts/install-test-deps.sh "
+                              "(Debian's containerd, runc and containernetworking-plugins)")
 
 
 def kubectl() -> str:

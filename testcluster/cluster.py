@@ -475,6 +475,11 @@ def _exiting(pid: int) -> bool:
     return False
 
 
+def exited(pid: int) -> bool:
+    """True once no thread of `pid` runs (gone, or a zombie whose parent has yet to reap it)."""
+    return not _exiting(pid)
+
+
 def _running(pid: int, binary: str) -> bool:
     """Still ours and running, or ours and not yet finished exiting (what a wait must wait for)."""
     if _alive(pid, binary):

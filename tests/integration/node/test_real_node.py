@@ -1,0 +1,266 @@
+"""Pods on real nodes (testcluster.node): kubelet v1.37.2 over containerd 1.6 and runc, two nodes of a control plane
+of this module's own, a minimal image built here (testcluster.images.busybox). Each test fails when the behaviour it
+names is missing: the kubelet enforcing a restricted securityContext, its probes (a slow start is not killed, a hang
+is), the kernel's OOM kill under the pod's memory limit and its reason in the status, `terminationMessagePath`,
+`kubectl logs` and `kubectl exec` authorized by the kubelet for real, cross-node pod traffic, and a node whose kubelet,
+containerd and containers are killed going NotReady.
+
+What each container reports is read back through `kubectl logs`/`exec`, the status through the API server: the same
+paths the operator's health loop and its tests read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from testcluster import cluster, images, node
+from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
+from testcluster.node import Node
+
+pytestmark = pytest.mark.integration
+
+NS = "real-node"
+IMAGE = images.BUSYBOX_IMAGE
+
+
+@dataclass
+class Nodes:
+    kube: Cluster
+    a: Node
+    b: Node
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+    root = tmp_path_factory.mktemp("real-node")
+    busybox = images.busybox()
+    before = set(os.listdir("/run/netns"))
+    with cluster.running(root / "kube", kwok=False, heartbeats=PROCESS_NODE_HEARTBEATS) as kube:
+        a = node.start(kube, "node-a", index=0, directory=root / "node-a", archives=[busybox])
+        try:
+            b = node.start(kube, "node-b", index=1, directory=root / "node-b", archives=[busybox])
+            try:
+                kube.kubectl("create", "namespace", NS)
+                yield Nodes(kube, a, b)
+            finally:
+                b.stop()
+        finally:
+            a.stop()
+    # containerd's per-pod namespaces live in the node's own /run/netns: none is left on the host's
+    assert not [n for n in set(os.listdir("/run/netns")) - before if n.startswith("cni-")]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def apply_pod(kube: Cluster, name: str, on: Node, containers: list[dict[str, Any]], **spec: Any) -> None:
+    for c in containers:
+        c.setdefault("image", IMAGE)
+        c.setdefault("imagePullPolicy", "Never")  # no registry: the image was imported into the node's containerd
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": on.name}, "containers": containers,
+                    "terminationGracePeriodSeconds": 1, **spec}}
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
+
+
+def get_pod(kube: Cluster, name: str) -> dict[str, Any]:
+    return dict(json.loads(kube.kubectl("get", "pod", name, "-n", NS, "-o", "json").stdout))
+
+
+def container_status(kube: Cluster, name: str, container: str | None = None) -> dict[str, Any]:
+    statuses = get_pod(kube, name).get("status", {}).get("containerStatuses") or []
+    return next((s for s in statuses if container is None or s["name"] == container), {})
+
+
+def running(kube: Cluster, name: str) -> bool:
+    return "running" in container_status(kube, name).get("state", {})
+
+
+def kexec(kube: Cluster, pod: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return kube.kubectl("exec", "-n", NS, pod, "--", *cmd, check=check)
+
+
+RESTRICTED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+              "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_nodes_run_the_real_kubelet_over_containerd(nodes: Nodes) -> None:
+    for n in (nodes.a, nodes.b):
+        obj = json.loads(nodes.kube.kubectl("get", "node", n.name, "-o", "json").stdout)
+        info = obj["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.37.2"
+        assert info["containerRuntimeVersion"].startswith("containerd://1.6."), info
+        assert {"type": "InternalIP", "address": n.ip} in obj["status"]["addresses"]
+        assert obj["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == node.KUBELET_PORT
+        routes = subprocess.run([*n.enter(), "ip", "-o", "route", "show", "table", "all"], capture_output=True,
+                                text=True, check=True).stdout
+        assert "default" not in routes, routes
+
+
+def test_restricted_security_context_is_enforced_and_logs_and_exec_work(nodes: Nodes) -> None:
+    kube = nodes.kube
+    apply_pod(kube, "restricted", nodes.a, [{
+        "name": "main", "command": ["sh", "-c", "echo started as $(id -u); exec sleep 3600"],
+        "securityContext": RESTRICTED}])
+    wait_for("the restricted pod running", lambda: running(kube, "restricted"))
+    assert kexec(kube, "restricted", "id", "-u").stdout.strip() == str(images.TEST_UID)
+    write = kexec(kube, "restricted", "sh", "-c", "touch /probe", check=False)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write
+    caps = kexec(kube, "restricted", "grep", "^Cap", "/proc/self/status").stdout
+    assert {line.split()[0]: line.split()[1] for line in caps.splitlines()}["CapEff:"] == "0" * 16, caps
+    no_new_privs = kexec(kube, "restricted", "grep", "NoNewPrivs", "/proc/self/status").stdout.split()
+    assert no_new_privs == ["NoNewPrivs:", "1"]
+    seccomp = kexec(kube, "restricted", "grep", "^Seccomp:", "/proc/self/status").stdout.split()
+    assert seccomp == ["Seccomp:", "2"]  # filter mode: the runtime's default profile
+    # the projected ServiceAccount token volume, mounted by the kubelet
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert kexec(kube, "restricted", "cat", f"{sa}/namespace").stdout == NS
+    assert kexec(kube, "restricted", "cat", f"{sa}/token").stdout.count(".") == 2
+    assert f"started as {images.TEST_UID}" in kube.kubectl("logs", "-n", NS, "restricted").stdout
+
+
+def test_running_as_root_is_refused_under_run_as_non_root(nodes: Nodes) -> None:
+    kube = nodes.kube
+    apply_pod(kube, "wants-root", nodes.a, [{
+        "name": "main", "command": ["sleep", "3600"],
+        "securityContext": {**RESTRICTED, "runAsUser": 0}}])
+    waiting = wait_for("the kubelet refusing root", lambda: container_status(kube, "wants-root").get(
+        "state", {}).get("waiting", {}).get("reason") == "CreateContainerConfigError" and container_status(
+        kube, "wants-root")["state"]["waiting"])
+    assert "non-root" in waiting["message"], waiting
+
+
+def test_kubelet_api_authorizes_each_request(nodes: Nodes) -> None:
+    """The kubelet's own API (what logs and exec go through) authenticates by the cluster CA and authorizes by a
+    SubjectAccessReview: anonymous is refused, and a node's identity is not allowed another kubelet's logs."""
+    pki = nodes.kube.directory / "pki"
+    url = f"https://{nodes.b.ip}:{node.KUBELET_PORT}/containerLogs/{NS}/restricted/main"
+    anonymous = subprocess.run([*nodes.kube.netns.exec_prefix(), "curl", "-s", "-o", "/dev/null", "-w",
+                                "%{http_code}", "--cacert", str(pki / "ca.crt"), url],
+                               capture_output=True, text=True, check=False)
+    assert anonymous.stdout == "401", anonymous
+    as_node_a = subprocess.run([*nodes.kube.netns.exec_prefix(), "curl", "-s", "--cacert", str(pki / "ca.crt"),
+                                "--cert", str(pki / "node-node-a.crt"), "--key", str(pki / "node-node-a.key"), url],
+                               capture_output=True, text=True, check=False)
+    assert "Forbidden" in as_node_a.stdout and "system:node:node-a" in as_node_a.stdout, as_node_a
+
+
+def test_probes_a_slow_start_is_not_killed_and_a_hang_is(nodes: Nodes) -> None:
+    kube = nodes.kube
+    http = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1, "timeoutSeconds": 1}
+    apply_pod(kube, "probed", nodes.b, [{
+        "name": "main",
+        # 6 s before it serves: longer than liveness would allow (2 failures), shorter than the startup probe's 20
+        "command": ["sh", "-c", "mkdir -p /tmp/www && echo ok > /tmp/www/index.html && sleep 6 && "
+                                "httpd -f -p 8080 -h /tmp/www & wait"],
+        "startupProbe": {**http, "failureThreshold": 20},
+        "livenessProbe": {**http, "failureThreshold": 2},
+        "readinessProbe": {**http, "failureThreshold": 1},
+        "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": False}}])
+    started = time.monotonic()
+    wait_for("the slow starter ready", lambda: container_status(kube, "probed").get("ready"), timeout=60)
+    assert time.monotonic() - started >= 5
+    assert container_status(kube, "probed")["restartCount"] == 0, "the slow start was killed"
+    kexec(kube, "probed", "sh", "-c", "kill -STOP $(pidof httpd)")  # hangs: accepts nothing, answers nothing
+    restarted = wait_for("the kubelet restarting the hung container",
+                         lambda: container_status(kube, "probed").get("restartCount", 0) >= 1
+                         and container_status(kube, "probed"), timeout=60)
+    terminated = restarted["lastState"]["terminated"]
+    assert terminated["exitCode"] == 137 and terminated["reason"] == "Error", terminated
+    events = kube.kubectl("get", "events", "-n", NS, "--field-selector", "involvedObject.name=probed", "-o",
+                          "json").stdout
+    assert "Liveness probe failed" in events and "Readiness probe failed" in events
+
+
+def test_over_its_memory_limit_a_container_is_oom_killed_by_the_kernel(nodes: Nodes) -> None:
+    kube = nodes.kube
+    apply_pod(kube, "hog", nodes.a, [{
+        "name": "main", "command": ["sh", "-c", "echo allocating; x=x; while :; do x=$x$x; done"],
+        "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}},
+        "securityContext": RESTRICTED}])
+    status = wait_for("the OOM kill", lambda: container_status(kube, "hog").get("lastState", {}).get("terminated")
+                      and container_status(kube, "hog"), timeout=90)
+    terminated = status["lastState"]["terminated"]
+    assert terminated["reason"] == "OOMKilled" and terminated["exitCode"] == 137, terminated
+    cgroup = kexec(kube, "hog", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes", check=False)
+    if cgroup.returncode == 0:  # the restarted container is allocating again; its limit is the pod spec's
+        assert cgroup.stdout.strip() == str(64 * 2**20)
+
+
+def test_termination_message_reaches_last_state(nodes: Nodes) -> None:
+    kube = nodes.kube
+    apply_pod(kube, "last-words", nodes.b, [
+        {"name": "file", "command": ["sh", "-c", "echo 'engine died: KV cache exhausted' > /dev/termination-log; "
+                                                  "exit 3"],
+         "securityContext": RESTRICTED},
+        {"name": "logs", "terminationMessagePolicy": "FallbackToLogsOnError",
+         "command": ["sh", "-c", "echo 'the last line of the log'; exit 4"], "securityContext": RESTRICTED}])
+
+    def both_terminated() -> dict[str, dict[str, Any]] | None:
+        got = {c: container_status(kube, "last-words", c).get("lastState", {}).get("terminated")
+               for c in ("file", "logs")}
+        return got if all(got.values()) else None
+
+    last = wait_for("both containers terminated once", both_terminated, timeout=90)
+    assert last["file"]["message"] == "engine died: KV cache exhausted\n" and last["file"]["exitCode"] == 3
+    assert last["file"]["reason"] == "Error"
+    assert last["logs"]["message"] == "the last line of the log\n" and last["logs"]["exitCode"] == 4
+
+
+def test_pods_on_different_nodes_reach_each_other(nodes: Nodes) -> None:
+    kube = nodes.kube
+    apply_pod(kube, "server", nodes.a, [{
+        "name": "main", "command": ["sh", "-c", "mkdir -p /tmp/www && echo from-a > /tmp/www/index.html && "
+                                                "exec httpd -f -p 8080 -h /tmp/www"],
+        "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": False}}])
+    apply_pod(kube, "client", nodes.b, [{"name": "main", "command": ["sleep", "3600"], "securityContext": RESTRICTED}])
+    wait_for("both pods running", lambda: running(kube, "server") and running(kube, "client"))
+    server = get_pod(kube, "server")["status"]
+    assert server["podIP"].startswith(nodes.a.pod_cidr.rsplit(".", 2)[0]) and server["hostIP"] == nodes.a.ip
+    # busybox's nc, not its wget: static glibc's getservbyname wants NSS modules the image does not have (SIGSEGV)
+    get = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server['podIP']} 8080"
+    got = wait_for("an answer across nodes", lambda: kexec(kube, "client", "sh", "-c", get, check=False).stdout)
+    assert got.startswith("HTTP/1.1 200") and got.endswith("from-a\n"), got
+    # the API server by its own address (no kube-proxy: a ClusterIP leads nowhere), nothing outside
+    api = kexec(kube, "client", "sh", "-c", f"nc -w 2 {nodes.kube.netns.address} 6443 </dev/null", check=False)
+    assert api.returncode == 0, api
+    routes = kexec(kube, "client", "ip", "route").stdout
+    assert "default" not in routes, routes
+    out = kexec(kube, "client", "sh", "-c", "nc -w 2 1.1.1.1 80 </dev/null", check=False)
+    assert out.returncode != 0 and "unreachable" in out.stderr, out
+
+
+def test_a_killed_node_goes_not_ready(nodes: Nodes) -> None:
+    """The last test: node b's kubelet, containerd, shims and containers all SIGKILLed by PID."""
+    kube = nodes.kube
+    apply_pod(kube, "doomed", nodes.b, [{"name": "main", "command": ["sleep", "3600"], "securityContext": RESTRICTED}])
+    wait_for("the doomed pod running", lambda: running(kube, "doomed"))
+    killed = nodes.b.crash()
+    assert killed["containers"] and killed["shims"], killed
+    # dead: gone, or a zombie that init (PID 1) has yet to reap
+    assert [p for group in killed.values() for p in group if not cluster.exited(p)] == [], killed
+    started = time.monotonic()
+    wait_for("node-b NotReady", lambda: not node.node_ready(kube, nodes.b.name), timeout=60)
+    lost = time.monotonic() - started
+    assert lost <= PROCESS_NODE_HEARTBEATS.monitor_grace_s + 2 * PROCESS_NODE_HEARTBEATS.monitor_period_s + 5
+    assert node.node_ready(kube, nodes.a.name), "node-a went down with node-b"
+    reason = next(c for c in json.loads(kube.kubectl("get", "node", nodes.b.name, "-o", "json").stdout)["status"][
+        "conditions"] if c["type"] == "Ready")["reason"]
+    assert reason == "NodeStatusUnknown", reason
