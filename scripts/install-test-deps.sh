@@ -6,7 +6,7 @@ need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v lua5.4 >/dev/null || need_apt+=(lua5.4)
 command -v vmtouch >/dev/null || need_apt+=(vmtouch)  # tests/e2e/conftest.py pins vLLM's files in the page cache
-# A real node (testcluster/node.py): Debian's containerd 1.6 (CRI v1; docs/testing.md says why not 2.x), runc (crun
+# A real node (testcluster/node.py): Debian's containerd 1.6 (CRI v1; the README says why not 2.x), runc (crun
 # fails on these cgroup v1 hybrid machines), the CNI bridge/host-local/loopback plugins; buildah makes the node's
 # images here (no registry is reachable) and busybox-static is the minimal test image's whole userland.
 [ -x /usr/bin/containerd ] || need_apt+=(containerd)

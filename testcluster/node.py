@@ -269,7 +269,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     max_conf_num = 1
 """
     (d / "containerd.toml").write_text(containerd_config)
-    (d / "resolv.conf").write_text("# no DNS: nothing here resolves names (docs/testing.md)\n")
+    (d / "resolv.conf").write_text("# no DNS: no cluster DNS runs, and no name resolves off the machine\n")
     kubelet_config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         # these machines are cgroup v1 (hybrid); kubelet 1.37 refuses v1 unless told not to

@@ -25,6 +25,7 @@ import yaml
 from testcluster import cluster, images, node
 from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
 from testcluster.node import Node
+from tests.support import kubelet
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +98,36 @@ def kexec(kube: Cluster, pod: str, *cmd: str, check: bool = True) -> subprocess.
     return kube.kubectl("exec", "-n", NS, pod, "--", *cmd, check=check)
 
 
+def shape(value: Any) -> Any:
+    """The keys of a status, nested: what a reader of it can rely on being there."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return type(value).__name__
+
+
+def assert_kwok_status_has_the_kubelets_shape(kube: Cluster, pod_name: str) -> None:
+    """tests/support/kubelet.py writes kwok pods' status for the health tier: for the state this pod's first
+    container is in now, its status must have the keys the real kubelet's has (values differ: times, IDs)."""
+    pod = get_pod(kube, pod_name)
+    real = pod["status"]["containerStatuses"][0]
+    state = next(iter(real["state"]))
+    last = real["lastState"].get("terminated")
+    kept = ("exitCode", "reason", "message")
+    report = kubelet.ContainerReport(
+        ready=real["ready"], restart_count=real["restartCount"],
+        waiting_reason=real["state"]["waiting"]["reason"] if state == "waiting" else None,
+        terminated={k: real["state"]["terminated"][k] for k in kept if k in real["state"]["terminated"]}
+        if state == "terminated" else None,
+        last_terminated={k: last[k] for k in kept if k in last} if last else None)
+    written = kubelet.pod_status(pod, report, time.time())
+    assert shape(written["containerStatuses"][0]) == shape(real), (written["containerStatuses"][0], real)
+    assert [(c["type"], sorted(c)) for c in written["conditions"]] == [
+        (c["type"], sorted(c)) for c in pod["status"]["conditions"]]
+    assert written["observedGeneration"] == pod["status"]["observedGeneration"]
+
+
 RESTRICTED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
               "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -162,6 +193,17 @@ def test_kubelet_api_authorizes_each_request(nodes: Nodes) -> None:
     assert "Forbidden" in as_node_a.stdout and "system:node:node-a" in as_node_a.stdout, as_node_a
 
 
+def test_node_credentials_are_limited_by_the_node_authorizer_and_node_restriction(nodes: Nodes) -> None:
+    kube, own = nodes.kube, nodes.a.directory / "kubelet.kubeconfig"
+    labelled = kube.kubectl("label", "node", nodes.a.name, "node-restriction.kubernetes.io/pool=x", check=False,
+                            kubeconfig=own)
+    assert labelled.returncode != 0 and "is not allowed to modify labels" in labelled.stderr, labelled  # admission
+    other = kube.kubectl("label", "node", nodes.b.name, "example.com/touched=yes", check=False, kubeconfig=own)
+    assert other.returncode != 0 and "forbidden" in other.stderr.lower(), other
+    secrets = kube.kubectl("get", "secrets", "-n", NS, check=False, kubeconfig=own)
+    assert secrets.returncode != 0 and "forbidden" in secrets.stderr.lower(), secrets  # the Node authorizer
+
+
 def test_probes_a_slow_start_is_not_killed_and_a_hang_is(nodes: Nodes) -> None:
     kube = nodes.kube
     http = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1, "timeoutSeconds": 1}
@@ -199,6 +241,7 @@ def test_over_its_memory_limit_a_container_is_oom_killed_by_the_kernel(nodes: No
                       and container_status(kube, "hog"), timeout=90)
     terminated = status["lastState"]["terminated"]
     assert terminated["reason"] == "OOMKilled" and terminated["exitCode"] == 137, terminated
+    assert_kwok_status_has_the_kubelets_shape(kube, "hog")
     cgroup = kexec(kube, "hog", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes", check=False)
     if cgroup.returncode == 0:  # the restarted container is allocating again; its limit is the pod spec's
         assert cgroup.stdout.strip() == str(64 * 2**20)
@@ -222,6 +265,11 @@ def test_termination_message_reaches_last_state(nodes: Nodes) -> None:
     assert last["file"]["message"] == "engine died: KV cache exhausted\n" and last["file"]["exitCode"] == 3
     assert last["file"]["reason"] == "Error"
     assert last["logs"]["message"] == "the last line of the log\n" and last["logs"]["exitCode"] == 4
+    assert_kwok_status_has_the_kubelets_shape(kube, "last-words")
+    # and once the kubelet is backing off the restarts
+    wait_for("CrashLoopBackOff", lambda: container_status(kube, "last-words", "file").get("state", {}).get(
+        "waiting", {}).get("reason") == "CrashLoopBackOff", timeout=90)
+    assert_kwok_status_has_the_kubelets_shape(kube, "last-words")
 
 
 def test_pods_on_different_nodes_reach_each_other(nodes: Nodes) -> None:
