@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ class Nodes:
     kube: Cluster
     a: Node
     b: Node
+    kernel: dict[str, str]  # the kernel settings the kubelet wants changed, as the machine had them before
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +47,14 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     root = tmp_path_factory.mktemp("real-node")
     busybox = images.busybox()
     before = set(os.listdir("/run/netns"))
+    kernel = {key: Path("/proc/sys", key).read_text() for key in node.KERNEL_TUNABLES}
     with cluster.running(root / "kube", kwok=False, heartbeats=PROCESS_NODE_HEARTBEATS) as kube:
         a = node.start(kube, "node-a", index=0, directory=root / "node-a", archives=[busybox])
         try:
             b = node.start(kube, "node-b", index=1, directory=root / "node-b", archives=[busybox])
             try:
                 kube.kubectl("create", "namespace", NS)
-                yield Nodes(kube, a, b)
+                yield Nodes(kube, a, b, kernel)
             finally:
                 b.stop()
         finally:
@@ -143,6 +146,16 @@ def test_nodes_run_the_real_kubelet_over_containerd(nodes: Nodes) -> None:
         routes = subprocess.run([*n.enter(), "ip", "-o", "route", "show", "table", "all"], capture_output=True,
                                 text=True, check=True).stdout
         assert "default" not in routes, routes
+        conditions = {c["type"]: c["status"] for c in obj["status"]["conditions"]}
+        assert conditions == {"MemoryPressure": "False", "DiskPressure": "False", "PIDPressure": "False",
+                              "Ready": "True"}, conditions
+        # the configuration in effect, read through the API server's proxy to the kubelet's own API
+        config = json.loads(nodes.kube.kubectl("get", "--raw", f"/api/v1/nodes/{n.name}/proxy/configz").stdout)
+        kubelet = config["kubeletconfig"]
+        assert kubelet["imageGCHighThresholdPercent"] == 100 and kubelet["evictionHard"]["imagefs.available"] == "1%"
+        assert kubelet["failCgroupV1"] is False and kubelet["protectKernelDefaults"] is True
+    # the kubelet changed none of the shared machine's kernel settings
+    assert {key: Path("/proc/sys", key).read_text() for key in node.KERNEL_TUNABLES} == nodes.kernel
 
 
 def test_restricted_security_context_is_enforced_and_logs_and_exec_work(nodes: Nodes) -> None:
