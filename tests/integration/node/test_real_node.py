@@ -165,6 +165,10 @@ def test_restricted_security_context_is_enforced_and_logs_and_exec_work(nodes: N
         "securityContext": RESTRICTED}])
     wait_for("the restricted pod running", lambda: running(kube, "restricted"))
     assert kexec(kube, "restricted", "id", "-u").stdout.strip() == str(images.TEST_UID)
+    # the image says USER 65532:65532, but the kubelet passes the runtime only the image's uid (RunAsUser) and the
+    # runtime looks the group up in the image's /etc/passwd: none, so group 0. A pod that wants the image's group
+    # must say runAsGroup (the operator's rendered pods do; the process node ran everything as the test runner)
+    assert kexec(kube, "restricted", "id", "-g").stdout.strip() == "0"
     write = kexec(kube, "restricted", "sh", "-c", "touch /probe", check=False)
     assert write.returncode != 0 and "Read-only file system" in write.stderr, write
     caps = kexec(kube, "restricted", "grep", "^Cap", "/proc/self/status").stdout
