@@ -7,7 +7,8 @@ kube-scheduler and kwok (fake nodes; pods on them go Running/Ready as a kubelet 
 from `make cluster-bin` (a cache outside the clone, see scripts/build-cluster-bin.sh).
 
 Network: every component runs inside a network namespace of its own with no route out (testcluster.netns), set up
-fail-closed and proven before anything starts; the host reaches the API server at the namespace's veth address.
+fail-closed and proven before anything starts, entered through a pin of this cluster's own so a cluster started
+beside it never shares it; the host reaches the API server at the namespace's veth address.
 Needs root and CAP_NET_ADMIN: without them `start` raises `NetnsError` saying so.
 
 API (everything else is internal):
@@ -21,6 +22,12 @@ API (everything else is internal):
         kube.log("kube-apiserver")                    # a component's log file
         kube.kubectl("apply", "-f", "-", input=nodes.node_yaml("gpu-1", labels=..., gpus=1))
     cluster.load(dir)                                  # a Cluster started by another process (`up`)
+
+    from testcluster import images, node              # a real node: kubelet + containerd + runc (testcluster.node)
+    n = node.start(kube, "node-a", index=0, directory=d, archives=[images.busybox()])   # Ready when it returns
+    n.ip, n.pod_cidr, n.enter(), n.ctr("images", "ls")  # its address, its pods' /24, nsenter prefix, containerd
+    n.crash()                                          # SIGKILL its kubelet, containerd, shims and containers
+    n.stop()                                           # or node.stop(node.load(d, kube).state)
 
 Command line: `python -m testcluster up [--dir DIR]` (prints the kubeconfig), `python -m testcluster down [--dir DIR]`.
 """
