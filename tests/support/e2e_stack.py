@@ -249,7 +249,7 @@ class Stack:
     def inside(self) -> contextlib.AbstractContextManager[None]:
         """This thread in the cluster's network namespace for the block (threads it starts there inherit it)."""
         assert self.kube_cluster is not None, "the stack has not started"
-        return entered(self.kube_cluster.netns.name)
+        return entered(self.kube_cluster.netns.pin_name)
 
     def start_node_process(self, name: str, labels: Mapping[str, str]) -> NodeProcess:
         """Another process node (pod CIDR after cpu-0's and the earlier ones'), its agent a process of its own,

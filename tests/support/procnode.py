@@ -31,7 +31,7 @@ def running_node(kube: Cluster, work_dir: Path, *, prefix: str, cidr_index: int,
                         run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=6443,
                         labels={NODE_LABEL: name}, taints=[dict(taint)],
                         runtime=dict(runtime or {"max_grace_s": 5.0}))
-    agent = AgentThread(config, kube.kubeconfig, kube.netns.name).start()
+    agent = AgentThread(config, kube.kubeconfig, kube.netns.pin_name).start()
     try:
         yield agent
     finally:
