@@ -14,7 +14,13 @@ source "$(dirname "$0")/lib/cached-build.sh"
 
 KUBE_VERSION=v1.37.2   # k8s.io/kubernetes in cluster/kubelet/go.mod (the same as cluster/kube/go.mod)
 RECIPE=1               # bump when the build commands below change in a way that changes the outputs
-command -v gcc >/dev/null || { echo "kubelet: 'gcc' is not on PATH (the pause binary is compiled from C)" >&2; exit 1; }
+static_libc() { command -v gcc >/dev/null && [ -f "$(gcc -print-file-name=libc.a)" ]; }
+if ! static_libc; then
+  echo "kubelet: installing gcc and libc6-dev (the pause binary is compiled from C, statically)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
+    || { echo "kubelet: 'apt-get install gcc libc6-dev' failed" >&2; exit 1; }
+fi
 cc_version="$(gcc -dumpfullversion)"
 
 cache_init kubelet "kubelet" "recipe=$RECIPE gcc=$cc_version" cluster/kubelet/go.mod cluster/kubelet/go.sum
