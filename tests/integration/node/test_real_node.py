@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -199,15 +200,28 @@ def test_kubelet_api_authorizes_each_request(nodes: Nodes) -> None:
     """The kubelet's own API (what logs and exec go through) authenticates by the cluster CA and authorizes by a
     SubjectAccessReview: anonymous is refused, and a node's identity is not allowed another kubelet's logs."""
     pki = nodes.kube.directory / "pki"
-    url = f"https://{nodes.b.ip}:{node.KUBELET_PORT}/containerLogs/{NS}/restricted/main"
-    anonymous = subprocess.run([*nodes.kube.netns.exec_prefix(), "curl", "-s", "-o", "/dev/null", "-w",
-                                "%{http_code}", "--cacert", str(pki / "ca.crt"), url],
-                               capture_output=True, text=True, check=False)
-    assert anonymous.stdout == "401", anonymous
-    as_node_a = subprocess.run([*nodes.kube.netns.exec_prefix(), "curl", "-s", "--cacert", str(pki / "ca.crt"),
-                                "--cert", str(pki / "node-node-a.crt"), "--key", str(pki / "node-node-a.key"), url],
-                               capture_output=True, text=True, check=False)
-    assert "Forbidden" in as_node_a.stdout and "system:node:node-a" in as_node_a.stdout, as_node_a
+    url = f"https://{nodes.b.ip}:{node.KUBELET_PORT}/pods"  # nodes/proxy, as logs, exec and the rest
+
+    def get(*cert: Path) -> tuple[int, str]:
+        """GET `url` from inside the cluster's namespace, verifying the kubelet's certificate by the cluster CA."""
+        code = ("import ssl, sys, urllib.request, urllib.error\n"
+                f"ctx = ssl.create_default_context(cafile={str(pki / 'ca.crt')!r})\n"
+                f"ctx.load_cert_chain(*{[str(c) for c in cert]!r}) if {bool(cert)} else None\n"
+                "try:\n"
+                f"    r = urllib.request.urlopen({url!r}, context=ctx, timeout=10)\n"
+                "    print(r.status, r.read().decode())\n"
+                "except urllib.error.HTTPError as e:\n"
+                "    print(e.code, e.read().decode())\n")
+        out = subprocess.run([*nodes.kube.netns.exec_prefix(), sys.executable, "-c", code], capture_output=True,
+                             text=True, check=True).stdout
+        status, _, body = out.partition(" ")
+        return int(status), body
+
+    assert get()[0] == 401  # anonymous
+    status, body = get(pki / "node-node-a.crt", pki / "node-node-a.key")
+    assert status == 403 and "system:node:node-a" in body, body
+    status, body = get(pki / "apiserver-kubelet-client.crt", pki / "apiserver-kubelet-client.key")
+    assert status == 200 and '"kind":"PodList"' in body, body  # the API server's own identity (kubectl logs)
 
 
 def test_node_credentials_are_limited_by_the_node_authorizer_and_node_restriction(nodes: Nodes) -> None:
