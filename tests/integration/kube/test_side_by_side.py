@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from testcluster import cluster
+from testcluster import cluster, netns
 from testcluster.cluster import Cluster
 from tests.support.paths import ROOT
 
@@ -102,3 +102,26 @@ def test_a_stale_stop_leaves_the_slot_to_the_cluster_that_claimed_it_since(tmp_p
     finally:
         second.stop()
     assert second.netns.name not in _listed() and second.netns.pin_name not in _listed()
+
+
+def test_a_stale_stop_between_a_claim_and_its_first_component_changes_nothing(tmp_path: Path) -> None:
+    """The reported collision, exactly: a cluster has claimed its slot and not started anything yet (its namespace
+    holds no process, so deleting its name destroyed it), a stale stop for that slot runs, another cluster starts.
+    On the code before pins the newcomer got the same slot and address, and the first cluster's next component ran
+    in the newcomer's namespace (reproduced: both `net:[4026532175]`)."""
+    claimed = netns.create()
+    try:
+        netns.Netns(claimed.slot).teardown()  # a state from before pins
+        netns.Netns(claimed.slot, pin_name=f"{claimed.name}.0000dead").teardown()  # a dead cluster's pinned state
+        newcomer = cluster.start(tmp_path / "newcomer", kwok=False)
+        try:
+            assert newcomer.netns.slot != claimed.slot and newcomer.netns.address != claimed.address
+            entered = subprocess.run([*claimed.exec_prefix(), "readlink", "/proc/self/ns/net"], capture_output=True,
+                                     text=True, check=True).stdout.strip()
+            assert entered == f"net:[{os.stat(claimed.path).st_ino}]"
+            assert entered != os.readlink(f"/proc/{newcomer.state.pids['kube-apiserver']}/ns/net")
+        finally:
+            newcomer.stop()
+    finally:
+        claimed.teardown()
+    assert claimed.name not in _listed() and claimed.pin_name not in _listed()
