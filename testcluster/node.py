@@ -306,7 +306,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 def _make_cgroups(root: str) -> None:
     """The node's cgroup root in every mounted hierarchy (the kubelet requires it to exist); cpuset's needs the
     parent's CPUs and memory nodes before anything can join it."""
-    for hierarchy in sorted(p for p in CGROUP_MOUNT.iterdir() if p.is_dir() and os.path.ismount(p)):
+    hierarchies = sorted(p for p in CGROUP_MOUNT.iterdir() if p.is_dir() and os.path.ismount(p))
+    if not {CGROUP_MOUNT / "pids", CGROUP_MOUNT / "memory"} <= set(hierarchies):
+        raise NodeError(f"no cgroup v1 pids and memory hierarchies under {CGROUP_MOUNT} (found "
+                        f"{[p.name for p in hierarchies]}): the node launcher knows the cgroup v1 (hybrid) layout of "
+                        "these machines only; on cgroup v2 its cgroup root and container PIDs would be elsewhere")
+    for hierarchy in hierarchies:
         target = hierarchy / root.lstrip("/")
         target.mkdir(exist_ok=True)
         if hierarchy.name == "cpuset":
