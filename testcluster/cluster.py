@@ -475,6 +475,11 @@ def _exiting(pid: int) -> bool:
     return False
 
 
+def alive(pid: int, binary: str) -> bool:
+    """True while `pid` still runs `binary` (a PID recorded at start, checked before it is signalled)."""
+    return _alive(pid, binary)
+
+
 def exited(pid: int) -> bool:
     """True once no thread of `pid` runs (gone, or a zombie whose parent has yet to reap it)."""
     return not _exiting(pid)

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from testcluster import binaries, images, pki
-from testcluster.cluster import Cluster, exited, stop_processes, write_kubeconfig
+from testcluster.cluster import Cluster, alive, exited, stop_processes, write_kubeconfig
 from testcluster.netns import NetnsError, refuse_routes_out
 
 MAX_NODES = 8  # node k's pod CIDR is the (16 - k)th /24 of the cluster's /20; the lower half is kwok's
@@ -164,10 +164,10 @@ class Node:
         """The node dies: SIGKILL to its kubelet, its containerd, its shims and its containers, by PID, all at
         once; returns the PIDs killed once every one has exited (the kubelet and containerd, this process's
         children, reaped). `stop` cleans up what is left (mounts, namespaces, cgroups)."""
-        killed = {
-            "kubelet": [self.state.pids["kubelet"]], "containerd": [self.state.pids["containerd"]],
-            "shims": self.shim_pids(), "containers": self.container_pids(),
-        }
+        recorded = {name: [pid] if alive(pid, self.state.binaries[name]) else []
+                    for name, pid in self.state.pids.items()}
+        killed = {"kubelet": recorded.get("kubelet", []), "containerd": recorded.get("containerd", []),
+                  "shims": self.shim_pids(), "containers": self.container_pids()}
         every = [p for group in killed.values() for p in group]
         for pid in every:
             with contextlib.suppress(ProcessLookupError):
