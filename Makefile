@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 TOOLS := .tools
 
 .PHONY: demo test lint unit integration e2e crds schemas goldens bench venv test-deps vllm-venv tools clean cluster-bin \
-	control-plane
+	control-plane images
 
 $(BIN)/vllm-operator: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,9 +27,17 @@ demo: venv control-plane
 test: venv test-deps
 	scripts/run-tiers.sh
 
-## System packages and binaries the integration/e2e tiers use (Prometheus, promtool, Lua, helm, vLLM on CPU).
-test-deps: venv cluster-bin
+## System packages and binaries the integration/e2e tiers use (Prometheus, promtool, Lua, helm, vLLM on CPU), and the
+## images the image tests run.
+test-deps: venv cluster-bin images
 	scripts/install-test-deps.sh
+
+## images: build the operator, router and engine-cpu images from images/*.Dockerfile with buildah on a Debian base
+## made here (installs buildah, podman, runc and mmdebstrap from Debian when missing), tagged as the operator's
+## defaults resolve them, into container storage and OCI archives under ~/.cache/vllm-operator/images/ (outside the
+## clone; a no-op when built for this content; cold ~8-9 min on a shared 2-core machine, see images/README.md).
+images:
+	scripts/build-images.sh
 
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go
 ## modules in cluster/ into ~/.cache/vllm-operator/kube-<hash>/ (outside the clone; a no-op when built): all that
@@ -51,6 +59,7 @@ cluster-bin: control-plane
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/mypy --python-version 3.12 --cache-dir .mypy_cache/py312
 	$(BIN)/lint-imports
 
 unit: venv

