@@ -41,3 +41,16 @@ def test_demo_imports_nothing_of_keda_or_prometheus() -> None:
     loaded = set(proc.stdout.split())
     assert "testcluster.demo" in loaded
     assert loaded.isdisjoint({"testcluster.keda", "testcluster.prometheus", "testcluster.prometheus_operator"})
+
+
+@pytest.mark.parametrize("target", ["test", "test-deps", "images"])
+def test_the_tests_build_the_images(target: str) -> None:
+    proc = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert "scripts/build-images.sh" in proc.stdout
+
+
+def test_demo_builds_no_image() -> None:
+    proc = subprocess.run(["make", "-n", "-B", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert "build-images.sh" not in proc.stdout
