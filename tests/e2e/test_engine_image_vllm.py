@@ -63,7 +63,7 @@ def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, 
     port = next(int(a.split("=", 1)[1]) for a in args if a.startswith("--port="))
     base = f"http://{namespace.address}:{port}"
     with images.running("engine-cpu", flags, args, tmp_path / "engine.log",
-                        network=f"ns:/run/netns/{namespace.name}", entrypoint=container["command"]) as engine:
+                        network=f"ns:{namespace.path}", entrypoint=container["command"]) as engine:
 
         def ready() -> bool:
             assert engine.running(), f"engine container exited: {images.podman('logs', engine.name).stderr[-3000:]}"

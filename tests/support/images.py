@@ -194,7 +194,8 @@ def running(name: str, flags: Sequence[str], argv: Sequence[str], log_path: Path
             network: str = "none", entrypoint: Sequence[str] | None = None) -> Iterator[Container]:
     """`podman run -d` of a built image; removed (with its logs copied to `log_path`) when the block exits.
 
-    `network`: "none" or "ns:/run/netns/NAME" (a namespace with no route out); anything else is refused.
+    `network`: "none" or "ns:/run/netns/<pin>" (`Netns.path` of testcluster.netns: a namespace with no route out,
+    entered by its claimant's pin, never by the slot's name); anything else is refused.
     `entrypoint`: the pod's `command` (replaces the image's ENTRYPOINT, as Kubernetes does); `argv` its args.
     """
     assert network == "none" or network.startswith("ns:/run/netns/"), f"refusing network {network!r}"

@@ -72,7 +72,7 @@ async def test_operator_image_reconciles_a_vllmdeployment(examples_tenant: Tenan
     client = await ClientKubeApi.from_environment(kubeconfig=str(tenant.kube.kubeconfig))
     try:
         with images.running("operator", flags, container["args"], tmp_path / "operator.log",
-                            network=f"ns:/run/netns/{tenant.kube.netns.name}") as operator:
+                            network=f"ns:{tenant.kube.netns.path}") as operator:
             obj = tenant.example("cpu-dev")
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             await client.create(VLLM_DEPLOYMENTS, ns, obj)

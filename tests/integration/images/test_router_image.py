@@ -61,7 +61,7 @@ def test_router_image_serves_a_chat_request_to_a_fake_vllm(tmp_path: Path, names
                             stdout=fake_log, stderr=subprocess.STDOUT)
     try:
         with images.running("router", flags, container.get("args", []), tmp_path / "router.log",
-                            network=f"ns:/run/netns/{namespace.name}", entrypoint=container["command"]) as router:
+                            network=f"ns:{namespace.path}", entrypoint=container["command"]) as router:
             base = f"http://{namespace.address}:{config.port}"
 
             def healthy() -> bool:
