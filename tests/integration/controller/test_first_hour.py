@@ -71,7 +71,7 @@ async def test_a_refused_spec_is_a_warning_and_a_column_not_an_operator_error(
         await kube.create(VLLM_DEPLOYMENTS, ns, obj)
         current = await eventually(lambda: spec_valid_false(kube, ns, name), timeout=30)
         message = cond(current, constants.COND_SPEC_VALID)["message"]
-        assert "what fits: maxModelLen 26352 (52720 with kvCacheDtype fp8), or accelerator.count 2" in message
+        assert "what fits: maxModelLen 27696 (55408 with kvCacheDtype fp8), or accelerator.count 2" in message
         events = [e for e in await kube.list(EVENTS, ns) if e["involvedObject"]["name"] == name]
         assert [e["reason"] for e in events if e["type"] == "Warning"] == ["SpecInvalid"]
         assert not [e for e in events if e["type"] == "Error"], events
