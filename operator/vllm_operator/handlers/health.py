@@ -60,11 +60,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if fresh is None:
                 return
             key = (meta.get("namespace"), meta.get("name"))
-            result = await loop.check(memo.kube, source, fresh, interval_override=config.health_interval_override,
+            check = functools.partial(loop.check, memo.kube, source, interval_override=config.health_interval_override,
                                       resolve_class=functools.partial(memo.classes.resolve, memo.kube, key),
                                       children=getattr(memo, "children", None))
+            result = await check(fresh)
             if result is not None:
-                await loop.execute(memo.kube, fresh, result, counters=memo.metrics,
+                await loop.execute(memo.kube, fresh, result, counters=memo.metrics, recheck=check,
                                    reconcile=functools.partial(reconcile, images=config.images,
                                                                classes=memo.classes,
                                                                prometheus_url=config.prometheus_url))

@@ -399,10 +399,12 @@ async def test_storm_every_pod_stalls_budget_caps_deletions(setup: Setup, admin:
             await session.close()
 
 
-async def test_a_decision_on_a_stale_status_is_not_acted_on(setup: Setup, admin: ClientKubeApi, name: str) -> None:
-    """The controller writes the status between the loop's read and its write: the loop's write gets 409 and it
-    does nothing this round (no rung, no event, no lost controller update); the next check, on fresh data, acts.
-    No operator runs: the test calls the reconcile and the loop's two halves itself, as admin."""
+async def test_a_decision_on_a_stale_status_is_made_again_on_the_fresh_one(setup: Setup, admin: ClientKubeApi,
+                                                                             name: str) -> None:
+    """The controller writes the status between the loop's read and its write: the loop's write gets 409, and the
+    one status writer reads the object again and the loop decides again on it, so the controller's update is kept
+    and the rung moves once (not on the stale decision, not twice). No operator runs: the test calls the reconcile
+    and the loop's two halves itself, as admin."""
     ns, kube = setup.namespace, admin
     await kube.create(VLLM_DEPLOYMENTS, ns, chat(setup, name))
     created = await kube.get(VLLM_DEPLOYMENTS, ns, name)
@@ -412,6 +414,11 @@ async def test_a_decision_on_a_stale_status_is_not_acted_on(setup: Setup, admin:
     dep_name = names.pool(name, "long")
     before = engine_args(await kube.get(DEPLOYMENTS, ns, dep_name))
     await report(kube, ns, pods[0]["metadata"]["name"], kv_too_small(None))
+    rechecked: list[str] = []
+
+    async def recheck(current: Any) -> Any:
+        rechecked.append(current["metadata"]["resourceVersion"])
+        return await loop.check(kube, None, current)
 
     async def kv_seen() -> Any:
         obj = await kube.get(VLLM_DEPLOYMENTS, ns, name)
@@ -419,21 +426,39 @@ async def test_a_decision_on_a_stale_status_is_not_acted_on(setup: Setup, admin:
         return (obj, result) if result is not None and result.decision.rung_changes else None
 
     obj, result = await eventually(kv_seen, timeout=20)
-    await kube.patch_status(VLLM_DEPLOYMENTS, ns, name, {"status": {"ready": "controller-was-here"}})
-    await loop.execute(kube, obj, result, reconcile=reconcile)
+    raced = await kube.patch_status(VLLM_DEPLOYMENTS, ns, name, {"status": {"ready": "controller-was-here"}})
+    await loop.execute(kube, obj, result, reconcile=reconcile, recheck=recheck)
+    assert rechecked == [raced["metadata"]["resourceVersion"]], "decided again once, on the object as raced"
     after = await kube.get(VLLM_DEPLOYMENTS, ns, name)
-    assert after is not None and after["status"]["ready"] == "controller-was-here"
-    assert after["status"]["pools"]["long"]["stepDown"].get("kvLevel", 0) == 0
-    assert engine_args(await kube.get(DEPLOYMENTS, ns, dep_name)) == before
-    assert "SteppedKVPath" not in await reasons(kube, ns, name)
-    fresh = await kube.get(VLLM_DEPLOYMENTS, ns, name)
-    assert fresh is not None
-    again = await loop.check(kube, None, fresh)
-    assert again is not None
-    await loop.execute(kube, fresh, again, reconcile=reconcile)
-    done = await kube.get(VLLM_DEPLOYMENTS, ns, name)
-    assert done is not None and done["status"]["pools"]["long"]["stepDown"]["kvLevel"] == 1
+    assert after is not None
+    assert after["status"]["pools"]["long"]["stepDown"]["kvLevel"] == 1
     assert engine_args(await kube.get(DEPLOYMENTS, ns, dep_name)) != before
+    assert "SteppedKVPath" in await reasons(kube, ns, name)
+
+
+async def test_disabling_a_pool_removes_its_status_also_after_health_checks(setup: Setup, admin: ClientKubeApi,
+                                                                            name: str) -> None:
+    """Every status writer (reconcile, refresh, the health loop) writes a diff with nulls against the object read:
+    with the long pool disabled, `status.pools.long` and `status.plan.long` go and stay gone while the health loop
+    checks every second (a whole-status merge patch cannot delete a key; 2d3eb9d kept both)."""
+    ns = setup.namespace
+    async with running_operator(setup):
+        await admin.create(VLLM_DEPLOYMENTS, ns, chat(setup, name))
+        obj = await eventually(lambda: ready_obj(admin, ns, name), timeout=60)
+        assert "long" in obj["status"]["pools"] and "long" in obj["status"]["plan"]
+        await admin.patch(VLLM_DEPLOYMENTS, ns, name, {"spec": {"pools": {"long": {"enabled": False}}}})
+
+        async def without_long() -> dict[str, Any] | None:
+            got = await ready_obj(admin, ns, name)
+            return got if got is not None and got["status"].get("observedGeneration") == 2 else None
+
+        got = await eventually(without_long, timeout=60)
+        assert "long" not in got["status"]["pools"] and "long" not in got["status"]["plan"], got["status"]
+        await asyncio.sleep(4)  # four health checks at the 1 s interval
+        got = await admin.get(VLLM_DEPLOYMENTS, ns, name)
+        assert got is not None and cond(got, constants.COND_DEGRADED).get("status") == "False", got["status"]
+        assert "long" not in got["status"]["pools"] and "long" not in got["status"]["plan"], got["status"]
+        assert got["status"]["longReplicas"] == "-"
 
 
 async def test_quiet_checks_write_nothing(setup: Setup, admin: ClientKubeApi, name: str) -> None:

@@ -25,7 +25,7 @@ from tests.support.paths import EXAMPLES
 from vllm_operator import constants, names
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.handlers import childplan
-from vllm_operator.handlers.reconcile import child_selector, reconcile
+from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
 from vllm_operator.k8s import CHILD_RESOURCES, DEPLOYMENTS, EVENTS, FIELD_MANAGER, VLLM_DEPLOYMENTS, KubeError
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.rendering import render
@@ -209,3 +209,19 @@ async def test_a_status_write_that_lost_a_race_is_made_again_from_a_fresh_read()
     outcome = await reconcile(api, stale)
     assert outcome.status_patched and api.calls["patch_status"] == 2 and api.calls["get"] == 1, api.calls
     assert (await fresh(api))["status"]["observedGeneration"] == 1
+
+
+async def test_disabling_a_pool_removes_its_status() -> None:
+    """The one status writer diffs against the object read, with nulls: a merge patch of the whole new status (what
+    the reconcile and the refresh wrote before) cannot delete `status.pools.long` or `status.plan.long`."""
+    api = FakeKubeApi()
+    await reconcile(api, await create(api, chat()))
+    before = (await fresh(api))["status"]
+    assert "long" in before["pools"] and "long" in before["plan"]
+    await reconcile(api, await edit(api, {"spec": {"pools": {"long": {"enabled": False}}}}))
+    after = (await fresh(api))["status"]
+    assert after["observedGeneration"] == 2
+    assert "long" not in after["pools"] and "long" not in after["plan"], after
+    assert after["longReplicas"] == "-" and "short" in after["pools"]
+    await refresh_status(api, await fresh(api))
+    assert "long" not in (await fresh(api))["status"]["pools"]
