@@ -4,9 +4,11 @@ Thin on purpose — the work is in `reconcile.py`; owned-Deployment changes are 
 per VLLMDeployment (`refresh.py`) that reads kopf's in-memory indexes rather than the API. kopf's retry semantics:
 a refused spec is handled, not an error (no retry until the spec changes; SpecValid=False and a Warning event say
 why, and the operator's log has one WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay.
-There is no on.delete handler: children go by ownerReference garbage collection. kopf still puts its finalizer
-(`settings.persistence.finalizer`) on every VLLMDeployment, because the health loop is a kopf timer and kopf stops a
-timer before letting its object go; without a running operator a deleted VLLMDeployment keeps it (README, "Upgrading").
+There is no on.delete handler, no timer and no daemon: children go by ownerReference garbage collection, and the
+health loop is an operator-level scheduler (`health.py`), so nothing asks kopf for a finalizer and a VLLMDeployment
+is deleted at once, with or without a running operator. Releases up to 2d3eb9d ran the health loop as a kopf timer,
+which put `vllm-operator.dev/finalizer` on every object; `configure_settings` keeps that name as kopf's finalizer so
+that kopf, which takes its finalizer off objects no handler needs it for, removes it from them on its first sight.
 
 Reconciles pass through `ReconcileSlots`, a few at a time in arrival order. kopf starts one handler per object at
 once, and every reconcile's ~26 requests share the API client's few worker threads: with 500 VLLMDeployments
@@ -51,7 +53,8 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=constants.GROUP, key="last-handled-configuration")
-    settings.persistence.finalizer = f"{constants.GROUP}/finalizer"
+    # No handler needs a finalizer; kopf removes this one (the health timer's, up to 2d3eb9d) where it finds it.
+    settings.persistence.finalizer = constants.LEGACY_FINALIZER
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.reconnect_backoff = 1.0

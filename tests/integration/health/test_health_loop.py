@@ -516,21 +516,3 @@ async def test_quiet_checks_read_pods_deployments_and_pdbs_from_the_watch_cache(
     assert not lists, f"checks listed {lists} from the API although the watches were current"
     watches = {r for verb, r in operator_requests(setup, 0) if verb == "watch"}
     assert {"pods", "deployments", "poddisruptionbudgets"} <= watches, watches
-
-
-async def test_the_health_timers_finalizer_is_on_the_object_and_goes_with_its_deletion(
-        setup: Setup, admin: ClientKubeApi, name: str) -> None:
-    """kopf finalizes every object with a timer (the health loop), so a VLLMDeployment carries
-    `vllm-operator.dev/finalizer` while the operator runs, and its deletion waits for the operator to stop the timer
-    and take the finalizer off (README, "Upgrading": delete VLLMDeployments before uninstalling the operator)."""
-    ns = setup.namespace
-    async with running_operator(setup):
-        await admin.create(VLLM_DEPLOYMENTS, ns, chat(setup, name))
-        obj = await eventually(lambda: ready_obj(admin, ns, name), timeout=60)
-        assert f"{constants.GROUP}/finalizer" in obj["metadata"].get("finalizers", []), obj["metadata"]
-        await admin.delete(VLLM_DEPLOYMENTS, ns, name)
-
-        async def gone_object() -> bool:
-            return await admin.get(VLLM_DEPLOYMENTS, ns, name) is None
-
-        await eventually(gone_object, timeout=30)
