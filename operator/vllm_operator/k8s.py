@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -160,9 +160,6 @@ class KubeApi(Protocol):
 
     async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
                     force: bool = False) -> dict[str, Any]: ...
-
-    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
-                         ) -> dict[str, Any]: ...
 
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,
                      grace_period_s: int | None = None) -> None:
@@ -548,13 +545,6 @@ class ClientKubeApi:
         query = {"fieldManager": FIELD_MANAGER, **({"force": "true"} if force else {})}
         data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), query=query,
                                                    body=dict(body), content_type=APPLY_PATCH)
-        return data
-
-    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
-                         ) -> dict[str, Any]:
-        """RFC 6902 operations (a `test` of resourceVersion makes the write conditional)."""
-        data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), body=[dict(op) for op in ops],
-                                                   content_type="application/json-patch+json")
         return data
 
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,

@@ -10,8 +10,7 @@ Order of work, and why:
    annotations (never rewriting an unchanged object): create what is missing, adopt same-named orphans, delete owned
    children the plan no longer has. `_execute` only carries that ChildPlan out, by server-side apply: the API
    server removes a field the rendering dropped (every toleration removed from the spec disappears from the pods),
-   keeps what other managers own (an HPA's replicas, the Deployment controller's annotations), and moves the
-   children the release before wrote to the apply manager first (managedfields.py).
+   and keeps what other managers own (an HPA's replicas, the Deployment controller's annotations).
 4. Write status through the one status writer (`k8s.write_status`): the diff against the object read, with nulls
    for what went away (a disabled pool's status goes), guarded by its resourceVersion; nothing when it is unchanged,
    so a no-op resync makes zero writes.
@@ -38,7 +37,6 @@ from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
-    FIELD_MANAGER,
     HPAS,
     NODES,
     POD_MONITORS,
@@ -241,10 +239,6 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         assert action.desired is not None
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         label = f"{res.kind} {namespace}/{action.name}"
-        if action.managed_fields is not None and action.observed is not None:
-            await _migrate(kube, res, namespace, action, child_selector(parent["metadata"]["name"]))
-            log.info("Moved the fields of %s for VLLMDeployment %s/%s to the apply manager", label, namespace,
-                     parent["metadata"]["name"])
         try:
             await kube.apply(res, namespace, action.name, action.desired)
         except KubeError as err:
@@ -260,29 +254,6 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         await kube.delete(res, namespace, action.name, uid=action.uid)
         outcome.deleted.append(f"{res.kind} {namespace}/{action.name}")
-
-
-async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAction, selector: str,
-                   attempts: int = 4) -> None:
-    """Write the moved managedFields, conditional on the resourceVersion they were computed from. Controllers write
-    children's status all the time (a failed `test` is a 422), so a lost race re-reads the child and recomputes.
-    The re-read is a LIST by the children's labels, not a GET: the chart grants the operator list on its child kinds
-    and get on none of them (the RBAC test holds the grants to exactly what the operator uses)."""
-    have, moved = action.observed, action.managed_fields
-    for attempt in range(attempts):
-        if have is None or moved is None:
-            return
-        try:
-            await kube.json_patch(res, namespace, action.name, [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": have["metadata"]["resourceVersion"]},
-                {"op": "replace", "path": "/metadata/managedFields", "value": list(moved)}])
-            return
-        except KubeError as err:
-            if err.status not in (409, 422) or attempt == attempts - 1:
-                raise
-        have = next((o for o in await kube.list(res, namespace, selector) if o["metadata"]["name"] == action.name),
-                    None)
-        moved = childplan.upgrade(have, action.key, action.upgrade_drop, FIELD_MANAGER) if have else None
 
 
 def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
@@ -381,8 +352,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     autoscaled = childplan.autoscaled_deployments(
         manifests, {p.name for p in the_plan.pools.values()
                     if p.external_autoscaler or (p.autoscaling is not None and autoscaling.active)})
-    await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled,
-                                                      apply_manager=FIELD_MANAGER), outcome)
+    await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled), outcome)
     order = {f"{m['kind']} {meta['namespace']}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
     outcome.created.sort(key=lambda label: order.get(label, len(order)))
     outcome.updated.sort(key=lambda label: order.get(label, len(order)))
