@@ -46,6 +46,9 @@ LABEL_CONTEXT_RANGE: Final = "llm-d.ai/context-length-range"
 ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
 ANNOTATION_CONFIG_HASH: Final = f"{GROUP}/config-hash"
 ANNOTATION_PLAN_SUMMARY: Final = f"{GROUP}/plan"
+# On a VLLMDeployment waiting for its turn in a class roll-out: the class it plans with until then, as it was before
+# the edit (handlers/classes.py). Written when the roll-out starts, removed at the dependent's turn.
+ANNOTATION_CLASS_PIN: Final = f"{GROUP}/workload-class-pin"
 # The finalizer kopf put on every VLLMDeployment while the health loop was a kopf timer (releases up to 2d3eb9d);
 # nothing needs it now, and kopf removes it from the objects it finds it on (handlers/lifecycle.py).
 LEGACY_FINALIZER: Final = f"{GROUP}/finalizer"

@@ -192,7 +192,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         index: ClassIndex = memo.classes
         await index.load(memo.kube)
         name = body["metadata"]["name"]
-        before = index.snapshot()
+        before, objects = index.snapshot(), index.objects()
         if event.get("type") == "DELETED":
             old, new = index.forget(name), None
         else:
@@ -209,13 +209,42 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         logging.getLogger(__name__).info("VLLMWorkloadClass %s was %s; re-planning %d VLLMDeployment(s) one at a "
                                          "time", name, what, len(targets))
 
-        async def changed(obj: Mapping[str, Any]) -> bool:
-            return await run_reconcile(memo.kube, memo.metrics, obj, config.images, index, memo.slots,
-                                       config.prometheus_url)
+        index.start_rollout(name, targets, before, objects, functools.partial(
+            classes.roll_out, index, memo.kube, name, targets, _reconciler(memo, config), child_selector,
+            config.class_rollout_timeout), memo.kube)
 
-        index.start_rollout(name, targets, before, functools.partial(
-            classes.roll_out, index, memo.kube, name, targets, changed, child_selector,
-            config.class_rollout_timeout))
+    @kopf.on.startup(registry=registry)
+    async def _resume_rollouts(memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        """Pins persisted by a roll-out the previous operator did not finish: loaded before any handler plans, and
+        their roll-outs resumed over the dependents still pinned, one at a time as before."""
+        index: ClassIndex = memo.classes
+        try:
+            pinned, unpinned = await classes.restore_pins(index, memo.kube, config.namespaces)
+            if pinned:
+                await index.load(memo.kube)
+        except KubeError as err:
+            raise kopf.TemporaryError(f"listing VLLMDeployments for their workload-class pins failed: {err}",
+                                      delay=5) from err
+        current = index.snapshot()
+        for name, targets in sorted(pinned.items()):
+            default = name in current and current[name].default
+            # The dependent whose turn it was is re-planned and unpinned, perhaps still rolling: wait for it first.
+            settle = [o for o in unpinned if classes.depends_on(o, {name}, default)]
+            logger.info("Resumed the roll-out of VLLMWorkloadClass %s: %d VLLMDeployment(s) still pinned", name,
+                        len(targets))
+            index.resume(name, functools.partial(classes.roll_out, index, memo.kube, name, targets,
+                                                 _reconciler(memo, config), child_selector,
+                                                 config.class_rollout_timeout, settle))
+
+
+def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
+    """A class roll-out's reconcile of one dependent: through the slots, like every other."""
+
+    async def changed(obj: Mapping[str, Any]) -> bool:
+        return await run_reconcile(memo.kube, memo.metrics, obj, config.images, memo.classes, memo.slots,
+                                   config.prometheus_url)
+
+    return changed
 
 
 def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
