@@ -6,7 +6,9 @@ that it can stop the timer before the object goes. Every VLLMDeployment then car
 with the operator stopped, a deleted VLLMDeployment (and its namespace) stayed Terminating, and in namespaced mode a
 namespace deletion could take the operator's Role first and strand the finalizer behind a 403. The scheduler needs
 nothing on the object: kopf's watch of VLLMDeployments (an `on.event` handler, which needs no finalizer) tells it
-which objects exist, with their interval; a deleted object just leaves the schedule.
+which objects exist, with their interval, and the object as last delivered, which the check reads (no GET: its
+status write is conditional on that version, and a 409 re-reads and decides again); a deleted object just leaves
+the schedule.
 
 Each VLLMDeployment sets its own interval (`spec.remediation.intervalSeconds`, or the operator's test override). The
 scheduler wakes every `tick` seconds and starts the checks that are due, at most one per object at a time. A check
@@ -35,7 +37,7 @@ from vllm_operator.handlers.lifecycle import ReconcileSlots
 from vllm_operator.handlers.reconcile import reconcile
 from vllm_operator.health import loop
 from vllm_operator.health.source import PrometheusSource
-from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeError
+from vllm_operator.k8s import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,8 @@ TICK_S = 5.0
 HANDLER_ID = "health-schedule"
 Key = tuple[str, str]
 """(namespace, name) of a VLLMDeployment."""
-Check = Callable[[Key], Awaitable[None]]
+Check = Callable[[Key, Mapping[str, Any]], Awaitable[None]]
+"""One check of a VLLMDeployment, given the object as kopf's watch last delivered it."""
 
 
 def reconciled_once(body: Mapping[str, Any]) -> bool:
@@ -57,6 +60,8 @@ def reconciled_once(body: Mapping[str, Any]) -> bool:
 
 @dataclass
 class _Entry:
+    body: Mapping[str, Any]
+    """The object as the watch last delivered it (a shallow copy of kopf's event object: nothing is duplicated)."""
     interval: float
     ready: bool
     """Reconciled once and not being deleted: worth checking."""
@@ -92,9 +97,9 @@ class HealthScheduler:
         ready = reconciled_once(body) and not meta.get("deletionTimestamp")
         entry = self._entries.get(key)
         if entry is None:
-            self._entries[key] = _Entry(interval, ready)
+            self._entries[key] = _Entry(dict(body), interval, ready)
         else:
-            entry.interval, entry.ready = interval, ready
+            entry.body, entry.interval, entry.ready = dict(body), interval, ready
 
     def forget(self, key: Key) -> None:
         self._entries.pop(key, None)
@@ -116,10 +121,11 @@ class HealthScheduler:
     async def _run_one(self, key: Key) -> None:
         try:
             async with self._slots:
-                if key not in self._entries:
-                    return  # deleted while it waited for a slot
+                entry = self._entries.get(key)
+                if entry is None or not entry.ready:
+                    return  # deleted (or being deleted) while it waited for a slot
                 self.checks += 1
-                await self._check(key)
+                await self._check(key, entry.body)
         except asyncio.CancelledError:
             raise
         except KubeError as err:
@@ -174,18 +180,19 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             scheduler.observe(body)
 
 
-async def check_one(memo: Any, config: OperatorConfig, source: PrometheusSource | None, key: Key) -> None:
-    """One health check: read the object afresh (kopf's body may lag the API, and the loop's status write is
-    conditional on what it read), then check and act."""
+async def check_one(memo: Any, config: OperatorConfig, source: PrometheusSource | None, key: Key,
+                    body: Mapping[str, Any]) -> None:
+    """One health check, on the object as kopf's watch last delivered it: no GET. The status write that may follow
+    goes through the one status writer, conditional on that object's resourceVersion; when the watch lagged behind
+    a write, the 409 makes it read the object and decide again (`loop.execute`). A settled operator so sends no
+    request for its checks (up to 2d3eb9d each check read its object afresh: 1 GET per object per interval)."""
     kube = memo.kube
-    fresh = await kube.get(VLLM_DEPLOYMENTS, key[0], key[1])
-    if fresh is None or fresh["metadata"].get("deletionTimestamp") or not reconciled_once(fresh):
-        return
+    memo.metrics.health_checks.inc()
     check = functools.partial(loop.check, kube, source, interval_override=config.health_interval_override,
                               resolve_class=functools.partial(memo.classes.resolve, kube, key),
                               children=getattr(memo, "children", None))
-    result = await check(fresh)
+    result = await check(body)
     if result is not None:
-        await loop.execute(kube, fresh, result, counters=memo.metrics, recheck=check,
+        await loop.execute(kube, body, result, counters=memo.metrics, recheck=check,
                            reconcile=functools.partial(reconcile, images=config.images, classes=memo.classes,
                                                        prometheus_url=config.prometheus_url))

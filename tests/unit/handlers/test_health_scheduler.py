@@ -33,7 +33,7 @@ def test_only_a_reconciled_object_is_checked() -> None:
 
 def test_due_by_each_objects_own_interval() -> None:
     async def scenario() -> None:
-        async def check(_: tuple[str, str]) -> None:
+        async def check(_: tuple[str, str], __: Any) -> None:
             return None
 
         s = HealthScheduler(check, ReconcileSlots(4), tick=5.0)
@@ -59,7 +59,8 @@ def test_checks_wait_for_a_reconcile_slot_and_run_once_per_object_at_a_time() ->
         started: list[tuple[str, str]] = []
         release = asyncio.Event()
 
-        async def check(key: tuple[str, str]) -> None:
+        async def check(key: tuple[str, str], seen: Any) -> None:
+            assert seen["metadata"]["name"] == key[1], "the check gets the object as watched"
             started.append(key)
             await release.wait()
 
@@ -87,7 +88,7 @@ def test_a_failing_check_is_logged_and_the_next_interval_tries_again(caplog: Any
     async def scenario() -> int:
         calls = 0
 
-        async def check(_: tuple[str, str]) -> None:
+        async def check(_: tuple[str, str], __: Any) -> None:
             nonlocal calls
             calls += 1
             raise RuntimeError("boom")
