@@ -46,9 +46,12 @@ LABEL_CONTEXT_RANGE: Final = "llm-d.ai/context-length-range"
 ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
 ANNOTATION_CONFIG_HASH: Final = f"{GROUP}/config-hash"
 ANNOTATION_PLAN_SUMMARY: Final = f"{GROUP}/plan"
-# The set of fields the release before server-side apply wrote on a child; removed by the migration to the apply
-# manager (handlers/managedfields.py).
-ANNOTATION_APPLIED_FIELDS: Final = f"{GROUP}/applied-fields"
+# On a VLLMDeployment waiting for its turn in a class roll-out: the class it plans with until then, as it was before
+# the edit (handlers/classes.py). Written when the roll-out starts, removed at the dependent's turn.
+ANNOTATION_CLASS_PIN: Final = f"{GROUP}/workload-class-pin"
+# The finalizer kopf put on every VLLMDeployment while the health loop was a kopf timer (releases up to 2d3eb9d);
+# nothing needs it now, and kopf removes it from the objects it finds it on (handlers/lifecycle.py).
+LEGACY_FINALIZER: Final = f"{GROUP}/finalizer"
 
 POOL_SHORT: Final = "short"
 POOL_LONG: Final = "long"

@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -161,9 +161,6 @@ class KubeApi(Protocol):
     async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
                     force: bool = False) -> dict[str, Any]: ...
 
-    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
-                         ) -> dict[str, Any]: ...
-
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,
                      grace_period_s: int | None = None) -> None:
         """Background propagation; `uid` a precondition; `grace_period_s` overrides the object's own (pods)."""
@@ -178,6 +175,73 @@ class KubeApi(Protocol):
         """Changes after `resource_version`, with bookmarks, until the server ends the watch (about
         `timeout_seconds`); raises `WatchExpired` when that version is too old."""
         ...
+
+
+def merge_diff(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns `old` into `new`: keys that disappeared become null (a merge patch built
+    from `new` alone cannot delete anything); None when the two are equal. Lists are replaced whole."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return None if old == new else new
+    patch: dict[str, Any] = {key: None for key in old.keys() - new.keys()}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_diff(old[key], value) if isinstance(value, Mapping) else value
+    return patch or None
+
+
+DesiredStatus = Callable[[Mapping[str, Any]], Awaitable[Mapping[str, Any] | None]]
+"""A status writer's computation: the object as read -> the whole status it should have (wire form), or None to
+write nothing (the object moved on, the writer has nothing to say)."""
+
+STATUS_WRITE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class StatusWrite:
+    """What `write_status` did: `written` (a PATCH was accepted), and the object the last computation read (the
+    written object when written; None when it was gone on a re-read)."""
+
+    written: bool
+    obj: Mapping[str, Any] | None
+
+
+async def write_status(kube: KubeApi, res: Resource, obj: Mapping[str, Any], desired: DesiredStatus, *,
+                       attempts: int = STATUS_WRITE_ATTEMPTS) -> StatusWrite:
+    """The one status writer (docs/architecture.md, Status): every status write of the operator comes through here.
+
+    `desired(obj)` computes the whole status from the object as read; the write is the diff against that object's
+    status with nulls for what went away (a disabled pool's `status.pools.long` and `status.plan.long` are removed,
+    which the whole-status merge patch this replaced could not do), guarded by that object's resourceVersion. An
+    unchanged status sends nothing. A 409 means someone wrote since the read: the object is read again and
+    `desired` runs again on it, so no writer's update is lost and none acts on what it did not see; after
+    `attempts` reads the conflict goes to the caller, whose own retry (kopf's, or the next check) takes over.
+    """
+    meta = obj["metadata"]
+    namespace, name = meta.get("namespace"), meta["name"]
+    current: Mapping[str, Any] = obj
+    for attempt in range(1, attempts + 1):
+        want = await desired(current)
+        if want is None:
+            return StatusWrite(False, current)
+        patch = merge_diff(dict(current.get("status") or {}), dict(want))
+        if not patch:
+            return StatusWrite(False, current)
+        body: dict[str, Any] = {"status": patch}
+        version = current["metadata"].get("resourceVersion")
+        if version:
+            body["metadata"] = {"resourceVersion": version}
+        try:
+            return StatusWrite(True, await kube.patch_status(res, namespace, name, body))
+        except KubeError as err:
+            if not err.conflict or attempt == attempts:
+                raise
+        fresh = await kube.get(res, namespace, name)
+        if fresh is None:
+            return StatusWrite(False, None)
+        current = fresh
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 FIELD_MANAGER = constants.APP_NAME
@@ -481,13 +545,6 @@ class ClientKubeApi:
         query = {"fieldManager": FIELD_MANAGER, **({"force": "true"} if force else {})}
         data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), query=query,
                                                    body=dict(body), content_type=APPLY_PATCH)
-        return data
-
-    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
-                         ) -> dict[str, Any]:
-        """RFC 6902 operations (a `test` of resourceVersion makes the write conditional)."""
-        data: dict[str, Any] = await self._request("PATCH", res.path(namespace, name), body=[dict(op) for op in ops],
-                                                   content_type="application/json-patch+json")
         return data
 
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,

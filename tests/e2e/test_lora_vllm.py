@@ -126,8 +126,7 @@ def kubelet_sync_adapters(stack: Stack) -> None:
 
 
 def set_adapters(stack: Stack, adapters: list[dict[str, Any]]) -> None:
-    stack.call(lambda k: k.json_patch(VLLM_DEPLOYMENTS, NS, NAME,
-                                      [{"op": "replace", "path": "/spec/adapters", "value": adapters}]))
+    stack.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME, {"spec": {"adapters": adapters}}))
 
     def configmap_lists() -> bool:
         cm = stack.call(lambda k: k.get(CONFIGMAPS, NS, names.adapters(NAME)))

@@ -1,15 +1,13 @@
 """An in-memory `KubeApi` for unit tests of code that talks to the API server (the controller's reconcile, the status
 refresh, the router's discovery), with the server's behaviour where that code depends on it.
 
-Why a fake rather than mocks: one reconcile makes dozens of requests whose answers feed each other (the fields an
-apply owned decide what the next apply removes; a list's resourceVersion is where its watch starts; a status write
-is conditional on the version read), and a per-test mock scripts answers no server would give. The fake is held to
-the real kube-apiserver by tests/integration/kube/test_kubeapi_contract.py: the same scenarios with the same
-assertions on both.
+Why a fake rather than mocks: one reconcile makes dozens of requests whose answers feed each other (a list's
+resourceVersion is where its watch starts; a status write is conditional on the version read), and a per-test mock
+scripts answers no server would give. The fake is held to the real kube-apiserver by
+tests/integration/kube/test_kubeapi_contract.py: the same scenarios with the same assertions on both.
 
 `FakeCluster` is the server (objects, versions, watch history, served resources); `FakeKubeApi` is one client of it
-(the verbs, a call count, injected faults), writing as one field manager. Two clients of one cluster are two writers:
-`fake.as_manager("kubectl-edit")`.
+(the verbs, a call count, injected faults).
 
 What is modelled:
 - Storage: objects keyed by (group, plural, namespace, name). One cluster-wide resourceVersion counter (an integer
@@ -19,31 +17,19 @@ What is modelled:
   resourceVersion or uid in a patch or apply body is a precondition (409 Conflict when it differs). Every answer is
   a deep copy: a caller can never alias the store.
 - Status: on kinds with a status subresource (`STATUS_SUBRESOURCE`, or `FakeCluster.serve(..., status_subresource=)`)
-  create, patch, json_patch and apply leave status as it was and patch_status changes status only; elsewhere status
-  is an ordinary field and patch_status is 404.
+  create, patch and apply leave status as it was and patch_status changes status only; elsewhere status is an
+  ordinary field and patch_status is 404.
 - Errors, with the server's status, reason and message: 404 NotFound; 409 AlreadyExists (create), Conflict
-  (preconditions, apply conflicts, a delete's uid precondition); 422 Invalid (create without a name, a json_patch
-  operation that does not apply, a failed `test` included); 400 BadRequest (a malformed label selector, a body whose
-  name or namespace differs from the request's); a resource the cluster does not serve is 404 for every verb, which
-  `get` reports as None and `delete` ignores, as ClientKubeApi does.
-- patch: JSON merge patch (RFC 7386, null deletes). json_patch: RFC 6902 add, remove, replace, move, copy, test.
+  (preconditions, a delete's uid precondition); 422 Invalid (create without a name); 400 BadRequest (a malformed
+  label selector, a body whose name or namespace differs from the request's); a resource the cluster does not serve
+  is 404 for every verb, which `get` reports as None and `delete` ignores, as ClientKubeApi does.
+- patch: JSON merge patch (RFC 7386, null deletes).
+- apply: creates the object when it is absent, else merges the body into it (maps key by key, lists and scalars
+  replaced, nulls dropped). Field ownership is not modelled: what a server-side apply removes (a field the body no
+  longer has), keeps (another manager's field) and contests (a 409 naming the field and its manager) only the real
+  server decides, and tests/integration/kube/test_children_ssa.py proves the reconcile's use of it there; the fake
+  keeps no managedFields.
 - Label selectors: the labels.Parse grammar (`parse_selector`).
-- Field ownership and server-side apply: structured-merge-diff's rules on a simplified schema. Each manager's
-  fields are a set of leaf paths, kept per (manager, operation, subresource) and shown as metadata.managedFields
-  (FieldsV1); a write that changes metadata.managedFields replaces them (how the product hands the release before
-  server-side apply's fields to its apply manager, handlers/managedfields.py). An Update (create, patch, json_patch,
-  patch_status) gives its manager the fields whose values it changed and takes them from every other manager. An
-  apply (manager `FIELD_MANAGER`, operation Apply) makes that manager's set exactly the fields of the body, merges the
-  body into the object (maps key by key), removes the fields it applied last time and no longer applies unless
-  another manager owns them too, and creates the object when it is absent. A field another manager owns that the
-  apply would change is a 409 Conflict whose causes name the field and the manager (the event reconcile posts), and
-  with `force` the apply takes it. So a field a merge patch set and the apply never set survives, and so does one the
-  apply and its creator both own (the reason managedfields.py exists).
-  The known difference: lists are atomic here. The server merges lists that have a merge key (containers, ports,
-  env: by name) item by item and tracks ownership per item and field (`.spec.template.spec.containers[name="engine"]
-  .image`); the fake replaces a list as a whole and owns it as one field (`.spec.template.spec.containers`), so two
-  writers of different items of one list conflict here and not there, and a conflict names the list. A null in an
-  apply body is dropped (neither set nor owned).
 - delete: immediate, background propagation. An object with finalizers gets a deletionTimestamp and goes when a
   write leaves it without finalizers. Garbage collection, synchronous: when an object goes, the objects whose
   ownerReferences name its uid go too (recursively) when no other owner of theirs is there, and otherwise lose the
@@ -82,7 +68,7 @@ import string
 import uuid
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_operator import constants, k8s
@@ -90,7 +76,6 @@ from vllm_operator.k8s import (
     CRDS,
     DEPLOYMENTS,
     EVENTS,
-    FIELD_MANAGER,
     HPAS,
     NODES,
     PDBS,
@@ -118,27 +103,15 @@ STATUS_SUBRESOURCE = frozenset((r.group, r.plural) for r in (
     DEPLOYMENTS, SERVICES, PODS, NODES, PDBS, HPAS, VLLM_DEPLOYMENTS, SCALED_OBJECTS, CRDS))
 """(group, plural) of the kinds among `BUILT_IN` and the add-ons that have a status subresource."""
 
-UPDATE_MANAGER = FIELD_MANAGER
-"""The manager of a FakeKubeApi's Update writes by default: the server names it after the user agent's product,
-and ClientKubeApi sends `vllm-operator/<version>`."""
-
-GC_MANAGER = "kube-controller-manager"
-"""The manager of the garbage collector's writes (it removes dangling ownerReferences)."""
-
-VERBS = frozenset({"get", "list", "list_versioned", "create", "patch", "patch_status", "apply", "json_patch",
-                   "delete", "emit_event", "has_resource", "watch"})
-WRITE_VERBS = frozenset({"create", "patch", "patch_status", "apply", "json_patch", "delete"})
+VERBS = frozenset({"get", "list", "list_versioned", "create", "patch", "patch_status", "apply", "delete",
+                   "emit_event", "has_resource", "watch"})
+WRITE_VERBS = frozenset({"create", "patch", "patch_status", "apply", "delete"})
 """The verbs that write (events left out: they describe writes rather than being ones)."""
 
 SERVER_METADATA = frozenset({"uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
                              "deletionGracePeriodSeconds", "selfLink", "managedFields"})
 """metadata the server sets: a request's values are preconditions (resourceVersion, uid) or ignored."""
-UNTRACKED_METADATA = SERVER_METADATA | {"name", "namespace"}
-"""metadata no manager owns (the server's stripped fields: identity and its own bookkeeping)."""
 
-FieldPath = tuple[str, ...]
-ManagerKey = tuple[str, str, str]
-"""(manager, operation, subresource) of a managedFields entry."""
 ObjectKey = tuple[str, str, str, str]
 """(group, plural, namespace, name); namespace "" for cluster-scoped kinds."""
 
@@ -291,206 +264,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-class PatchFailed(Exception):
-    """A JSON patch operation that does not apply (the server answers 422 without saying which)."""
-
-
-def _pointer(path: Any) -> list[str]:
-    if not isinstance(path, str) or (path and not path.startswith("/")):
-        raise PatchFailed(f"invalid JSON pointer {path!r}")
-    return [token.replace("~1", "/").replace("~0", "~") for token in path.split("/")[1:]]
-
-
-def _index(token: str, length: int, *, end: bool) -> int:
-    if end and token == "-":
-        return length
-    if not token.isdigit() or (len(token) > 1 and token.startswith("0")) or int(token) > length or (
-            int(token) == length and not end):
-        raise PatchFailed(f"array index {token!r} out of range (length {length})")
-    return int(token)
-
-
-def _container(doc: Any, tokens: Sequence[str]) -> Any:
-    node = doc
-    for token in tokens[:-1]:
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list):
-            node = node[_index(token, len(node), end=False)]
-        else:
-            raise PatchFailed(f"path /{'/'.join(tokens)} does not exist")
-    if not isinstance(node, dict | list):
-        raise PatchFailed(f"path /{'/'.join(tokens)} is inside a scalar")
-    return node
-
-
-def _value_at(doc: Any, tokens: Sequence[str]) -> Any:
-    if not tokens:
-        return doc
-    node = _container(doc, tokens)
-    if isinstance(node, dict):
-        if tokens[-1] not in node:
-            raise PatchFailed(f"path /{'/'.join(tokens)} does not exist")
-        return node[tokens[-1]]
-    return node[_index(tokens[-1], len(node), end=False)]
-
-
-def _add(doc: Any, tokens: Sequence[str], value: Any) -> Any:
-    if not tokens:
-        return value
-    node = _container(doc, tokens)
-    if isinstance(node, dict):
-        node[tokens[-1]] = value
-    else:
-        node.insert(_index(tokens[-1], len(node), end=True), value)
-    return doc
-
-
-def _remove(doc: Any, tokens: Sequence[str]) -> Any:
-    if not tokens:
-        raise PatchFailed("cannot remove the whole document")
-    _value_at(doc, tokens)
-    node = _container(doc, tokens)
-    return node.pop(tokens[-1] if isinstance(node, dict) else _index(tokens[-1], len(node), end=False))
-
-
-def json_patch(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
-    """RFC 6902 operations on a copy of `doc`; PatchFailed when one does not apply (a failed `test` included)."""
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        name, tokens = op.get("op"), _pointer(op.get("path"))
-        if name in ("add", "replace", "test") and "value" not in op:
-            raise PatchFailed(f"{name} of {op.get('path')} has no value")
-        if name == "add":
-            doc = _add(doc, tokens, copy.deepcopy(op["value"]))
-        elif name == "remove":
-            _remove(doc, tokens)
-        elif name == "replace":
-            _value_at(doc, tokens)
-            if not tokens:
-                doc = copy.deepcopy(op["value"])
-            elif isinstance(node := _container(doc, tokens), dict):
-                node[tokens[-1]] = copy.deepcopy(op["value"])
-            else:
-                node[_index(tokens[-1], len(node), end=False)] = copy.deepcopy(op["value"])
-        elif name in ("move", "copy"):
-            source = _pointer(op.get("from"))
-            value = _remove(doc, source) if name == "move" else copy.deepcopy(_value_at(doc, source))
-            doc = _add(doc, tokens, value)
-        elif name == "test":
-            if not same(_value_at(doc, tokens), op["value"]):
-                raise PatchFailed(f"test of {op.get('path')} failed")
-        else:
-            raise PatchFailed(f"unknown operation {name!r}")
-    return doc
-
-
-# --- field ownership -------------------------------------------------------------------------------------------
-
-
-def _tracked(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of an object managers own: everything but apiVersion, kind and the server's metadata."""
-    out = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
-    meta = out.pop("metadata", None)
-    if isinstance(meta, Mapping):
-        kept = {k: v for k, v in meta.items() if k not in UNTRACKED_METADATA}
-        if kept:
-            out["metadata"] = kept
-    return out
-
-
-def leaves(value: Any, prefix: FieldPath = ()) -> dict[FieldPath, Any]:
-    """Leaf paths to their values: a scalar, a list (atomic here) or an empty map is a leaf; a map is its keys."""
-    if isinstance(value, Mapping) and (value or not prefix):
-        out: dict[FieldPath, Any] = {}
-        for key, item in value.items():
-            out.update(leaves(item, (*prefix, str(key))))
-        return out
-    return {prefix: value}
-
-
-def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[frozenset[FieldPath], frozenset[FieldPath]]:
-    """(changed: modified or added, removed) leaf paths of the tracked parts of two objects."""
-    before, after = leaves(_tracked(old)), leaves(_tracked(new))
-    changed = frozenset(p for p, v in after.items() if p not in before or not same(before[p], v))
-    return changed, frozenset(before.keys() - after.keys())
-
-
-def encode_fields(paths: Iterable[FieldPath]) -> dict[str, Any]:
-    """FieldsV1 of a set of paths: `{"f:metadata": {"f:labels": {"f:app": {}}}}`."""
-    root: dict[str, Any] = {}
-    for path in sorted(paths):
-        node = root
-        for key in path:
-            node = node.setdefault(f"f:{key}", {})
-    return root
-
-
-def decode_fields(fields: Any, prefix: FieldPath = ()) -> frozenset[FieldPath]:
-    """The paths of a FieldsV1 tree. A list item (`k:{...}`, `v:...`, `i:n`) stands for its whole list, which the fake
-    owns atomically; the `.` marker of a map owned as such is left out (owning a map that has keys would make an
-    apply that drops it remove the keys other managers own)."""
-    if not isinstance(fields, Mapping):
-        return frozenset()
-    named = {k[2:]: v for k, v in fields.items() if isinstance(k, str) and k.startswith("f:")}
-    if any(k != "." and not (isinstance(k, str) and k.startswith("f:")) for k in fields) or not named:
-        return frozenset({prefix}) if prefix else frozenset()
-    return frozenset().union(*(decode_fields(v, (*prefix, k)) for k, v in named.items()))
-
-
-def field_string(path: FieldPath) -> str:
-    """A path as the server names a field in a conflict: `.spec.replicas`."""
-    return "".join(f".{key}" for key in path)
-
-
-@dataclass(frozen=True)
-class Owned:
-    """One managedFields entry: the fields a manager owns."""
-
-    paths: frozenset[FieldPath]
-    api_version: str
-    time: str
-
-
-def decode_managers(entries: Any) -> dict[ManagerKey, Owned]:
-    """metadata.managedFields as sent in a write (entries without fields are dropped, as the server does)."""
-    out: dict[ManagerKey, Owned] = {}
-    for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, Mapping):
-            continue
-        key = (str(entry.get("manager") or ""), str(entry.get("operation") or ""), str(entry.get("subresource") or ""))
-        paths = decode_fields(entry.get("fieldsV1"))
-        if key in out:
-            paths |= out[key].paths
-        if paths:
-            out[key] = Owned(paths, str(entry.get("apiVersion") or ""), str(entry.get("time") or now_rfc3339()))
-    return out
-
-
-def encode_managers(managers: Mapping[ManagerKey, Owned]) -> list[dict[str, Any]]:
-    return [{"manager": manager, "operation": operation, "apiVersion": owned.api_version, "time": owned.time,
-             "fieldsType": "FieldsV1", "fieldsV1": encode_fields(owned.paths),
-             **({"subresource": subresource} if subresource else {})}
-            for (manager, operation, subresource), owned in managers.items()]
-
-
-def _same_ownership(a: Mapping[ManagerKey, Owned], b: Mapping[ManagerKey, Owned]) -> bool:
-    return a.keys() == b.keys() and all(a[k].paths == b[k].paths for k in a)
-
-
-def _after_update(managers: Mapping[ManagerKey, Owned], old: Mapping[str, Any], new: Mapping[str, Any],
-                  actor: ManagerKey, api_version: str) -> dict[ManagerKey, Owned]:
-    """Ownership after an Update from `old` to `new` by `actor`: it gains what it changed and loses what it removed;
-    every other manager loses both (structured-merge-diff's Update, which always forces)."""
-    changed, removed = _diff(old, new)
-    out: dict[ManagerKey, Owned] = {}
-    for key, owned in managers.items():
-        paths = (owned.paths - removed) | changed if key == actor else owned.paths - changed - removed
-        if paths:
-            out[key] = replace(owned, paths=paths, api_version=api_version if key == actor else owned.api_version)
-    if actor not in managers and changed:
-        out[actor] = Owned(changed, api_version, now_rfc3339())
-    return out
+# --- apply -----------------------------------------------------------------------------------------------------
 
 
 def _merge_applied(live: Any, config: Any) -> Any:
@@ -508,25 +282,6 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
     return copy.deepcopy(value)
-
-
-def _remove_field(obj: dict[str, Any], path: FieldPath) -> None:
-    """Delete one leaf and the maps its removal leaves empty (the server drops them too)."""
-    trail: list[tuple[dict[str, Any], str]] = []
-    node = obj
-    for key in path[:-1]:
-        child = node.get(key)
-        if not isinstance(child, dict):
-            return
-        trail.append((node, key))
-        node = child
-    if path[-1] not in node:
-        return
-    del node[path[-1]]
-    while trail and not node:
-        parent, key = trail.pop()
-        del parent[key]
-        node = parent
 
 
 # --- errors ----------------------------------------------------------------------------------------------------
@@ -553,35 +308,6 @@ def _bad_request(message: str) -> KubeError:
     return KubeError(400, "BadRequest", message)
 
 
-PATCH_REJECTED = "the server rejected our request due to an error in our request"
-"""The whole message of the server's 422 for a JSON patch that does not apply (it does not say which operation)."""
-
-
-def _manager_text(key: ManagerKey, api_version: str) -> str:
-    """A manager as the server's conflict messages print it: `"kubectl-set" using apps/v1` for an Update,
-    `"name"` for an applier."""
-    manager, operation, subresource = key
-    text = f'"{manager}"' + (f' with subresource "{subresource}"' if subresource else "")
-    return f"{text} using {api_version}" if operation == "Update" else text
-
-
-def _apply_conflicts(conflicts: Mapping[ManagerKey, Owned]) -> KubeError:
-    """The server's 409 for an apply that would change other managers' fields (`conflicts`: each manager's entry cut
-    to the contested fields): a cause per field (a StatusCause's type is `reason` on the wire)."""
-    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {_manager_text(key, owned.api_version)}",
-               "field": field_string(path)}
-              for key, owned in sorted(conflicts.items()) for path in sorted(owned.paths)]
-    if len(causes) == 1:
-        message = f"Apply failed with 1 conflict: {causes[0]['message']}: {causes[0]['field']}"
-    else:
-        lines = []
-        for key, owned in sorted(conflicts.items()):
-            lines.append(f"conflicts with {_manager_text(key, owned.api_version)}:")
-            lines += [f"- {field_string(path)}" for path in sorted(owned.paths)]
-        message = f"Apply failed with {len(causes)} conflicts: " + "\n".join(lines)
-    return KubeError(409, "Conflict", message, causes)
-
-
 # --- the server ------------------------------------------------------------------------------------------------
 
 
@@ -589,10 +315,7 @@ def _apply_conflicts(conflicts: Mapping[ManagerKey, Owned]) -> KubeError:
 class _Stored:
     res: Resource
     obj: dict[str, Any]
-    """The object without managedFields."""
-    managers: dict[ManagerKey, Owned]
-    snapshot: dict[str, Any]
-    """The object as answered (managedFields included); never changed, copied out."""
+    """The object as answered; never changed, copied out."""
 
 
 @dataclass(frozen=True)
@@ -697,14 +420,14 @@ class FakeCluster:
         stored = self._objects.get(self._key(res, namespace, name))
         if stored is None:
             raise not_found(res, name)
-        return self._answer(res, stored.snapshot)
+        return self._answer(res, stored.obj)
 
     def _matching(self, res: Resource, namespace: str | None, selector: Sequence[Requirement]
                   ) -> list[dict[str, Any]]:
         ns = namespace if res.namespaced and namespace else None
-        return [stored.snapshot for (group, plural, obj_ns, _), stored in sorted(self._objects.items())
+        return [stored.obj for (group, plural, obj_ns, _), stored in sorted(self._objects.items())
                 if (group, plural) == (res.group, res.plural) and ns in (None, obj_ns)
-                and selector_matches(selector, stored.snapshot)]
+                and selector_matches(selector, stored.obj)]
 
     def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
              ) -> tuple[list[dict[str, Any]], str]:
@@ -714,7 +437,7 @@ class FakeCluster:
 
     # Writes.
 
-    def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+    def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
         self._require(res)
         if res.namespaced and not namespace:
             raise KubeError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
@@ -733,7 +456,6 @@ class FakeCluster:
         key = self._key(res, namespace, str(meta["name"]))
         if key in self._objects:
             raise KubeError(409, "AlreadyExists", f'{_qualified(res)} "{meta["name"]}" already exists')
-        managers = decode_managers(meta.get("managedFields"))
         for field in SERVER_METADATA:
             meta.pop(field, None)
         if res.namespaced:
@@ -742,12 +464,11 @@ class FakeCluster:
             meta.pop("namespace", None)
         if (res.group, res.plural) in self._status:
             obj.pop("status", None)
-        actor = (manager, "Update", "")
-        return self._commit(res, key, None, obj, _after_update(managers, {}, obj, actor, res.api_version), actor)
+        return self._commit(res, key, None, obj)
 
     def update(self, res: Resource, namespace: str | None, name: str,
-               change: Callable[[dict[str, Any]], Any], manager: str, *, subresource: str = "") -> dict[str, Any]:
-        """An Update: `change` maps the object as it is (a copy, managedFields included) to the object wanted."""
+               change: Callable[[dict[str, Any]], Any], *, subresource: str = "") -> dict[str, Any]:
+        """An Update: `change` maps the object as it is (a copy) to the object wanted."""
         self._require(res)
         if subresource and (res.group, res.plural) not in self._status:
             raise no_such_resource()
@@ -755,9 +476,7 @@ class FakeCluster:
         before = self._objects.get(key)
         if before is None:
             raise not_found(res, name)
-        wanted = change(copy.deepcopy(before.snapshot))
-        if not isinstance(wanted, dict) or not isinstance(wanted.get("metadata", {}), dict):
-            raise KubeError(422, "Invalid", PATCH_REJECTED)
+        wanted = change(copy.deepcopy(before.obj))
         meta = wanted.setdefault("metadata", {})
         self._check_preconditions(res, name, before, meta)
         self._check_namespace(res, namespace, meta)
@@ -770,24 +489,16 @@ class FakeCluster:
                 obj["status"] = wanted["status"]
             else:
                 obj.pop("status", None)
-            managers = dict(before.managers)
         else:
-            asked = meta.pop("managedFields", None)
-            changed_fields = isinstance(asked, list) and asked and not same(
-                asked, before.snapshot["metadata"].get("managedFields"))
-            managers = decode_managers(asked) if changed_fields else dict(before.managers)
             obj = wanted
             if (res.group, res.plural) in self._status:
                 obj.pop("status", None)
                 if "status" in before.obj:
                     obj["status"] = copy.deepcopy(before.obj["status"])
-        actor = (manager, "Update", subresource)
-        return self._commit(res, key, before, obj, _after_update(managers, before.obj, obj, actor, res.api_version),
-                            actor)
+        return self._commit(res, key, before, obj)
 
-    def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], manager: str, *,
-              force: bool) -> dict[str, Any]:
-        """Server-side apply as `manager` (see the module docstring for what is modelled)."""
+    def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """An apply: the body merged into the object, which is created when absent (no field ownership)."""
         self._require(res)
         config = _without_nulls(body)
         meta = config.get("metadata")
@@ -809,24 +520,7 @@ class FakeCluster:
             meta.pop(field, None)
         live = before.obj if before is not None else {
             "metadata": {"name": name, **({"namespace": namespace} if res.namespaced else {})}}
-        actor = (manager, "Apply", "")
-        managers = dict(before.managers) if before is not None else {}
-        last = managers[actor].paths if actor in managers else frozenset()
-        applied = frozenset(leaves(_tracked(config)))
-        managers[actor] = Owned(applied, res.api_version, now_rfc3339())
-        merged = _merge_applied(copy.deepcopy(live), config)
-        owned = {path[:n] for o in managers.values() for path in o.paths for n in range(1, len(path) + 1)}
-        for path in sorted(last - applied):
-            if path not in owned:  # nobody else owns it, nor anything under it: the apply took it away
-                _remove_field(merged, path)
-        changed, removed = _diff(live, merged)
-        conflicts = {k: replace(o, paths=o.paths & changed) for k, o in managers.items()
-                     if k != actor and o.paths & changed}
-        if conflicts and not force:
-            raise _apply_conflicts(conflicts)
-        managers = {k: o if k == actor else replace(o, paths=o.paths - changed - removed)
-                    for k, o in managers.items()}
-        return self._commit(res, key, before, merged, {k: o for k, o in managers.items() if o.paths}, actor)
+        return self._commit(res, key, before, _merge_applied(copy.deepcopy(live), config))
 
     def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> None:
         self._require(res)
@@ -855,9 +549,8 @@ class FakeCluster:
         if res.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
             raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
 
-    def _commit(self, res: Resource, key: ObjectKey, before: _Stored | None, obj: dict[str, Any],
-                managers: dict[ManagerKey, Owned], actor: ManagerKey | None, *, server: bool = False
-                ) -> dict[str, Any]:
+    def _commit(self, res: Resource, key: ObjectKey, before: _Stored | None, obj: dict[str, Any], *,
+                server: bool = False) -> dict[str, Any]:
         """Store `obj` unless nothing changed: its server metadata from `before` (or new) unless `server` (a write by
         the fake itself), a new resourceVersion, the change recorded for watches; an object that is being deleted
         and has no finalizers left goes."""
@@ -869,28 +562,23 @@ class FakeCluster:
         else:
             old_meta = before.obj["metadata"]
             if not server:
-                for field in SERVER_METADATA - {"managedFields"}:
+                for field in SERVER_METADATA:
                     if field in old_meta:
                         meta[field] = old_meta[field]
                     else:
                         meta.pop(field, None)
-            if same(obj, before.obj) and _same_ownership(managers, before.managers):
-                return self._answer(res, before.snapshot)
+            if same(obj, before.obj):
+                return self._answer(res, before.obj)
             outside = ("metadata", "status", "apiVersion", "kind")
             if not same({k: v for k, v in obj.items() if k not in outside},
                         {k: v for k, v in before.obj.items() if k not in outside}):
                 meta["generation"] = int(old_meta.get("generation") or 0) + 1
         self.version += 1
         meta["resourceVersion"] = self.resource_version
-        if actor is not None and actor in managers:
-            managers[actor] = replace(managers[actor], time=now_rfc3339())
         snapshot = copy.deepcopy(obj)
-        if managers:
-            snapshot["metadata"]["managedFields"] = encode_managers(managers)
-        stored = _Stored(res, obj, managers, snapshot)
-        self._objects[key] = stored
+        self._objects[key] = _Stored(res, snapshot)
         self._record(res, _Change(self.version, "ADDED" if before is None else "MODIFIED", key[2], snapshot,
-                                  before.snapshot if before is not None else None))
+                                  before.obj if before is not None else None))
         answer = self._answer(res, snapshot)
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._delete(key)
@@ -904,13 +592,13 @@ class FakeCluster:
             if not meta.get("deletionTimestamp"):
                 obj = copy.deepcopy(stored.obj)
                 obj["metadata"].update(deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0)
-                self._commit(stored.res, key, stored, obj, dict(stored.managers), None, server=True)
+                self._commit(stored.res, key, stored, obj, server=True)
             return
         del self._objects[key]
         self.version += 1
-        last = copy.deepcopy(stored.snapshot)
+        last = copy.deepcopy(stored.obj)
         last["metadata"]["resourceVersion"] = self.resource_version
-        self._record(stored.res, _Change(self.version, "DELETED", key[2], last, stored.snapshot))
+        self._record(stored.res, _Change(self.version, "DELETED", key[2], last, stored.obj))
         self._collect_garbage(str(meta["uid"]))
 
     def _collect_garbage(self, uid: str) -> None:
@@ -923,9 +611,7 @@ class FakeCluster:
             if any(ref.get("uid") in live for ref in refs):
                 obj = copy.deepcopy(stored.obj)
                 obj["metadata"]["ownerReferences"] = [ref for ref in refs if ref.get("uid") != uid]
-                actor = (GC_MANAGER, "Update", "")
-                self._commit(stored.res, key, stored, obj,
-                             _after_update(stored.managers, stored.obj, obj, actor, stored.res.api_version), actor)
+                self._commit(stored.res, key, stored, obj)
             else:
                 self._delete(key)
 
@@ -1025,24 +711,16 @@ class _Fault:
 
 
 class FakeKubeApi:
-    """A KubeApi client of a FakeCluster (a new one when none is given), writing as `manager` (Update operations;
-    its applies are `FIELD_MANAGER`'s, like ClientKubeApi's). `component` is its events' source."""
+    """A KubeApi client of a FakeCluster (a new one when none is given); `component` is its events' source."""
 
-    def __init__(self, cluster: FakeCluster | None = None, *, manager: str = UPDATE_MANAGER,
-                 component: str = constants.APP_NAME) -> None:
+    def __init__(self, cluster: FakeCluster | None = None, *, component: str = constants.APP_NAME) -> None:
         self.cluster = cluster if cluster is not None else FakeCluster()
-        self.manager = manager
         self.component = component
         self.calls: Counter[str] = Counter()
         self.grace_periods: dict[tuple[str | None, str], int] = {}
         """(namespace, name) -> the gracePeriodSeconds a delete asked for."""
         """Every call by verb, failed ones included."""
         self._faults: list[_Fault] = []
-
-    def as_manager(self, manager: str) -> FakeKubeApi:
-        """Another client of the same cluster whose Update writes are `manager`'s (another writer: kubectl-edit, an
-        autoscaler)."""
-        return FakeKubeApi(self.cluster, manager=manager, component=self.component)
 
     @property
     def writes(self) -> int:
@@ -1083,35 +761,23 @@ class FakeKubeApi:
 
     async def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
         await self._call("create", res)
-        return self.cluster.create(res, namespace, body, self.manager)
+        return self.cluster.create(res, namespace, body)
 
     async def patch(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
                     ) -> dict[str, Any]:
         await self._call("patch", res)
-        return self.cluster.update(res, namespace, name, lambda obj: merge_patch(obj, patch), self.manager)
+        return self.cluster.update(res, namespace, name, lambda obj: merge_patch(obj, patch))
 
     async def patch_status(self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
                            ) -> dict[str, Any]:
         await self._call("patch_status", res)
-        return self.cluster.update(res, namespace, name, lambda obj: merge_patch(obj, patch), self.manager,
+        return self.cluster.update(res, namespace, name, lambda obj: merge_patch(obj, patch),
                                    subresource="status")
 
     async def apply(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any], *,
                     force: bool = False) -> dict[str, Any]:
         await self._call("apply", res)
-        return self.cluster.apply(res, namespace, name, body, FIELD_MANAGER, force=force)
-
-    async def json_patch(self, res: Resource, namespace: str | None, name: str, ops: Sequence[Mapping[str, Any]]
-                         ) -> dict[str, Any]:
-        await self._call("json_patch", res)
-
-        def change(obj: dict[str, Any]) -> Any:
-            try:
-                return json_patch(obj, ops)
-            except PatchFailed:
-                raise KubeError(422, "Invalid", PATCH_REJECTED) from None
-
-        return self.cluster.update(res, namespace, name, change, self.manager)
+        return self.cluster.apply(res, namespace, name, body)  # `force`: no ownership, nothing to take
 
     async def delete(self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None,
                      grace_period_s: int | None = None) -> None:
@@ -1129,7 +795,7 @@ class FakeKubeApi:
         """The Event ClientKubeApi.emit_event posts, created in the involved object's namespace."""
         await self._call("emit_event", EVENTS)
         event = event_body(involved, type_, reason, message, self.component)
-        self.cluster.create(EVENTS, event["metadata"]["namespace"], event, self.manager)
+        self.cluster.create(EVENTS, event["metadata"]["namespace"], event)
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool:
         await self._call("has_resource", None)
@@ -1147,5 +813,5 @@ class FakeKubeApi:
             await stream.aclose()
 
 
-__all__ = ["ADDON_GROUPS", "BUILT_IN", "STATUS_SUBRESOURCE", "UPDATE_MANAGER", "WRITE_VERBS", "FakeCluster",
-           "FakeKubeApi", "PatchFailed", "Requirement", "json_patch", "merge_patch", "parse_selector", "same"]
+__all__ = ["ADDON_GROUPS", "BUILT_IN", "STATUS_SUBRESOURCE", "WRITE_VERBS", "FakeCluster", "FakeKubeApi",
+           "Requirement", "merge_patch", "parse_selector", "same"]

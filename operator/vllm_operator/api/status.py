@@ -9,7 +9,8 @@ continues exactly where the previous one stopped.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
@@ -210,3 +211,12 @@ class VLLMDeploymentStatus(ApiModel):
         default=None, description="Short pool ready/desired (printer column).")
     long_replicas: Annotated[str, StringConstraints(max_length=32)] | None = Field(
         default=None, description="Long pool ready/desired (printer column).")
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
+        """The status of a VLLMDeployment object as read (None when it has none yet). Keys of kopf's (`status.kopf`,
+        written by its default progress storage before the operator chose annotations) are not the operator's."""
+        raw = obj.get("status")
+        if not isinstance(raw, Mapping) or not raw:
+            return None
+        return cls.model_validate({k: v for k, v in raw.items() if not str(k).startswith("kopf")})

@@ -14,9 +14,6 @@ The rules:
   a deleted parent, or an object someone made by hand with the same name) is applied and so adopted (`adopt`);
 - a listed child owned by this VLLMDeployment that the rendering no longer has is deleted (`dropped`), with its uid as
   the precondition so that a same-named successor is never removed; children owned by others are never touched.
-- one the release before server-side apply wrote (its applied-fields annotation, or fields under its Update manager)
-  is applied after its managedFields are moved to the apply manager (`migrate`; see managedfields.py), so that fields
-  the rendering drops are removed from it too;
 - replicas of a pool whose replicas an external autoscaler owns are never in the applied object: the autoscaler owns
   them from the start, and no apply ever resets them.
 
@@ -35,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_operator import constants
-from vllm_operator.handlers import managedfields
 
 Key = tuple[str, str, str]
 """(apiVersion, kind, name) of a child."""
@@ -53,7 +49,6 @@ class Reason(enum.StrEnum):
     MISSING = "missing"
     CHANGED = "changed"
     ADOPT = "adopt"
-    MIGRATE = "migrate"
     DROPPED = "dropped"
 
 
@@ -67,10 +62,6 @@ class ChildAction:
     desired: Mapping[str, Any] | None = None
     observed: Mapping[str, Any] | None = None
     detail: str = ""
-    managed_fields: tuple[Mapping[str, Any], ...] | None = None
-    """The observed object's managedFields moved to the apply manager: written (conditionally) before the apply."""
-    upgrade_drop: tuple[tuple[str, ...], ...] = ()
-    """Paths the migration leaves unowned (recomputing `managed_fields` for a newer version of the object)."""
 
     @property
     def kind(self) -> str:
@@ -147,25 +138,12 @@ def autoscaled_deployments(manifests: Sequence[Mapping[str, Any]], pools: Collec
             and (m["metadata"].get("labels") or {}).get(constants.LABEL_POOL) in pools}
 
 
-def _drop(key: Key, autoscaled: Collection[str]) -> tuple[tuple[str, ...], ...]:
-    return (managedfields.REPLICAS,) if key[2] in autoscaled and (key[0], key[1]) == DEPLOYMENT else ()
-
-
-def upgrade(have: Mapping[str, Any], key: Key, drop: Sequence[Sequence[str]],
-            apply_manager: str) -> tuple[Mapping[str, Any], ...] | None:
-    """`have`'s managedFields moved to the apply manager (None: nothing to move)."""
-    moved = managedfields.upgraded(have.get("metadata", {}).get("managedFields") or [], apply_manager=apply_manager,
-                                   api_version=key[0], drop=drop)
-    return tuple(moved) if moved is not None else None
-
-
 def plan_children(owner: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]],
-                  observed: Mapping[Key, Mapping[str, Any]], *, autoscaled: Collection[str] = (),
-                  apply_manager: str = constants.APP_NAME) -> ChildPlan:
+                  observed: Mapping[Key, Mapping[str, Any]], *, autoscaled: Collection[str] = ()) -> ChildPlan:
     """Desired (`manifests`, rendered) against observed (the listed children, keyed by `key_of`) -> the writes.
 
     `owner` is the VLLMDeployment (its uid decides ownership); `autoscaled` names the Deployments whose replicas
-    belong to an external autoscaler; `apply_manager` is the operator's field manager.
+    belong to an external autoscaler.
     """
     uid = owner["metadata"]["uid"]
     ref = owner_reference(owner)
@@ -179,16 +157,10 @@ def plan_children(owner: Mapping[str, Any], manifests: Sequence[Mapping[str, Any
         have = observed.get(key)
         if key[2] in autoscaled and (key[0], key[1]) == DEPLOYMENT:
             desired = _without_replicas(desired)
-        drop = _drop(key, autoscaled)
-        moved = upgrade(have, key, drop, apply_manager) if have is not None else None
         if have is None:
             action = ChildAction(Verb.APPLY, Reason.MISSING, key, desired)
         elif not is_owned_by(have, uid):
-            action = ChildAction(Verb.APPLY, Reason.ADOPT, key, desired, have, "not owned by this VLLMDeployment",
-                                 moved, drop)
-        elif managedfields.needs_upgrade(have, apply_manager):
-            action = ChildAction(Verb.APPLY, Reason.MIGRATE, key, desired, have,
-                                 "written by the release before server-side apply", moved, drop)
+            action = ChildAction(Verb.APPLY, Reason.ADOPT, key, desired, have, "not owned by this VLLMDeployment")
         elif spec_hash(have) != spec_hash(rendered):
             action = ChildAction(Verb.APPLY, Reason.CHANGED, key, desired, have,
                                  f"spec-hash {spec_hash(have)} -> {spec_hash(rendered)}")

@@ -8,13 +8,26 @@ current by kopf's watch (`observe`/`forget`).
 
 Why pinning: a class edit re-plans each dependent in turn, and waits for its engines to roll out before the next
 (an edit that breaks serving then takes down one deployment, not all). Until its turn a dependent keeps planning with
-the classes as they were — so a status refresh, a health check or its own spec edit does not roll it early.
+the class as it was — so a status refresh, a health check or its own spec edit does not roll it early.
+
+Why the pins are persisted, and in an annotation: they lived in memory, so an operator restarted mid-roll-out
+re-planned every dependent still waiting at once (its resume handlers saw only the edited class). Each pin is now
+also the annotation `vllm-operator.dev/workload-class-pin` on its VLLMDeployment: the class it resolved to before
+the edit, whole (the API server keeps only the edited class, so a reference would not do). At start the operator
+lists the watched VLLMDeployments once, loads their pins before any handler runs, and resumes each class's roll-out
+over the dependents still pinned. An annotation rather than a status field: the pin is an input to planning, not an
+observation; status is rewritten from the plan by the one status writer (a diff with nulls) and a field it did not
+recompute would be deleted, and the CRD would need a schema for a whole class under status. The pin is written by a
+merge patch of metadata alone when the roll-out starts, and removed the same way at the dependent's turn, before it
+re-plans (a pin that could not be removed keeps the dependent pinned, rather than re-pinning it to the old class at
+the next start).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
@@ -23,6 +36,7 @@ from pydantic import ValidationError
 
 from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
+from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import VLLMDeploymentSpec
 from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS, WORKLOAD_CLASSES, KubeApi, KubeError
 from vllm_operator.planning import profiles, resolve_class
@@ -41,14 +55,54 @@ def _builtins() -> str:
     return ", ".join(c.value for c in profiles.PROFILES)
 
 
+def class_object(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """What `profiles.parse_class` reads of a VLLMWorkloadClass (its name, generation and spec): what a pin keeps."""
+    meta = raw.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "generation": meta.get("generation")},
+            "spec": copy.deepcopy(raw.get("spec") or {})}
+
+
+class Pin:
+    """A dependent's class until its turn: `for_class` is the spec's workloadClass when it was pinned (None: the
+    default), `profile` the class it resolved to then (None: it did not resolve, so it plans with the current
+    classes and only its turn is kept, in memory), and `obj` that class's object (None: the built-in table)."""
+
+    def __init__(self, for_class: str | None, profile: profiles.ClassProfile | None,
+                 obj: Mapping[str, Any] | None) -> None:
+        self.for_class = for_class
+        self.profile = profile
+        self.obj = dict(obj) if obj is not None else None
+
+    def annotation(self) -> str:
+        assert self.profile is not None, "a turn without a class is not persisted"
+        return json.dumps({"for": self.for_class, "class": self.profile.name, "object": self.obj},
+                          sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, text: str) -> Pin:
+        """The annotation back; ValueError when it is not one (edited by hand)."""
+        try:
+            data = json.loads(text)
+            obj = data.get("object")
+            profile = profiles.parse_class(obj) if obj is not None else profiles.profile(str(data["class"]))
+        except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as err:
+            raise ValueError(f"not a workload-class pin: {err}") from err
+        return cls(data.get("for"), profile, obj)
+
+    def applies(self, spec: VLLMDeploymentSpec) -> bool:
+        """A spec that names another class than it did when pinned plans with that one, at once."""
+        return self.profile is not None and spec.workload_class == self.for_class
+
+
 class ClassIndex:
     """The VLLMWorkloadClasses by name, with the per-dependent pins of a roll-out in progress."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._classes: dict[str, profiles.ClassProfile] = {}
+        self._objects: dict[str, dict[str, Any]] = {}  # class_object() of each, what a pin keeps
         self._broken: dict[str, str] = {}  # stored objects that do not parse (written before a CRD upgrade)
-        self._pinned: dict[Key, dict[str, profiles.ClassProfile]] = {}
+        self._pinned: dict[Key, Pin] = {}
         self._loaded = False
         self._forbidden: str | None = None
         self._load_lock = asyncio.Lock()
@@ -82,22 +136,64 @@ class ClassIndex:
         old = self._classes.get(name)
         try:
             self._classes[name] = profiles.parse_class(raw)
+            self._objects[name] = class_object(raw)
             self._broken.pop(name, None)
         except ValidationError as err:
             self._classes.pop(name, None)
+            self._objects.pop(name, None)
             first = err.errors()[0]
             self._broken[name] = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
         return old
 
     def forget(self, name: str) -> profiles.ClassProfile | None:
         self._broken.pop(name, None)
+        self._objects.pop(name, None)
         return self._classes.pop(name, None)
 
     def snapshot(self) -> dict[str, profiles.ClassProfile]:
         return dict(self._classes)
 
-    def pin(self, key: Key, classes: Mapping[str, profiles.ClassProfile]) -> None:
-        self._pinned.setdefault(key, dict(classes))
+    def objects(self) -> dict[str, dict[str, Any]]:
+        """The classes' objects as `class_object` keeps them (what `snapshot()`'s profiles were parsed from)."""
+        return copy.deepcopy(self._objects)
+
+    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.ClassProfile],
+            objects: Mapping[str, Mapping[str, Any]]) -> Pin | None:
+        """Pin a dependent (in memory) to the class it resolves to among `before`; a dependent already pinned keeps
+        its older pin, and one that did not resolve before keeps only its turn (it plans with the current classes at
+        once: it had no plan to keep). Returns the new pin when it is to be persisted."""
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self._pinned:
+            return None
+        try:
+            spec = parse_resource(dict(obj)).spec
+        except SpecError:
+            self._pinned[key] = Pin(None, None, None)
+            return None
+        try:
+            profile = resolve_class(spec, before)
+        except SpecError:
+            self._pinned[key] = Pin(spec.workload_class, None, None)
+            return None
+        pin = Pin(spec.workload_class, profile, objects.get(profile.name) if profile.name in before else None)
+        self._pinned[key] = pin
+        return pin
+
+    def restore(self, obj: Mapping[str, Any]) -> str | None:
+        """Load the pin a VLLMDeployment carries (operator start); the pinned class's name, None when unpinned."""
+        meta = obj["metadata"]
+        text = (meta.get("annotations") or {}).get(constants.ANNOTATION_CLASS_PIN)
+        if text is None:
+            return None
+        try:
+            pin = Pin.parse(text)
+        except ValueError as err:
+            log.warning("Ignored the %s annotation of VLLMDeployment %s/%s: %s", constants.ANNOTATION_CLASS_PIN,
+                        meta["namespace"], meta["name"], err)
+            return None
+        self._pinned[(meta["namespace"], meta["name"])] = pin
+        return pin.profile.name if pin.profile is not None else None
 
     def unpin(self, key: Key) -> None:
         self._pinned.pop(key, None)
@@ -119,17 +215,29 @@ class ClassIndex:
             return await self.resolve(kube, key, spec)
         if name is not None and name in self._broken:
             raise SpecError("spec.workloadClass", f"VLLMWorkloadClass {name} is invalid: {self._broken[name]}")
-        return resolve_class(spec, self._pinned.get(key, self._classes))
+        pin = self._pinned.get(key)
+        if pin is not None and pin.profile is not None and pin.applies(spec):
+            return pin.profile
+        return resolve_class(spec, self._classes)
 
     # --- roll-out ---------------------------------------------------------------------------------------------
 
     def start_rollout(self, name: str, dependents: Sequence[Mapping[str, Any]], before: Mapping[str, Any],
-                      run: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Pin each dependent to the classes `before` the edit, then run the roll-out, replacing one in progress for
-        the same class (its dependents still pinned stay on their older classes until their turn)."""
-        for dep in dependents:
-            meta = dep["metadata"]
-            self.pin((meta["namespace"], meta["name"]), before)
+                      objects: Mapping[str, Mapping[str, Any]], run: Callable[[], Coroutine[Any, Any, None]],
+                      kube: KubeApi) -> None:
+        """Pin each dependent to its class as it was `before` the edit (in memory at once, so no handler re-plans
+        it early), then persist the new pins and run the roll-out, replacing one in progress for the same class (its
+        dependents still pinned stay on their older classes until their turn)."""
+        pins = [(dep, pin) for dep in dependents if (pin := self.pin(dep, before, objects)) is not None]
+
+        async def persist_then_run() -> None:
+            await asyncio.gather(*(write_pin(kube, dep, pin) for dep, pin in pins))
+            await run()
+
+        self.resume(name, persist_then_run)
+
+    def resume(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a roll-out for class `name`, replacing one in progress."""
         previous = self._rollouts.pop(name, None)
         if previous is not None:
             previous.cancel()
@@ -141,6 +249,42 @@ class ClassIndex:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._rollouts.clear()
+
+
+async def write_pin(kube: KubeApi, obj: Mapping[str, Any], pin: Pin | None) -> dict[str, Any] | None:
+    """Persist a pin (None: remove it) on the VLLMDeployment, by a merge patch of its annotations alone, conditional
+    on its uid (a same-named successor is not pinned); the object as written. None, logged, when the object is gone
+    or the write failed."""
+    meta = obj["metadata"]
+    value = pin.annotation() if pin is not None else None
+    try:
+        return await kube.patch(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"], {"metadata": {
+            "uid": meta.get("uid"), "annotations": {constants.ANNOTATION_CLASS_PIN: value}}})
+    except KubeError as err:
+        log.warning("Could not %s the workload-class pin of VLLMDeployment %s/%s: %s",
+                    "write" if pin is not None else "remove", meta["namespace"], meta["name"], err)
+        return None
+
+
+async def restore_pins(index: ClassIndex, kube: KubeApi, namespaces: Sequence[str]
+                       ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Load the persisted pins of the watched VLLMDeployments (operator start): the pinned ones by class name, in
+    the order a roll-out takes them, and the unpinned ones (among them the dependent whose turn it was)."""
+    pinned: dict[str, list[dict[str, Any]]] = {}
+    unpinned: list[dict[str, Any]] = []
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
+    for ns in scopes:
+        for obj in await kube.list(VLLM_DEPLOYMENTS, ns):
+            if obj["metadata"].get("deletionTimestamp"):
+                continue
+            name = index.restore(obj)
+            if name is not None:
+                pinned.setdefault(name, []).append(obj)
+            else:
+                unpinned.append(obj)
+    for objs in (*pinned.values(), unpinned):
+        objs.sort(key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
+    return pinned, unpinned
 
 
 def depends_on(obj: Mapping[str, Any], names: set[str], default_changed: bool) -> bool:
@@ -184,18 +328,33 @@ async def wait_rolled_out(kube: KubeApi, namespace: str, selector: str, timeout:
 
 
 async def roll_out(index: ClassIndex, kube: KubeApi, name: str, targets: Sequence[Mapping[str, Any]],
-                   reconcile: Reconcile, selector: Callable[[str], str], timeout: float) -> None:
+                   reconcile: Reconcile, selector: Callable[[str], str], timeout: float,
+                   settle: Sequence[Mapping[str, Any]] = ()) -> None:
     """Re-plan each dependent in turn: unpin it, reconcile it (a refused plan leaves its children as they were and
-    says why on it), and wait for its engines to roll out before the next one."""
+    says why on it), and wait for its engines to roll out before the next one. `settle`: dependents re-planned
+    already (a resumed roll-out's: the one whose turn it was when the operator stopped) to wait for first."""
+    for obj in settle:
+        meta = obj["metadata"]
+        if not await wait_rolled_out(kube, meta["namespace"], selector(meta["name"]), timeout):
+            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
+                        "went on with the next dependent", meta["namespace"], meta["name"], timeout, name)
     for obj in targets:
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
         if not index.pinned(key):
             continue  # already re-planned by a newer roll-out
-        index.unpin(key)
         try:
             fresh = await kube.get(VLLM_DEPLOYMENTS, key[0], key[1])
-            changed = fresh is not None and await reconcile(fresh)
+            if fresh is None:
+                index.unpin(key)
+                continue
+            unpinned: Mapping[str, Any] | None = fresh
+            if constants.ANNOTATION_CLASS_PIN in (fresh["metadata"].get("annotations") or {}):
+                unpinned = await write_pin(kube, fresh, None)
+            if unpinned is None:
+                continue  # still pinned, in memory and on the object: re-planned when the pin can be removed
+            index.unpin(key)
+            changed = await reconcile(unpinned)
         except Exception as err:
             log.warning("Could not re-plan VLLMDeployment %s/%s for VLLMWorkloadClass %s (its own handlers retry "
                         "on their next event): %s", *key, name, err)
@@ -209,4 +368,4 @@ async def roll_out(index: ClassIndex, kube: KubeApi, name: str, targets: Sequenc
     log.info("Rolled VLLMWorkloadClass %s out to %d VLLMDeployment(s)", name, len(targets))
 
 
-__all__ = ["ClassIndex", "constants", "dependents", "roll_out", "rolled_out"]
+__all__ = ["ClassIndex", "Pin", "constants", "dependents", "restore_pins", "roll_out", "rolled_out", "write_pin"]

@@ -4,9 +4,11 @@ Thin on purpose — the work is in `reconcile.py`; owned-Deployment changes are 
 per VLLMDeployment (`refresh.py`) that reads kopf's in-memory indexes rather than the API. kopf's retry semantics:
 a refused spec is handled, not an error (no retry until the spec changes; SpecValid=False and a Warning event say
 why, and the operator's log has one WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay.
-There is no on.delete handler: children go by ownerReference garbage collection. kopf still puts its finalizer
-(`settings.persistence.finalizer`) on every VLLMDeployment, because the health loop is a kopf timer and kopf stops a
-timer before letting its object go; without a running operator a deleted VLLMDeployment keeps it (README, "Upgrading").
+There is no on.delete handler, no timer and no daemon: children go by ownerReference garbage collection, and the
+health loop is an operator-level scheduler (`health.py`), so nothing asks kopf for a finalizer and a VLLMDeployment
+is deleted at once, with or without a running operator. Releases up to 2d3eb9d ran the health loop as a kopf timer,
+which put `vllm-operator.dev/finalizer` on every object; `configure_settings` keeps that name as kopf's finalizer so
+that kopf, which takes its finalizer off objects no handler needs it for, removes it from them on its first sight.
 
 Reconciles pass through `ReconcileSlots`, a few at a time in arrival order. kopf starts one handler per object at
 once, and every reconcile's ~26 requests share the API client's few worker threads: with 500 VLLMDeployments
@@ -51,7 +53,8 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=constants.GROUP, key="last-handled-configuration")
-    settings.persistence.finalizer = f"{constants.GROUP}/finalizer"
+    # No handler needs a finalizer; kopf removes this one (the health timer's, up to 2d3eb9d) where it finds it.
+    settings.persistence.finalizer = constants.LEGACY_FINALIZER
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.reconnect_backoff = 1.0
@@ -189,7 +192,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         index: ClassIndex = memo.classes
         await index.load(memo.kube)
         name = body["metadata"]["name"]
-        before = index.snapshot()
+        before, objects = index.snapshot(), index.objects()
         if event.get("type") == "DELETED":
             old, new = index.forget(name), None
         else:
@@ -206,13 +209,42 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         logging.getLogger(__name__).info("VLLMWorkloadClass %s was %s; re-planning %d VLLMDeployment(s) one at a "
                                          "time", name, what, len(targets))
 
-        async def changed(obj: Mapping[str, Any]) -> bool:
-            return await run_reconcile(memo.kube, memo.metrics, obj, config.images, index, memo.slots,
-                                       config.prometheus_url)
+        index.start_rollout(name, targets, before, objects, functools.partial(
+            classes.roll_out, index, memo.kube, name, targets, _reconciler(memo, config), child_selector,
+            config.class_rollout_timeout), memo.kube)
 
-        index.start_rollout(name, targets, before, functools.partial(
-            classes.roll_out, index, memo.kube, name, targets, changed, child_selector,
-            config.class_rollout_timeout))
+    @kopf.on.startup(registry=registry)
+    async def _resume_rollouts(memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        """Pins persisted by a roll-out the previous operator did not finish: loaded before any handler plans, and
+        their roll-outs resumed over the dependents still pinned, one at a time as before."""
+        index: ClassIndex = memo.classes
+        try:
+            pinned, unpinned = await classes.restore_pins(index, memo.kube, config.namespaces)
+            if pinned:
+                await index.load(memo.kube)
+        except KubeError as err:
+            raise kopf.TemporaryError(f"listing VLLMDeployments for their workload-class pins failed: {err}",
+                                      delay=5) from err
+        current = index.snapshot()
+        for name, targets in sorted(pinned.items()):
+            default = name in current and current[name].default
+            # The dependent whose turn it was is re-planned and unpinned, perhaps still rolling: wait for it first.
+            settle = [o for o in unpinned if classes.depends_on(o, {name}, default)]
+            logger.info("Resumed the roll-out of VLLMWorkloadClass %s: %d VLLMDeployment(s) still pinned", name,
+                        len(targets))
+            index.resume(name, functools.partial(classes.roll_out, index, memo.kube, name, targets,
+                                                 _reconciler(memo, config), child_selector,
+                                                 config.class_rollout_timeout, settle))
+
+
+def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
+    """A class roll-out's reconcile of one dependent: through the slots, like every other."""
+
+    async def changed(obj: Mapping[str, Any]) -> bool:
+        return await run_reconcile(memo.kube, memo.metrics, obj, config.images, memo.classes, memo.slots,
+                                   config.prometheus_url)
+
+    return changed
 
 
 def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:

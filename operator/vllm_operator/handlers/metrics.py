@@ -25,6 +25,8 @@ class OperatorMetrics:
                                         registry=self.registry)
         self.reconciles_running = Gauge("vllm_operator_reconciles_running", "Reconciles in flight.",
                                         registry=self.registry)
+        self.health_checks = Counter("vllm_operator_health_checks", "Health checks run (one per VLLMDeployment per "
+                                     "interval).", registry=self.registry)
         self.child_writes = Counter("vllm_operator_child_writes", "Child objects created, updated or deleted.",
                                     ["verb", "kind"], registry=self.registry)
         self.engine_restarts = Counter(

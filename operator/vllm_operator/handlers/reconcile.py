@@ -10,9 +10,10 @@ Order of work, and why:
    annotations (never rewriting an unchanged object): create what is missing, adopt same-named orphans, delete owned
    children the plan no longer has. `_execute` only carries that ChildPlan out, by server-side apply: the API
    server removes a field the rendering dropped (every toleration removed from the spec disappears from the pods),
-   keeps what other managers own (an HPA's replicas, the Deployment controller's annotations), and moves the
-   children the release before wrote to the apply manager first (managedfields.py).
-4. Patch status only when it changed, so a no-op resync makes zero writes.
+   and keeps what other managers own (an HPA's replicas, the Deployment controller's annotations).
+4. Write status through the one status writer (`k8s.write_status`): the diff against the object read, with nulls
+   for what went away (a disabled pool's status goes), guarded by its resourceVersion; nothing when it is unchanged,
+   so a no-op resync makes zero writes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
-    FIELD_MANAGER,
     HPAS,
     NODES,
     POD_MONITORS,
@@ -47,6 +47,7 @@ from vllm_operator.k8s import (
     KubeError,
     Resource,
     now_rfc3339,
+    write_status,
 )
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
@@ -205,22 +206,6 @@ async def _emit(kube: KubeApi, obj: Mapping[str, Any], type_: str, reason: str, 
         log.warning("Could not post event %s for %s: %s", reason, obj["metadata"]["name"], err)
 
 
-async def _patch_status(kube: KubeApi, obj: Mapping[str, Any], prev: VLLMDeploymentStatus | None,
-                        new: VLLMDeploymentStatus) -> bool:
-    before = prev.to_wire() if prev else {}
-    after = new.to_wire()
-    if before == after:
-        return False
-    meta = obj["metadata"]
-    body: dict[str, Any] = {"status": after}
-    if meta.get("resourceVersion"):
-        # Optimistic concurrency: the controller, the Deployment watch and the health loop all write status; a
-        # writer that read a stale object gets 409 and recomputes instead of overwriting newer conditions.
-        body["metadata"] = {"resourceVersion": meta["resourceVersion"]}
-    await kube.patch_status(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"], body)
-    return True
-
-
 async def _existing_children(kube: KubeApi, namespace: str, name: str, monitoring: bool, keda: bool = False
                              ) -> dict[tuple[str, str, str], dict[str, Any]]:
     kinds = [res for key, res in CHILD_RESOURCES.items()
@@ -254,10 +239,6 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         assert action.desired is not None
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         label = f"{res.kind} {namespace}/{action.name}"
-        if action.managed_fields is not None and action.observed is not None:
-            await _migrate(kube, res, namespace, action, child_selector(parent["metadata"]["name"]))
-            log.info("Moved the fields of %s for VLLMDeployment %s/%s to the apply manager", label, namespace,
-                     parent["metadata"]["name"])
         try:
             await kube.apply(res, namespace, action.name, action.desired)
         except KubeError as err:
@@ -273,29 +254,6 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         await kube.delete(res, namespace, action.name, uid=action.uid)
         outcome.deleted.append(f"{res.kind} {namespace}/{action.name}")
-
-
-async def _migrate(kube: KubeApi, res: Resource, namespace: str, action: ChildAction, selector: str,
-                   attempts: int = 4) -> None:
-    """Write the moved managedFields, conditional on the resourceVersion they were computed from. Controllers write
-    children's status all the time (a failed `test` is a 422), so a lost race re-reads the child and recomputes.
-    The re-read is a LIST by the children's labels, not a GET: the chart grants the operator list on its child kinds
-    and get on none of them (the RBAC test holds the grants to exactly what the operator uses)."""
-    have, moved = action.observed, action.managed_fields
-    for attempt in range(attempts):
-        if have is None or moved is None:
-            return
-        try:
-            await kube.json_patch(res, namespace, action.name, [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": have["metadata"]["resourceVersion"]},
-                {"op": "replace", "path": "/metadata/managedFields", "value": list(moved)}])
-            return
-        except KubeError as err:
-            if err.status not in (409, 422) or attempt == attempts - 1:
-                raise
-        have = next((o for o in await kube.list(res, namespace, selector) if o["metadata"]["name"] == action.name),
-                    None)
-        moved = childplan.upgrade(have, action.key, action.upgrade_drop, FIELD_MANAGER) if have else None
 
 
 def taken_over_message(label: str, causes: Sequence[Mapping[str, Any]]) -> str:
@@ -349,21 +307,38 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     generation = meta.get("generation")
     now = now_rfc3339()
     outcome = ReconcileOutcome()
-    prev_status = _current_status(obj)
+    prev_status = VLLMDeploymentStatus.of(obj)
     base_status = status if status is not None else prev_status
+
+    def base(current: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
+        """The status to build on: `status` when given (the health loop's new rung), else the one read."""
+        return base_status if current is obj else VLLMDeploymentStatus.of(current)
+
+    def moved_on(current: Mapping[str, Any]) -> bool:
+        """Deleted meanwhile, or the spec moved on: the handler for the new generation writes status."""
+        return current["metadata"].get("generation") != generation or bool(current["metadata"].get(
+            "deletionTimestamp"))
+
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
         the_plan = await plan_resource(kube, resource, base_status, images, classes)
     except SpecError as err:
-        outcome.spec_error = err
+        outcome.spec_error = refusal = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
         was = conditions.get_condition(prev_status, constants.COND_SPEC_VALID)
         now_cond = conditions.get_condition(new, constants.COND_SPEC_VALID)
         if was is None or now_cond is None or was.message != now_cond.message:
             await _emit(kube, obj, "Warning", "SpecInvalid", f"Refused the spec, children left as they were: {err}")
             log.warning("Refused VLLMDeployment %s/%s: %s", meta["namespace"], meta["name"], err)
-        outcome.status = new
-        outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
+
+        async def refused(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+            if current is not obj and moved_on(current):
+                return None
+            outcome.status = conditions.with_spec_error(base(current), refusal.field, refusal.message,
+                                                        generation=generation, now=now)
+            return outcome.status.to_wire()
+
+        outcome.status_patched = (await write_status(kube, VLLM_DEPLOYMENTS, obj, refused)).written
         return outcome
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
@@ -377,8 +352,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     autoscaled = childplan.autoscaled_deployments(
         manifests, {p.name for p in the_plan.pools.values()
                     if p.external_autoscaler or (p.autoscaling is not None and autoscaling.active)})
-    await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled,
-                                                      apply_manager=FIELD_MANAGER), outcome)
+    await _execute(kube, obj, childplan.plan_children(obj, manifests, existing, autoscaled=autoscaled), outcome)
     order = {f"{m['kind']} {meta['namespace']}/{m['metadata']['name']}": i for i, m in enumerate(manifests)}
     outcome.created.sort(key=lambda label: order.get(label, len(order)))
     outcome.updated.sort(key=lambda label: order.get(label, len(order)))
@@ -388,34 +362,25 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         if items:
             await _emit(kube, obj, "Normal", verb, change_message(verb, items))
     # Status comes from a fresh list, not from create/patch responses: pods may have become ready meanwhile. When
-    # another writer (the Deployment watch, the health loop) wrote status since `obj` was read, the conditional
-    # write gets 409: re-read the object (its status now carries their fields) and write again.
-    for attempt in range(3):
-        current = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
-                   for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
-        new = _status_from_children(base_status, the_plan, current, generation, now, monitoring, autoscaling)
-        new, wakes = await _with_autoscalers(kube, obj, prev_status, new, the_plan, autoscaling, now)
+    # another writer (the Deployment watch, the health loop) wrote status since `obj` was read, the one status
+    # writer re-reads the object (its status now carries their fields) and this computes again on it.
+    wakes: list[scaling.WakeEvent] = []
+
+    async def desired(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        if current is not obj and moved_on(current):
+            return None
+        listed = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
+                  for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
+        new = _status_from_children(base(current), the_plan, listed, generation, now, monitoring, autoscaling)
+        new, wakes[:] = await _with_autoscalers(kube, current, VLLMDeploymentStatus.of(current), new, the_plan,
+                                                autoscaling, now)
         outcome.status = new
-        try:
-            outcome.status_patched = await _patch_status(kube, obj, prev_status, new)
-            await _post_wake_events(kube, obj, wakes)
-            break
-        except KubeError as err:
-            if not err.conflict or attempt == 2:
-                raise
-        fresh = await kube.get(VLLM_DEPLOYMENTS, meta["namespace"], meta["name"])
-        if fresh is None or fresh["metadata"].get("generation") != generation:
-            break  # deleted, or the spec moved on: the handler for the new generation writes status
-        obj, prev_status = fresh, _current_status(fresh)
-        base_status = prev_status
+        return new.to_wire()
+
+    outcome.status_patched = (await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)).written
+    if outcome.status_patched:
+        await _post_wake_events(kube, obj, wakes)
     return outcome
-
-
-def _current_status(obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
-    raw = obj.get("status")
-    if not isinstance(raw, Mapping) or not raw:
-        return None
-    return VLLMDeploymentStatus.model_validate({k: v for k, v in raw.items() if not k.startswith("kopf")})
 
 
 def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
@@ -444,52 +409,41 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
 
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
-                         deployments: Sequence[Mapping[str, Any]] | None = None, attempts: int = 3,
+                         deployments: Sequence[Mapping[str, Any]] | None = None,
                          images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
     `obj` and `deployments` may come from the operator's watch caches (handlers/refresh.py), so that the only
-    request is the status PATCH; without `deployments` they are listed. The write is conditional on `obj`'s
-    resourceVersion: a 409 (someone wrote since, or the cache lagged) re-reads the object and tries again.
+    request is the status PATCH; without `deployments` they are listed. The write goes through the one status
+    writer: a 409 (someone wrote since, or the cache lagged) re-reads the object and computes again.
     """
-    for _ in range(attempts - 1):
+    wakes: list[scaling.WakeEvent] = []
+
+    async def desired(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        meta = current["metadata"]
+        prev = VLLMDeploymentStatus.of(current)
         try:
-            return await _refresh_status_once(kube, obj, deployments, images, classes)
-        except KubeError as err:
-            if not err.conflict:
-                raise
-            fresh = await kube.get(VLLM_DEPLOYMENTS, obj["metadata"]["namespace"], obj["metadata"]["name"])
-            if fresh is None:
-                return False
-            obj = fresh
-    return await _refresh_status_once(kube, obj, deployments, images, classes)
+            the_plan = await plan_resource(kube, parse_resource(dict(current)), prev, images, classes)
+        except SpecError:
+            return None  # the spec is refused; the lifecycle handler owns that status
+        found = deployments if deployments is not None else await kube.list(
+            DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
+        children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d for d in found
+                    if is_owned_by(d, meta["uid"])}
+        has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
+        # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile.
+        observed = prev.observed_generation if prev else None
+        now = now_rfc3339()
+        new = _status_from_children(prev, the_plan, children, observed, now, has_monitoring)
+        # The refresh has no --prometheus-url; whether KEDA scales the pools is what the last reconcile said.
+        autoscaling = await _autoscaling_state(kube, the_plan, _autoscaling_applied(prev))
+        new, wakes[:] = await _with_autoscalers(kube, current, prev, new, the_plan, autoscaling, now)
+        return new.to_wire()
 
-
-async def _refresh_status_once(kube: KubeApi, obj: Mapping[str, Any],
-                               deployments: Sequence[Mapping[str, Any]] | None, images: ImageDefaults,
-                               classes: ClassIndex | None = None) -> bool:
-    meta = obj["metadata"]
-    prev = _current_status(obj)
-    try:
-        the_plan = await plan_resource(kube, parse_resource(dict(obj)), prev, images, classes)
-    except SpecError:
-        return False  # the spec is refused; the lifecycle handler owns that status
-    if deployments is None:
-        deployments = await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-    children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d for d in deployments
-                if is_owned_by(d, meta["uid"])}
-    has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile does.
-    observed = prev.observed_generation if prev else None
-    now = now_rfc3339()
-    new = _status_from_children(prev, the_plan, children, observed, now, has_monitoring)
-    # The refresh has no --prometheus-url; whether KEDA scales the pools is what the last reconcile said.
-    autoscaling = await _autoscaling_state(kube, the_plan, _autoscaling_applied(prev))
-    new, wakes = await _with_autoscalers(kube, obj, prev, new, the_plan, autoscaling, now)
-    patched = await _patch_status(kube, obj, prev, new)
-    if patched:
+    written = (await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)).written
+    if written:
         await _post_wake_events(kube, obj, wakes)
-    return patched
+    return written
 
 
 def _autoscaling_applied(status: VLLMDeploymentStatus | None) -> bool:

@@ -5,9 +5,10 @@ writing, in an order chosen for crash safety: status first (the restart budget i
 any pod goes or any Deployment changes, so a crash in between never spends more than the budget or loses a rung),
 then pod deletions, events and counters, and finally — after a rung change — the controller's own reconcile with
 the new status, because kopf does not fire update handlers for status-only changes (docs/architecture.md, Step-down
-through status). The status write carries the resourceVersion that was read: when the controller (or anyone) wrote the
-status in between, the write is refused with 409 and nothing is done this round, so neither side's update is lost. The
-caller should therefore hand in a freshly read object, not a cached one.
+through status). The status write is the operator's one status writer (`k8s.write_status`: a diff with nulls, guarded
+by the resourceVersion that was read): when the controller (or anyone) wrote the status in between, the write is
+refused with 409, and the decision is made again on the object read afresh before anything is done, so neither side's
+update is lost and nothing acts on a status it did not see. The caller should hand in a freshly read object.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from vllm_operator.health import policy
 from vllm_operator.health.rungs import ladder_views
 from vllm_operator.health.snapshot import Snapshot
 from vllm_operator.health.source import Lister, MetricsSource, take_snapshot
-from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError
+from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError, write_status
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import gpu_facts, gpu_type
 from vllm_operator.planning.profiles import ClassProfile
@@ -59,13 +60,6 @@ class Counters(Protocol):
     step_down_level: Any
 
 
-def current_status(obj: Mapping[str, Any]) -> VLLMDeploymentStatus | None:
-    raw = obj.get("status")
-    if not isinstance(raw, Mapping) or not raw:
-        return None
-    return VLLMDeploymentStatus.model_validate({k: v for k, v in raw.items() if not k.startswith("kopf")})
-
-
 def accelerator_in_effect(spec: VLLMDeploymentSpec, status: VLLMDeploymentStatus | None) -> AcceleratorFacts | None:
     """Catalog types resolve in the planner (None); `auto` uses what the controller resolved into status."""
     if spec.accelerator.type is not AcceleratorType.AUTO:
@@ -84,7 +78,7 @@ async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, A
     Deployments and PDBs are read (the operator's watch cache; None: LISTs through `kube`)."""
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    status = current_status(obj)
+    status = VLLMDeploymentStatus.of(obj)
     try:
         resource = parse_resource(dict(obj))
         klass = await resolve_class(resource.spec) if resolve_class is not None else None
@@ -103,43 +97,31 @@ async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, A
     return CheckResult(snapshot=snap, diagnosis=diag, decision=decision, settings=settings, plan=the_plan)
 
 
-def merge_patch(old: Any, new: Any) -> Any:
-    """RFC 7386 merge patch turning `old` into `new` (keys that disappeared become null); None when equal."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return None if old == new else new
-    patch: dict[str, Any] = {}
-    for key in old.keys() - new.keys():
-        patch[key] = None
-    for key, value in new.items():
-        if key not in old:
-            patch[key] = value
-        elif old[key] != value:
-            sub = merge_patch(old[key], value)
-            patch[key] = value if not isinstance(value, dict) else sub
-    return patch or None
+Recheck = Callable[[Mapping[str, Any]], Awaitable["CheckResult | None"]]
+"""`check` bound to its readers: the decision made again on an object read afresh."""
 
 
 async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *, reconcile: Reconciler,
-                  counters: Counters | None = None) -> None:
-    """Carry out one decision (order: see module docstring)."""
+                  recheck: Recheck, counters: Counters | None = None) -> None:
+    """Carry out one decision (order: see module docstring). The status goes through the operator's one writer
+    (`k8s.write_status`): when someone wrote since `obj` was read, the decision is made again on the object read
+    afresh (`recheck`) and that one is carried out, so neither side's update is lost and nothing is done on a
+    status that was not seen."""
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    decision = result.decision
-    old = {k: v for k, v in (obj.get("status") or {}).items() if not str(k).startswith("kopf")}
-    patch = merge_patch(old, decision.status.to_wire())
-    if patch:
-        body: dict[str, Any] = {"status": patch}
-        if meta.get("resourceVersion"):
-            # Optimistic concurrency: the decision rests on the status it read; if anyone wrote since, act on nothing
-            # now (no deletion, no rung) and decide again from fresh data at the next check.
-            body["metadata"] = {"resourceVersion": meta["resourceVersion"]}
-        try:
-            await kube.patch_status(VLLM_DEPLOYMENTS, namespace, name, body)
-        except KubeError as err:
-            if not err.conflict:
-                raise
-            log.info("Skipped acting on VLLMDeployment %s/%s: its status changed since it was read", namespace, name)
-            return
+    chosen: CheckResult | None = result
+
+    async def desired(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        nonlocal chosen
+        if current is not obj:
+            log.info("Decided again on VLLMDeployment %s/%s: its status changed since it was read", namespace, name)
+            chosen = await recheck(current)
+        return chosen.decision.status.to_wire() if chosen is not None else None
+
+    write = await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)
+    if chosen is None or write.obj is None:
+        return
+    decision = chosen.decision
     for deletion in decision.deletions:
         try:
             await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid,
@@ -171,5 +153,4 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
         for change in decision.rung_changes:
             log.warning("Moved pool %s of VLLMDeployment %s/%s from %s rung %d to %d (%s)", change.pool, namespace,
                         name, change.ladder, change.from_level, change.to_level, change.description)
-        fresh = await kube.get(VLLM_DEPLOYMENTS, namespace, name)
-        await reconcile(kube, fresh if fresh is not None else obj, status=decision.status)
+        await reconcile(kube, write.obj, status=decision.status)  # the object as written (or as last read)

@@ -36,13 +36,7 @@ from typing import Any
 from vllm_operator import constants, names
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.remediation import HealthSettings
-from vllm_operator.constants import (
-    METRIC_GENERATION_TOKENS,
-    METRIC_KV_USAGE,
-    METRIC_REQUEST_SUCCESS,
-    METRIC_RUNNING,
-    metric_name,
-)
+from vllm_operator.api.signals import Signals, duration, quote
 
 RESTARTS_METRIC = f"{constants.METRIC_ENGINE_RESTARTS}_total"
 OOM_REASONS = ("OOMKilled", "EngineOOM")
@@ -54,73 +48,61 @@ POD_LABELS = "namespace, vllmdeployment, pool, pod"
 RESTART_LABELS = "target_namespace, vllmdeployment, pool"
 
 
-def duration(seconds: float) -> str:
-    """A PromQL duration in whole minutes where it is one, else whole seconds."""
-    whole = max(1, round(seconds))
-    return f"{whole // 60}m" if whole % 60 == 0 else f"{whole}s"
-
-
 def _regex_literal(text: str) -> str:
     """A DNS name as a PromQL regex literal: only '.' is special there (escaped as `\\.` inside a PromQL string)."""
     return text.replace(".", "\\\\.")
 
 
-def _engines(plan: Plan, extra: str = "") -> str:
-    """Label matchers for this deployment's engine series."""
-    base = f'namespace="{plan.namespace}",vllmdeployment="{plan.name}",pool!=""'
-    return f"{base},{extra}" if extra else base
+def _signals(plan: Plan, by: str = POD_LABELS) -> Signals:
+    return Signals(plan.namespace, plan.name, by)
 
 
 def oom_restarts_expr(plan: Plan, count: int, window_s: float) -> str:
     """`count` or more OOM restarts of a pool within the window: the rule the health loop steps a pool down by."""
     reasons = "|".join(OOM_REASONS)
     window = duration(window_s)
-    operator = (f"sum by ({RESTART_LABELS}) (increase({RESTARTS_METRIC}{{target_namespace=\"{plan.namespace}\","
-                f"vllmdeployment=\"{plan.name}\",reason=~\"{reasons}\"}}[{window}])) >= {count}")
+    ns, dep, engine = quote(plan.namespace), quote(plan.name), quote(ENGINE_CONTAINER)
+    operator = (f"sum by ({RESTART_LABELS}) (increase({RESTARTS_METRIC}{{target_namespace={ns},"
+                f"vllmdeployment={dep},reason=~{quote(reasons)}}}[{window}])) >= {count}")
     per_pool = []
     for pool in sorted(p.name for p in plan.pools.values() if p.enabled):
         pods = _regex_literal(names.pool(plan.name, pool)) + "-[a-z0-9]+-[a-z0-9]+"
         per_pool.append(
-            f'label_replace(increase(kube_pod_container_status_restarts_total{{namespace="{plan.namespace}",'
-            f'container="{ENGINE_CONTAINER}",pod=~"{pods}"}}[{window}]) and on (namespace, pod, container) '
-            f'((kube_pod_container_status_last_terminated_reason{{namespace="{plan.namespace}",'
-            f'container="{ENGINE_CONTAINER}",reason="OOMKilled"}} == 1) or on (namespace, pod, container) '
-            f'(kube_pod_container_status_last_terminated_exitcode{{namespace="{plan.namespace}",'
-            f'container="{ENGINE_CONTAINER}"}} == {constants.EXIT_ENGINE_OOM})), "pool", "{pool}", "", "")')
+            f'label_replace(increase(kube_pod_container_status_restarts_total{{namespace={ns},'
+            f'container={engine},pod=~"{pods}"}}[{window}]) and on (namespace, pod, container) '
+            f'((kube_pod_container_status_last_terminated_reason{{namespace={ns},'
+            f'container={engine},reason="OOMKilled"}} == 1) or on (namespace, pod, container) '
+            f'(kube_pod_container_status_last_terminated_exitcode{{namespace={ns},'
+            f'container={engine}}} == {constants.EXIT_ENGINE_OOM})), "pool", {quote(pool)}, "", "")')
     if not per_pool:
         return operator
     kube_state = (f'sum by ({RESTART_LABELS}) (label_replace(label_replace({" or ".join(per_pool)}, '
-                  f'"vllmdeployment", "{plan.name}", "", ""), "target_namespace", "$1", "namespace", "(.*)")) '
+                  f'"vllmdeployment", {dep}, "", ""), "target_namespace", "$1", "namespace", "(.*)")) '
                   f">= {count}")
     return f"({operator}) or ({kube_state})"
 
 
 def scrape_down_expr(plan: Plan) -> str:
-    return f"up{{{_engines(plan)}}} == 0"
+    """A pod one of whose endpoints does not answer its scrape: the health loop's `up`."""
+    return f"{_signals(plan).up()} == 0"
 
 
 def length_share_expr(plan: Plan, share: float, window_s: float) -> str:
-    window = duration(window_s)
-    finished = metric_name(METRIC_REQUEST_SUCCESS)
-    length_matchers = _engines(plan, 'finished_reason="length"')
-    length = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{length_matchers}}}[{window}]))"
-    total = f"sum by ({ENGINE_LABELS}) (rate({{{finished},{_engines(plan)}}}[{window}]))"
-    return f"({length} / {total}) > {share:g}"
+    """The share of finished requests that stopped at max_tokens: the health loop's two counts, divided."""
+    signals = _signals(plan, ENGINE_LABELS)
+    return f"({signals.finished(window_s, 'length')} / {signals.finished(window_s)}) > {share:g}"
 
 
 def no_progress_expr(plan: Plan, stall_seconds: float) -> str:
-    window = duration(stall_seconds)
-    running = (f"min by ({POD_LABELS}) (min_over_time({{{metric_name(METRIC_RUNNING)},{_engines(plan)}}}"
-               f"[{window}])) > 0")
-    tokens = (f"sum by ({POD_LABELS}) (increase({{{metric_name(METRIC_GENERATION_TOKENS)},{_engines(plan)}}}"
-              f"[{window}])) == 0")
-    return f"({running}) and on ({POD_LABELS}) ({tokens})"
+    """Requests running for the whole stall window and no token generated: the health loop's Stalled rule."""
+    signals = _signals(plan)
+    return (f"({signals.running_min(stall_seconds)} > 0) and on ({POD_LABELS}) "
+            f"({signals.generated(stall_seconds)} == 0)")
 
 
 def kv_usage_expr(plan: Plan, usage: float, window_s: float) -> str:
     """A pod whose KV cache usage averaged `usage` or more over the window: the health loop's KVPressure rule."""
-    return (f"max by ({POD_LABELS}) (avg_over_time({{{metric_name(METRIC_KV_USAGE)},{_engines(plan)}}}"
-            f"[{duration(window_s)}])) >= {usage:g}")
+    return f"{_signals(plan).kv_usage_avg(window_s)} >= {usage:g}"
 
 
 def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, description: str) -> dict[str, Any]:

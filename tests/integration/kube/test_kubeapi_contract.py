@@ -1,12 +1,13 @@
 """The KubeApi contract: one set of scenarios, run on two backends with the same assertions. `fake` is the
 in-memory API server unit tests use (tests/support/fakekube), `real` is ClientKubeApi against the session's
 kube-apiserver. What the fake claims to model is held to the server here; what it deliberately leaves out is
-listed in its docstring.
+listed in its docstring. Server-side apply's field ownership is the server's alone: those scenarios run on `real`
+only (`server`), as the contract ClientKubeApi relies on.
 
 Every object a scenario makes carries the scenario's own label, and every list and watch selects by it: the real
 namespace also holds the kube-root-ca.crt ConfigMap the controller manager publishes there, which the fake has not.
-The "other writer" of a scenario is the same client's merge patch: on the server an Update by the manager its user
-agent names (`vllm-operator`), next to the applies of manager `vllm-operator` (operation Apply), as in the fake.
+The "other writer" of an apply scenario is the same client's merge patch: on the server an Update by the manager its
+user agent names (`vllm-operator`), next to the applies of manager `vllm-operator` (operation Apply).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from testcluster.cluster import Cluster
-from tests.support.fakekube import PATCH_REJECTED, FakeKubeApi
+from tests.support.fakekube import FakeKubeApi
 from tests.support.kube import unique
 from tests.support.paths import CRD_FILE, EXAMPLES
 from vllm_operator import constants
@@ -80,6 +81,26 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
         yield Target("real", namespace, kube.kubeconfig)
     finally:
         kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+def server(kube: Cluster, crd: None) -> Iterator[Target]:
+    """The real backend alone, for what the fake does not model (field ownership)."""
+    namespace = unique("contract")
+    kube.kubectl("create", "namespace", namespace)
+    try:
+        yield Target("real", namespace, kube.kubeconfig)
+    finally:
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+async def server_api(server: Target) -> AsyncIterator[KubeApi]:
+    client = await ClientKubeApi.from_environment(kubeconfig=str(server.kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 @pytest.fixture
@@ -188,21 +209,6 @@ async def test_a_stale_resource_version_in_a_patch_is_a_conflict(api: KubeApi, t
     assert (await live(api, target, "a"))["data"] == {"k": "2"}
 
 
-async def test_a_json_patch_whose_test_fails_is_422_and_changes_nothing(api: KubeApi, target: Target) -> None:
-    made = await api.create(CONFIGMAPS, target.namespace, target.configmap("a", k="1"))
-    version = made["metadata"]["resourceVersion"]
-    err = await fails(api.json_patch(CONFIGMAPS, target.namespace, "a", [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": f"{version}0"},
-        {"op": "replace", "path": "/data/k", "value": "2"}]))
-    # The status code handlers/reconcile._migrate retries on; the server says no more than this.
-    assert (err.status, err.reason, err.message) == (422, "Invalid", PATCH_REJECTED)
-    assert (await live(api, target, "a"))["metadata"]["resourceVersion"] == version
-    done = await api.json_patch(CONFIGMAPS, target.namespace, "a", [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-        {"op": "replace", "path": "/data/k", "value": "2"}])
-    assert done["data"] == {"k": "2"}
-
-
 async def test_status_is_a_subresource(api: KubeApi, target: Target) -> None:
     body = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
     body["metadata"] = {"name": "chat", "namespace": target.namespace, "labels": {LABEL: target.namespace}}
@@ -222,42 +228,44 @@ async def test_status_is_a_subresource(api: KubeApi, target: Target) -> None:
     assert err.conflict
 
 
-# --- server-side apply -----------------------------------------------------------------------------------------
+# --- server-side apply (the real server only: the fake keeps no field ownership) ------------------------------
 
 
 async def test_an_apply_removes_what_it_no_longer_applies_and_keeps_another_writers_field(
-        api: KubeApi, target: Target) -> None:
-    made = await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", {"app": "x"}, keep="1",
-                                                                                drop="2"))
+        server_api: KubeApi, server: Target) -> None:
+    made = await server_api.apply(CONFIGMAPS, server.namespace, "a",
+                                  server.configmap("a", {"app": "x"}, keep="1", drop="2"))
     assert made["data"] == {"keep": "1", "drop": "2"} and managers(made) == {(FIELD_MANAGER, "Apply", "")}
-    await api.patch(CONFIGMAPS, target.namespace, "a", {"metadata": {"annotations": {"team.example/owner": "search"}}})
-    again = await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", {"app": "x"}, keep="1"))
+    await server_api.patch(CONFIGMAPS, server.namespace, "a",
+                           {"metadata": {"annotations": {"team.example/owner": "search"}}})
+    again = await server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a", {"app": "x"}, keep="1"))
     assert again["data"] == {"keep": "1"}
     assert again["metadata"]["annotations"] == {"team.example/owner": "search"}
-    assert again["metadata"]["labels"] == {LABEL: target.namespace, "app": "x"}
+    assert again["metadata"]["labels"] == {LABEL: server.namespace, "app": "x"}
     assert managers(again) == {(FIELD_MANAGER, "Apply", ""), ("vllm-operator", "Update", "")}
-    unchanged = await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", {"app": "x"}, keep="1"))
+    unchanged = await server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a", {"app": "x"}, keep="1"))
     assert unchanged["metadata"]["resourceVersion"] == again["metadata"]["resourceVersion"], "a no-op apply"
 
 
-async def test_a_field_its_creator_also_owns_survives_the_apply_dropping_it(api: KubeApi, target: Target) -> None:
-    await api.create(CONFIGMAPS, target.namespace, target.configmap("a", x="1", y="2"))
-    await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", x="1", y="2"))
-    after = await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", x="1"))
+async def test_a_field_its_creator_also_owns_survives_the_apply_dropping_it(server_api: KubeApi,
+                                                                           server: Target) -> None:
+    await server_api.create(CONFIGMAPS, server.namespace, server.configmap("a", x="1", y="2"))
+    await server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a", x="1", y="2"))
+    after = await server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a", x="1"))
     assert after["data"] == {"x": "1", "y": "2"}, "the creator (an Update manager) still owns data.y"
 
 
 async def test_a_contested_field_is_a_conflict_naming_its_manager_and_force_takes_it(
-        api: KubeApi, target: Target) -> None:
-    await api.create(CONFIGMAPS, target.namespace, target.configmap("a", x="1"))
-    err = await fails(api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", x="2")))
+        server_api: KubeApi, server: Target) -> None:
+    await server_api.create(CONFIGMAPS, server.namespace, server.configmap("a", x="1"))
+    err = await fails(server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a", x="2")))
     assert (err.status, err.reason) == (409, "Conflict")
     assert err.causes == [{"reason": "FieldManagerConflict", "message": 'conflict with "vllm-operator" using v1',
                            "field": ".data.x"}]
-    assert (await live(api, target, "a"))["data"] == {"x": "1"}
-    forced = await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a", x="2"), force=True)
+    assert (await live(server_api, server, "a"))["data"] == {"x": "1"}
+    forced = await server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a", x="2"), force=True)
     assert forced["data"] == {"x": "2"}
-    dropped = await api.apply(CONFIGMAPS, target.namespace, "a", target.configmap("a"))
+    dropped = await server_api.apply(CONFIGMAPS, server.namespace, "a", server.configmap("a"))
     assert "x" not in (dropped.get("data") or {}), "taken by force, owned by the applier alone, dropped"
 
 

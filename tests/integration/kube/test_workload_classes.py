@@ -36,14 +36,15 @@ class Setup:
     namespace: str
     label: dict[str, str]
     kubeconfig: Path
+    nodes: list[str]
 
 
 @pytest.fixture(scope="module")
 def setup(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     with namespaced_release(kube, "wc", tmp_path_factory.mktemp("wc")) as release:
         label = {"vllm-operator.dev/test-node": release.watched}
-        add_gpu_nodes(kube, release.watched, 4, label=label)
-        yield Setup(release.watched, label, release.kubeconfig)
+        nodes = add_gpu_nodes(kube, release.watched, 4, label=label)
+        yield Setup(release.watched, label, release.kubeconfig, nodes)
 
 
 def a_class(name: str) -> dict[str, Any]:
@@ -140,6 +141,54 @@ def test_class_edit_replans_dependents_one_after_the_other(kube: Cluster, setup:
         assert text.index(f"{ns}/{first} for VLLMWorkloadClass {klass}") < \
             text.index(f"{ns}/{second} for VLLMWorkloadClass {klass}")
     finally:
+        kube.kubectl("delete", "vllmd", first, second, "-n", ns, "--wait=false", check=False)
+        kube.kubectl("delete", "vllmwc", klass, "--wait=false", check=False)
+
+
+def pin_of(kube: Cluster, ns: str, name: str) -> str | None:
+    annotations = get_json(kube, "vllmd", name, "-n", ns)["metadata"].get("annotations") or {}
+    return annotations.get(constants.ANNOTATION_CLASS_PIN)
+
+
+def test_a_roll_out_survives_an_operator_restart_one_dependent_at_a_time(kube: Cluster, setup: Setup,
+                                                                        tmp_path: Path) -> None:
+    """The operator stops while the first dependent's engines roll (the nodes are cordoned, so its new pods wait) and
+    the second is still pinned; the next operator plans the second with the class as it was (its pin is on the
+    object, not in the stopped operator's memory), waits for the first to roll out, and only then re-plans the
+    second. Up to 2d3eb9d the pins lived in memory: the restarted operator's resume handler re-planned the second at
+    once."""
+    klass = unique("agent")
+    apply(kube, a_class(klass))
+    first, second = unique("wr"), unique("ws")
+    ns = setup.namespace
+    try:
+        with operator_process(kube, setup.kubeconfig, tmp_path / "before.log", f"--namespace={ns}", "--no-health"):
+            apply(kube, dependent(first, setup, klass), dependent(second, setup, klass))
+            for name in (first, second):
+                wait_for(f"{name} Ready on {klass} generation 1", lambda n=name: ready(kube, ns, n, 1), timeout=120)
+            kube.kubectl("cordon", *setup.nodes)
+            kube.kubectl("patch", "vllmwc", klass, "--type=merge", "-p", json.dumps(
+                {"spec": {"promptLengthThreshold": 7168, "pools": {"short": {"maxModelLen": 8192}}}}))
+            wait_for(f"{first} re-planned", lambda: short_len(kube, ns, first) == 8192, timeout=60)
+            assert pin_of(kube, ns, first) is None and pin_of(kube, ns, second) is not None
+            assert short_len(kube, ns, second) == 12288
+        log = tmp_path / "after.log"
+        with operator_process(kube, setup.kubeconfig, log, f"--namespace={ns}", "--no-health"):
+            wait_for("the roll-out resumed", lambda: f"Resumed the roll-out of VLLMWorkloadClass {klass}: 1 "
+                     in log.read_text(), timeout=60)
+            time.sleep(5)  # the resume handlers have run: the second keeps its plan while the first still rolls
+            assert short_len(kube, ns, second) == 12288, "re-planned before the first had rolled out"
+            assert pin_of(kube, ns, second) is not None
+            kube.kubectl("uncordon", *setup.nodes)
+            wait_for(f"{first} rolled out", lambda: rolled_out(engines(kube, ns, first)), timeout=120)
+            wait_for(f"{second} re-planned", lambda: short_len(kube, ns, second) == 8192, timeout=120)
+            for name in (first, second):
+                wait_for(f"{name} Ready on {klass} generation 2", lambda n=name: ready(kube, ns, n, 2), timeout=120)
+            assert pin_of(kube, ns, second) is None
+        text = log.read_text()
+        assert "Traceback" not in text, text[-4000:]
+    finally:
+        kube.kubectl("uncordon", *setup.nodes, check=False)
         kube.kubectl("delete", "vllmd", first, second, "-n", ns, "--wait=false", check=False)
         kube.kubectl("delete", "vllmwc", klass, "--wait=false", check=False)
 

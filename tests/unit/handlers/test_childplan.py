@@ -109,59 +109,6 @@ def test_autoscaled_replicas_are_never_applied(live: list[dict[str, Any]]) -> No
     assert by_name["chat-long"] is not None and "replicas" in by_name["chat-long"]["spec"]
 
 
-def legacy(kind: str, name: str, *, annotation: bool = True, entries: list[dict[str, Any]] | None = None,
-           **kw: Any) -> dict[str, Any]:
-    """A child as the release before server-side apply left it: its annotation, its fields under an Update entry."""
-    out = obj(kind, name, **kw)
-    if annotation:
-        out["metadata"]["annotations"][constants.ANNOTATION_APPLIED_FIELDS] = '{"metadata":{}}'
-    out["metadata"]["managedFields"] = entries if entries is not None else [
-        {"manager": "vllm-operator", "operation": "Update", "apiVersion": out["apiVersion"], "fieldsType": "FieldsV1",
-         "fieldsV1": {"f:metadata": {"f:annotations": {"f:vllm-operator.dev/applied-fields": {}}},
-                      "f:spec": {"f:replicas": {}, "f:template": {}}}},
-        {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
-         "apiVersion": out["apiVersion"], "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
-    return out
-
-
-MIGRATIONS = [
-    ("annotation-and-update-entry", legacy(*DEP), True),
-    ("annotation-only", legacy(*DEP, entries=[]), True),
-    ("update-entry-only", legacy(*DEP, annotation=False), True),
-    ("already-migrated", legacy(*DEP, annotation=False, entries=[
-        {"manager": "vllm-operator", "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1",
-         "fieldsV1": {"f:spec": {}}}]), False),
-    ("status-subresource-entry-is-not-ours", legacy(*DEP, annotation=False, entries=[
-        {"manager": "vllm-operator", "operation": "Update", "subresource": "status", "apiVersion": "apps/v1",
-         "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]), False),
-]
-
-
-@pytest.mark.parametrize(("live", "migrates"), [m[1:] for m in MIGRATIONS], ids=[m[0] for m in MIGRATIONS])
-def test_children_of_the_previous_release_are_migrated_even_when_unchanged(live: dict[str, Any],
-                                                                           migrates: bool) -> None:
-    plan = plan_children(OWNER, [rendered(*DEP)], observed(live))
-    if not migrates:
-        assert plan.empty
-        return
-    [action] = plan.actions
-    assert (action.verb, action.reason) == (Verb.APPLY, Reason.MIGRATE)
-    entries = list(action.managed_fields or [])
-    if not live["metadata"]["managedFields"]:
-        assert action.managed_fields is None  # nothing to move: the apply alone drops the annotation
-        return
-    assert [(e["manager"], e["operation"]) for e in entries] == [("kube-controller-manager", "Update"),
-                                                                ("vllm-operator", "Apply")]
-    assert entries[-1]["fieldsV1"]["f:metadata"] == {"f:annotations": {"f:vllm-operator.dev/applied-fields": {}}}
-
-
-def test_migration_leaves_autoscaled_replicas_unowned() -> None:
-    desired = [rendered(*DEP, **{constants.LABEL_POOL: "short"})]
-    [action] = plan_children(OWNER, desired, observed(legacy(*DEP)), autoscaled={"chat-short"}).actions
-    apply_entry = (action.managed_fields or [])[-1]
-    assert apply_entry["fieldsV1"]["f:spec"] == {"f:template": {}}
-
-
 def test_a_real_rendering_against_itself_writes_nothing() -> None:
     """The rendered objects, as the API server would list them back (owned, same hash), plan no write at all."""
     plan_, _ = gpu_case()

@@ -3,16 +3,27 @@ who depends on a class edit, and when a dependent counts as rolled out (the roll
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.support.fakekube import FakeKubeApi
 from tests.support.paths import ROOT
+from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
-from vllm_operator.handlers.classes import ClassIndex, depends_on, rolled_out
-from vllm_operator.k8s import KubeApi
+from vllm_operator.handlers.classes import (
+    ClassIndex,
+    Pin,
+    dependents,
+    depends_on,
+    restore_pins,
+    roll_out,
+    rolled_out,
+)
+from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeApi
 
 CHAT = parse_resource(yaml.safe_load((ROOT / "examples" / "chat.yaml").read_text())).spec
 AGENT = yaml.safe_load((ROOT / "examples" / "classes" / "agent.yaml").read_text())
@@ -41,21 +52,101 @@ async def test_observed_classes_resolve_and_a_broken_one_is_named() -> None:
         await index.resolve(NO_KUBE, ("ml", "a"), CHAT.model_copy(update={"workload_class": "agent"}))
 
 
-async def test_a_pinned_dependent_keeps_the_classes_it_had() -> None:
+def agent(generation: int, max_model_len: int = 12288) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(yaml.safe_dump(AGENT))
+    doc["metadata"] = {"name": "agent", "generation": generation}
+    doc["spec"]["pools"]["short"]["maxModelLen"] = max_model_len
+    if max_model_len < 12288:
+        doc["spec"]["promptLengthThreshold"] = max_model_len - 1024
+    return doc
+
+
+def dependent(name: str, workload_class: str | None = "agent") -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "chat.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": "ml"}
+    if workload_class:
+        doc["spec"]["workloadClass"] = workload_class
+    return doc
+
+
+async def test_a_pinned_dependent_keeps_the_class_it_had() -> None:
     index = ClassIndex()
     index._loaded = True
-    index.observe({**AGENT, "metadata": {"name": "agent", "generation": 1}})
-    index.pin(("ml", "b"), index.snapshot())
-    edited: dict[str, Any] = yaml.safe_load(yaml.safe_dump(AGENT))
-    edited["metadata"] = {"name": "agent", "generation": 2}
-    edited["spec"]["pools"]["short"]["maxModelLen"] = 8192
-    edited["spec"]["promptLengthThreshold"] = 7168
-    index.observe(edited)
+    index.observe(agent(1))
+    index.pin(dependent("b"), index.snapshot(), index.objects())
+    index.observe(agent(2, 8192))
     spec = CHAT.model_copy(update={"workload_class": "agent"})
     assert (await index.resolve(NO_KUBE, ("ml", "b"), spec)).generation == 1
     assert (await index.resolve(NO_KUBE, ("ml", "a"), spec)).generation == 2
+    other = CHAT.model_copy(update={"workload_class": "chat"})
+    assert (await index.resolve(NO_KUBE, ("ml", "b"), other)).name == "chat", "re-pointed by its spec: no pin"
     index.unpin(("ml", "b"))
     assert (await index.resolve(NO_KUBE, ("ml", "b"), spec)).generation == 2
+
+
+async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_with_them() -> None:
+    """The roll-out pins each dependent on the object (annotation), so an operator that restarts mid-roll-out loads
+    them before planning and resumes over the ones still pinned; each turn removes the pin before re-planning."""
+    api = FakeKubeApi()
+    for name in ("a", "b"):
+        await api.create(VLLM_DEPLOYMENTS, "ml", dependent(name))
+    await api.create(VLLM_DEPLOYMENTS, "ml", dependent("c", "chat"))  # another class: not a dependent
+    index = ClassIndex()
+    index._loaded = True
+    index.observe(agent(1))
+    before, objects = index.snapshot(), index.objects()
+    index.observe(agent(2, 8192))
+    targets = await dependents(api, ["ml"], {"agent"}, False)
+    assert [t["metadata"]["name"] for t in targets] == ["a", "b"]
+    started = asyncio.Event()
+
+    async def hold() -> None:
+        started.set()
+        await asyncio.Event().wait()  # the operator stops here, mid-roll-out
+
+    index.start_rollout("agent", targets, before, objects, hold, api)
+    await started.wait()
+    await index.close()
+    for name in ("a", "b"):
+        stored = await api.get(VLLM_DEPLOYMENTS, "ml", name)
+        assert stored is not None and constants.ANNOTATION_CLASS_PIN in stored["metadata"]["annotations"]
+
+    restarted = ClassIndex()  # a new operator: nothing in memory
+    restarted._loaded = True
+    restarted.observe(agent(2, 8192))
+    pinned, unpinned = await restore_pins(restarted, api, ["ml"])
+    assert [o["metadata"]["name"] for o in pinned["agent"]] == ["a", "b"]
+    assert [o["metadata"]["name"] for o in unpinned] == ["c"]
+    spec = CHAT.model_copy(update={"workload_class": "agent"})
+    klass = await restarted.resolve(NO_KUBE, ("ml", "b"), spec)
+    assert (klass.generation, klass.short.max_model_len) == (1, 12288), "planned as before the edit"
+
+    planned: list[tuple[str, int | None]] = []
+
+    async def reconcile(obj: Any) -> bool:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        assert constants.ANNOTATION_CLASS_PIN not in (obj["metadata"].get("annotations") or {})
+        planned.append((key[1], (await restarted.resolve(NO_KUBE, key, spec)).generation))
+        return False
+
+    await roll_out(restarted, api, "agent", pinned["agent"], reconcile, lambda n: f"x={n}", timeout=1)
+    assert planned == [("a", 2), ("b", 2)]
+    for name in ("a", "b"):
+        stored = await api.get(VLLM_DEPLOYMENTS, "ml", name)
+        assert stored is not None and constants.ANNOTATION_CLASS_PIN not in stored["metadata"].get("annotations", {})
+
+
+def test_a_pin_annotation_round_trips_and_a_hand_edited_one_is_refused() -> None:
+    index = ClassIndex()
+    index.observe(agent(4))
+    pin = index.pin(dependent("b"), index.snapshot(), index.objects())
+    assert pin is not None
+    back = Pin.parse(pin.annotation())
+    assert back.profile == pin.profile and back.for_class == "agent"
+    builtin = index.pin(dependent("c", "chat"), index.snapshot(), index.objects())
+    assert builtin is not None and Pin.parse(builtin.annotation()).profile.name == "chat"
+    with pytest.raises(ValueError, match="not a workload-class pin"):
+        Pin.parse('{"class": "nonexistent-class", "object": null}')
 
 
 def test_dependents_and_roll_out_state() -> None:
@@ -73,3 +164,34 @@ def test_dependents_and_roll_out_state() -> None:
     assert not rolled_out([dep(2, 1, 1, 1, 1, 1)])  # the controller has not seen the new template yet
     assert not rolled_out([dep(2, 2, 2, 1, 2, 2)])  # one old pod left
     assert not rolled_out([dep(2, 2, 1, 1, 1, 2)])  # an old pod still terminating
+
+
+async def test_a_dependent_that_did_not_resolve_before_plans_at_once_and_still_gets_its_turn() -> None:
+    """A class created for a dependent that named it: nothing to pin (no plan to keep), nothing persisted, but the
+    roll-out still re-plans it."""
+    api = FakeKubeApi()
+    await api.create(VLLM_DEPLOYMENTS, "ml", dependent("a"))
+    index = ClassIndex()
+    index._loaded = True
+    before, objects = index.snapshot(), index.objects()
+    index.observe(agent(1))
+    targets = await dependents(api, ["ml"], {"agent"}, False)
+    done = asyncio.Event()
+    planned: list[str] = []
+
+    async def reconcile(obj: Any) -> bool:
+        planned.append(obj["metadata"]["name"])
+        return False
+
+    async def run() -> None:
+        await roll_out(index, api, "agent", targets, reconcile, lambda n: f"x={n}", timeout=1)
+        done.set()
+
+    index.start_rollout("agent", targets, before, objects, run, api)
+    spec = CHAT.model_copy(update={"workload_class": "agent"})
+    assert (await index.resolve(NO_KUBE, ("ml", "a"), spec)).generation == 1, "the new class, at once"
+    await done.wait()
+    assert planned == ["a"]
+    stored = await api.get(VLLM_DEPLOYMENTS, "ml", "a")
+    assert stored is not None and constants.ANNOTATION_CLASS_PIN not in stored["metadata"].get("annotations", {})
+    assert api.calls["patch"] == 0, "no pin written or removed"

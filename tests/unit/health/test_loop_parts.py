@@ -12,8 +12,9 @@ from vllm_operator.api import remediation
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import RemediationSpec, RemediationThresholds
 from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
-from vllm_operator.health.loop import accelerator_in_effect, merge_patch
+from vllm_operator.health.loop import accelerator_in_effect
 from vllm_operator.health.rungs import ladder_views
+from vllm_operator.k8s import merge_diff
 from vllm_operator.planning import RemediationState, plan
 
 
@@ -25,8 +26,8 @@ from vllm_operator.planning import RemediationState, plan
     ({}, {"a": {"x": 1}}, {"a": {"x": 1}}),
     ({"a": {"x": 1}}, {"a": 5}, {"a": 5}),
 ], ids=["equal", "removed-key", "nested-removal", "list-replaced", "added", "type-change"])
-def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any] | None) -> None:
-    assert merge_patch(old, new) == patch
+def test_merge_diff(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any] | None) -> None:
+    assert merge_diff(old, new) == patch
 
 
 def chat_plan(level: int = 0, kv_level: int = 0) -> Any:

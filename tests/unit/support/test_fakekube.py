@@ -12,8 +12,6 @@ import pytest
 from tests.support.fakekube import (
     FakeCluster,
     FakeKubeApi,
-    PatchFailed,
-    json_patch,
     merge_patch,
     parse_selector,
     same,
@@ -23,7 +21,6 @@ from vllm_operator.k8s import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
-    FIELD_MANAGER,
     NODES,
     POD_MONITORS,
     SCALED_OBJECTS,
@@ -44,10 +41,6 @@ def cm(name: str, labels: dict[str, str] | None = None, **data: str) -> dict[str
 
 def deployment(name: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS}, "spec": spec}
-
-
-def managers(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
-    return {(e["manager"], e["operation"], e.get("subresource", "")) for e in obj["metadata"].get("managedFields", [])}
 
 
 async def fails(call: Any) -> KubeError:
@@ -106,7 +99,6 @@ async def test_get_of_an_absent_object_is_none_and_404s_name_the_object() -> Non
     api = FakeKubeApi()
     assert await api.get(CONFIGMAPS, NS, "absent") is None
     for call in (api.patch(CONFIGMAPS, NS, "absent", {"data": {}}),
-                 api.json_patch(CONFIGMAPS, NS, "absent", [{"op": "add", "path": "/data", "value": {}}]),
                  api.patch_status(DEPLOYMENTS, NS, "absent", {"status": {}})):
         err = await fails(call)
         assert err.not_found
@@ -200,21 +192,6 @@ def test_merge_patch_is_rfc_7386() -> None:
     assert target == {"a": "b", "c": {"d": "e", "f": "g"}, "l": [1, 2]}, "the target is not changed"
 
 
-def test_json_patch_operations() -> None:
-    doc = {"a": {"b": [1, 2]}, "c": "d"}
-    assert json_patch(doc, [
-        {"op": "add", "path": "/a/b/1", "value": 9}, {"op": "add", "path": "/a/b/-", "value": 3},
-        {"op": "replace", "path": "/c", "value": "e"}, {"op": "remove", "path": "/a/b/0"},
-        {"op": "copy", "from": "/c", "path": "/f"}, {"op": "move", "from": "/f", "path": "/g~1h"},
-        {"op": "test", "path": "/a/b", "value": [9, 2, 3]}]) == {"a": {"b": [9, 2, 3]}, "c": "e", "g/h": "e"}
-    assert doc == {"a": {"b": [1, 2]}, "c": "d"}, "the document is not changed"
-    for ops in ([{"op": "test", "path": "/c", "value": "x"}], [{"op": "remove", "path": "/x"}],
-                [{"op": "replace", "path": "/a/x", "value": 1}], [{"op": "add", "path": "/a/b/5", "value": 1}],
-                [{"op": "test", "path": "/a/b/0", "value": True}], [{"op": "frobnicate", "path": "/c"}]):
-        with pytest.raises(PatchFailed):
-            json_patch(doc, ops)
-
-
 def test_json_equality_tells_booleans_from_numbers() -> None:
     assert same({"a": [1, 2.0]}, {"a": [1.0, 2]}) and not same(True, 1) and not same(0, False) and not same(1, "1")
 
@@ -241,107 +218,29 @@ async def test_status_is_a_subresource_where_the_kind_has_one() -> None:
     assert "labels" not in status["metadata"]
     main = await api.patch(DEPLOYMENTS, NS, "d", {"status": {"readyReplicas": 9}, "spec": {"replicas": 2}})
     assert main["status"] == {"readyReplicas": 1} and main["spec"] == {"replicas": 2}
-    assert managers(main) == {("vllm-operator", "Update", ""), ("vllm-operator", "Update", "status")}
+    assert "managedFields" not in main["metadata"], "no field ownership (test_children_ssa: the real server's)"
     stale = {"metadata": {"resourceVersion": made["metadata"]["resourceVersion"]}, "status": {"readyReplicas": 2}}
     assert (await fails(api.patch_status(DEPLOYMENTS, NS, "d", stale))).conflict
     await api.create(CONFIGMAPS, NS, cm("c"))
     assert (await fails(api.patch_status(CONFIGMAPS, NS, "c", {"status": {}}))).not_found, "no /status route"
 
 
-async def test_json_patch_test_failure_is_422_and_changes_nothing() -> None:
+# --- apply -----------------------------------------------------------------------------------------------------
+
+
+async def test_apply_creates_then_merges_its_body_and_a_no_op_apply_writes_nothing() -> None:
     api = FakeKubeApi()
-    made = await api.create(CONFIGMAPS, NS, cm("a", x="1"))
-    err = await fails(api.json_patch(CONFIGMAPS, NS, "a", [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
-        {"op": "replace", "path": "/data/x", "value": "2"}]))
-    assert (err.status, err.reason) == (422, "Invalid")
-    got = await api.get(CONFIGMAPS, NS, "a")
-    assert got == made
-    done = await api.json_patch(CONFIGMAPS, NS, "a", [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": made["metadata"]["resourceVersion"]},
-        {"op": "replace", "path": "/data/x", "value": "2"}])
-    assert done["data"] == {"x": "2"}
-
-
-# --- server-side apply -----------------------------------------------------------------------------------------
-
-
-async def test_apply_creates_and_a_dropped_field_goes_while_another_writers_field_stays() -> None:
-    api = FakeKubeApi()
-    made = await api.apply(CONFIGMAPS, NS, "a", cm("a", {"app": "x"}, keep="1", drop="2"))
-    assert managers(made) == {(FIELD_MANAGER, "Apply", "")}
-    other = api.as_manager("kubectl-annotate")
-    await other.patch(CONFIGMAPS, NS, "a", {"metadata": {"annotations": {"team": "search"}}})
-    again = await api.apply(CONFIGMAPS, NS, "a", cm("a", {"app": "x"}, keep="1"))
-    assert again["data"] == {"keep": "1"} and again["metadata"]["annotations"] == {"team": "search"}
-    assert managers(again) == {(FIELD_MANAGER, "Apply", ""), ("kubectl-annotate", "Update", "")}
-    no_labels = await api.apply(CONFIGMAPS, NS, "a", {"apiVersion": "v1", "kind": "ConfigMap",
-                                                      "metadata": {"name": "a"}, "data": {"keep": "1"}})
-    assert "labels" not in no_labels["metadata"], "a map the removal leaves empty goes too"
-    assert no_labels["metadata"]["resourceVersion"] != again["metadata"]["resourceVersion"]
-    unchanged = await api.apply(CONFIGMAPS, NS, "a", {"apiVersion": "v1", "kind": "ConfigMap",
-                                                      "metadata": {"name": "a"}, "data": {"keep": "1"}})
-    assert unchanged["metadata"]["resourceVersion"] == no_labels["metadata"]["resourceVersion"], "a no-op apply"
-
-
-async def test_a_field_the_creator_also_owns_survives_the_apply_dropping_it() -> None:
-    api = FakeKubeApi()
-    await api.create(CONFIGMAPS, NS, cm("a", x="1", y="2"))  # Update manager: owns data.x and data.y
-    await api.apply(CONFIGMAPS, NS, "a", cm("a", x="1", y="2"))  # same values: shared, no conflict
-    after = await api.apply(CONFIGMAPS, NS, "a", cm("a", x="1"))
-    assert after["data"] == {"x": "1", "y": "2"}, "still the creator's"
-
-
-async def test_a_contested_field_is_a_conflict_naming_its_manager_and_force_takes_it() -> None:
-    api = FakeKubeApi()
-    await api.apply(DEPLOYMENTS, NS, "d", deployment("d", replicas=1, paused=False))
-    await api.as_manager("kubectl-scale").patch(DEPLOYMENTS, NS, "d", {"spec": {"replicas": 4}})
-    err = await fails(api.apply(DEPLOYMENTS, NS, "d", deployment("d", replicas=2, paused=False)))
-    assert (err.status, err.reason) == (409, "Conflict")
-    assert err.causes == [{"reason": "FieldManagerConflict", "message": 'conflict with "kubectl-scale" using apps/v1',
-                           "field": ".spec.replicas"}]
-    assert (await api.get(DEPLOYMENTS, NS, "d") or {})["spec"]["replicas"] == 4, "a refused apply changes nothing"
-    forced = await api.apply(DEPLOYMENTS, NS, "d", deployment("d", replicas=2, paused=False), force=True)
-    assert forced["spec"]["replicas"] == 2 and managers(forced) == {(FIELD_MANAGER, "Apply", "")}
-    # Without the field in its body the apply leaves another manager's value alone (an autoscaler's replicas).
-    await api.as_manager("kubectl-scale").patch(DEPLOYMENTS, NS, "d", {"spec": {"replicas": 6}})
-    kept = await api.apply(DEPLOYMENTS, NS, "d", deployment("d", paused=False))
-    assert kept["spec"]["replicas"] == 6
-
-
-async def test_lists_are_atomic_an_apply_replaces_the_whole_list() -> None:
-    api = FakeKubeApi()
+    made = await api.apply(CONFIGMAPS, NS, "a", cm("a", {"app": "x"}, keep="1"))
+    assert made["data"] == {"keep": "1"} and made["metadata"]["labels"] == {"app": "x"}
+    await api.patch(CONFIGMAPS, NS, "a", {"metadata": {"annotations": {"team": "search"}}})
+    again = await api.apply(CONFIGMAPS, NS, "a", cm("a", {"app": "y"}, keep="2"))
+    assert again["data"] == {"keep": "2"} and again["metadata"]["labels"] == {"app": "y"}
+    assert again["metadata"]["annotations"] == {"team": "search"}, "merged into the object, not replacing it"
+    unchanged = await api.apply(CONFIGMAPS, NS, "a", cm("a", {"app": "y"}, keep="2"), force=True)
+    assert unchanged["metadata"]["resourceVersion"] == again["metadata"]["resourceVersion"], "a no-op apply"
     await api.apply(DEPLOYMENTS, NS, "d", deployment("d", ports=[{"name": "a"}, {"name": "b"}]))
-    again = await api.apply(DEPLOYMENTS, NS, "d", deployment("d", ports=[{"name": "b"}]))
-    assert again["spec"]["ports"] == [{"name": "b"}]
-    fields = next(e for e in again["metadata"]["managedFields"] if e["operation"] == "Apply")["fieldsV1"]
-    assert fields == {"f:spec": {"f:ports": {}}}
-
-
-async def test_written_managed_fields_are_the_ownership_the_next_apply_works_from() -> None:
-    api = FakeKubeApi()
-    made = await api.create(CONFIGMAPS, NS, cm("a", x="1", y="2"))
-    (entry,) = made["metadata"]["managedFields"]
-    assert (entry["manager"], entry["operation"]) == ("vllm-operator", "Update")
-    # What handlers/managedfields.py does to a child of the release before: the Update entry becomes the Apply one.
-    moved = {**entry, "operation": "Apply", "fieldsV1": {"f:data": {".": {}, "f:x": {}, "f:y": {}}}}
-    await api.json_patch(CONFIGMAPS, NS, "a", [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": made["metadata"]["resourceVersion"]},
-        {"op": "replace", "path": "/metadata/managedFields", "value": [moved]}])
-    after = await api.apply(CONFIGMAPS, NS, "a", cm("a", x="1"))
-    assert after["data"] == {"x": "1"} and managers(after) == {(FIELD_MANAGER, "Apply", "")}
-
-
-async def test_real_format_managed_fields_are_read_with_list_items_as_their_list() -> None:
-    api = FakeKubeApi()
-    await api.create(DEPLOYMENTS, NS, deployment("d", template={"spec": {"containers": [{"name": "c"}]}}))
-    real = {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "apps/v1", "fieldsType": "FieldsV1",
-            "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {
-                'k:{"name":"c"}': {".": {}, "f:name": {}}}}}}}}
-    await api.json_patch(DEPLOYMENTS, NS, "d", [{"op": "replace", "path": "/metadata/managedFields",
-                                                 "value": [real]}])
-    after = await api.apply(DEPLOYMENTS, NS, "d", deployment("d", replicas=1))
-    assert after["spec"] == {"replicas": 1}, "the list the entry owned an item of went with its map"
+    listed = await api.apply(DEPLOYMENTS, NS, "d", deployment("d", ports=[{"name": "b"}]))
+    assert listed["spec"]["ports"] == [{"name": "b"}], "lists are replaced whole"
 
 
 async def test_apply_refuses_what_the_server_refuses_and_ignores_status() -> None:
