@@ -62,6 +62,7 @@ def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, 
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
     port = next(int(a.split("=", 1)[1]) for a in args if a.startswith("--port="))
     base = f"http://{namespace.address}:{port}"
+    images.warm_page_cache("engine-cpu", "/opt/vllm")
     with images.running("engine-cpu", flags, args, tmp_path / "engine.log",
                         network=f"ns:{namespace.path}", entrypoint=container["command"]) as engine:
 
