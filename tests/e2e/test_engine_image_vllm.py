@@ -13,7 +13,6 @@ import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,16 +28,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "vllm-operator/tiny-llama"  # --served-model-name of examples/cpu-dev.yaml
 
 
-@pytest.fixture
-def namespace() -> Iterator[netns.Netns]:
-    ns = netns.create()
-    try:
-        yield ns
-    finally:
-        ns.teardown()
-
-
-def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, namespace: netns.Netns) -> None:
+def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, pod_netns: netns.Netns) -> None:
     pod, container = images.rendered_pod("cpu-dev", engine_rendering.CONTAINER)
     assert container["command"][:5] == ["vllm-operator", "engine", "--", "vllm", "serve"]
     model_path = Path(container["command"][5])
@@ -56,15 +46,15 @@ def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, 
             env[item["name"]] = item["value"]
         else:
             assert item["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", item
-            env[item["name"]] = namespace.address
+            env[item["name"]] = pod_netns.address
     flags += [f"--env={k}={v}" for k, v in env.items()]
     # the kubelet's $(VAR) expansion of args
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
     port = next(int(a.split("=", 1)[1]) for a in args if a.startswith("--port="))
-    base = f"http://{namespace.address}:{port}"
+    base = f"http://{pod_netns.address}:{port}"
     images.warm_page_cache("engine-cpu", "/opt/vllm")
     with images.running("engine-cpu", flags, args, tmp_path / "engine.log",
-                        network=f"ns:{namespace.path}", entrypoint=container["command"]) as engine:
+                        network=f"ns:{pod_netns.path}", entrypoint=container["command"]) as engine:
 
         def ready() -> bool:
             assert engine.running(), f"engine container exited: {images.podman('logs', engine.name).stderr[-3000:]}"
@@ -82,7 +72,7 @@ def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, 
             answer = json.loads(resp.read())
         assert answer["usage"]["completion_tokens"] == 4, answer
         # the wrapper's status endpoint saw vLLM through to serving
-        status_url = f"http://{namespace.address}:{constants.ENGINE_STATUS_PORT}{engine_rendering.STARTUP_PATH}"
+        status_url = f"http://{pod_netns.address}:{constants.ENGINE_STATUS_PORT}{engine_rendering.STARTUP_PATH}"
         try:
             with urllib.request.urlopen(status_url, timeout=5) as resp:
                 assert resp.status == 200

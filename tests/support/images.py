@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import pytest
 
+from testcluster import netns
 from tests.support.paths import EXAMPLES, ROOT
 from vllm_operator.rendering import cli
 
@@ -78,6 +79,16 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     if check and proc.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} failed (rc={proc.returncode}): {proc.stderr.strip()}")
     return proc
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[netns.Netns]:
+    """A network namespace of the test's own with no route out, for a container as a pod (`network=ns:<path>`)."""
+    ns = netns.create()
+    try:
+        yield ns
+    finally:
+        ns.teardown()
 
 
 def warm_page_cache(name: str, path: str) -> None:

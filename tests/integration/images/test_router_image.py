@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,16 +28,7 @@ pytestmark = pytest.mark.integration
 FAKE_PORT = 8001
 
 
-@pytest.fixture
-def namespace() -> Iterator[netns.Netns]:
-    ns = netns.create()
-    try:
-        yield ns
-    finally:
-        ns.teardown()
-
-
-def test_router_image_serves_a_chat_request_to_a_fake_vllm(tmp_path: Path, namespace: netns.Netns) -> None:
+def test_router_image_serves_a_chat_request_to_a_fake_vllm(tmp_path: Path, pod_netns: netns.Netns) -> None:
     pod, container = images.rendered_pod("cpu-dev", router_rendering.CONTAINER)
     # the rendered pod mounts a tokenizer ConfigMap: the word-counting tokenizer of the router tests goes there
     (tokenizer_mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tokenizer"]
@@ -56,13 +46,13 @@ def test_router_image_serves_a_chat_request_to_a_fake_vllm(tmp_path: Path, names
                                       volumes={"config": config_dir, "tokenizer": tokenizer_dir})
     assert "--read-only" in flags and "--cap-drop=all" in flags  # what the operator renders for the router
     fake_log = (tmp_path / "fake.log").open("wb")
-    fake = subprocess.Popen([*namespace.exec_prefix(), sys.executable, "-m", "fakevllm", "--host", "127.0.0.1",
+    fake = subprocess.Popen([*pod_netns.exec_prefix(), sys.executable, "-m", "fakevllm", "--host", "127.0.0.1",
                              "--port", str(FAKE_PORT), "--model", MODEL, "--tokens", "5"], cwd=ROOT,
                             stdout=fake_log, stderr=subprocess.STDOUT)
     try:
         with images.running("router", flags, container.get("args", []), tmp_path / "router.log",
-                            network=f"ns:{namespace.path}", entrypoint=container["command"]) as router:
-            base = f"http://{namespace.address}:{config.port}"
+                            network=f"ns:{pod_netns.path}", entrypoint=container["command"]) as router:
+            base = f"http://{pod_netns.address}:{config.port}"
 
             def healthy() -> bool:
                 assert router.running(), f"router container exited: {images.podman('logs', router.name).stderr}"
