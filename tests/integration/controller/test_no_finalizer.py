@@ -37,15 +37,21 @@ async def checked(kube: ClientKubeApi, ns: str, name: str) -> dict[str, Any] | N
     return obj if cond(obj, constants.COND_METRICS_AVAILABLE) else None
 
 
+async def create_checked_without_finalizer(kube: ClientKubeApi, tenant: Tenant) -> None:
+    """Create the chat example, wait for its first health check, and see that nothing put a finalizer on it."""
+    obj = tenant.example("chat")
+    ns, name = tenant.namespace, obj["metadata"]["name"]
+    await kube.create(VLLM_DEPLOYMENTS, ns, obj)
+    seen = await eventually(lambda: checked(kube, ns, name), timeout=90)
+    assert not seen["metadata"].get("finalizers"), seen["metadata"]
+
+
 async def test_a_vllmdeployment_deleted_while_the_operator_is_stopped_is_gone_at_once(examples_tenant: Tenant
                                                                                       ) -> None:
     tenant = examples_tenant
-    obj = tenant.example("chat")
-    ns, name = tenant.namespace, obj["metadata"]["name"]
+    ns, name = tenant.namespace, tenant.example("chat")["metadata"]["name"]
     async with running_operator(tenant, **HEALTH) as kube:
-        await kube.create(VLLM_DEPLOYMENTS, ns, obj)
-        seen = await eventually(lambda: checked(kube, ns, name), timeout=90)
-        assert not seen["metadata"].get("finalizers"), seen["metadata"]
+        await create_checked_without_finalizer(kube, tenant)
     admin = await ClientKubeApi.from_environment(kubeconfig=str(tenant.kube.kubeconfig))
     try:
         await admin.delete(VLLM_DEPLOYMENTS, ns, name)
@@ -59,12 +65,9 @@ async def test_the_watched_namespace_deleted_in_namespaced_mode_finishes(example
     namespace goes; the namespace controller deletes the Role and the VLLMDeployment in no particular order, and
     nothing of the operator's needs the Role to let the namespace finish."""
     tenant = examples_tenant
-    obj = tenant.example("chat")
-    ns, name = tenant.namespace, obj["metadata"]["name"]
+    ns = tenant.namespace
     async with running_operator(tenant, **HEALTH) as kube:
-        await kube.create(VLLM_DEPLOYMENTS, ns, obj)
-        seen = await eventually(lambda: checked(kube, ns, name), timeout=90)
-        assert not seen["metadata"].get("finalizers"), seen["metadata"]
+        await create_checked_without_finalizer(kube, tenant)
         tenant.kube.kubectl("delete", "namespace", ns, "--wait=false")
 
         async def namespace_gone() -> bool:
