@@ -46,12 +46,14 @@ control-plane:
 	scripts/build-cluster-bin.sh
 
 ## cluster-bin: the control plane, and what the tests run beside it: kubelet (cluster/kubelet) and the pause binary
-## into ~/.cache/vllm-operator/kubelet-<hash>/ (testcluster/node.py), KEDA (cluster/keda) into
+## into ~/.cache/vllm-operator/kubelet-<hash>/ and kube-proxy (cluster/kube-proxy) into
+## ~/.cache/vllm-operator/kube-proxy-<hash>/ (testcluster/node.py), KEDA (cluster/keda) into
 ## ~/.cache/vllm-operator/keda-<hash>/, Prometheus with Kubernetes service discovery (cluster/prometheus) into
 ## ~/.cache/vllm-operator/prometheus-<hash>/ and prometheus-operator (cluster/prometheus-operator) into
 ## ~/.cache/vllm-operator/prometheus-operator-<hash>/ (each a no-op when built; cold times in the README).
 cluster-bin: control-plane
 	scripts/build-kubelet.sh
+	scripts/build-kube-proxy.sh
 	scripts/build-keda-bin.sh
 	scripts/build-prometheus.sh
 	scripts/build-prometheus-operator.sh

@@ -12,6 +12,8 @@ command -v vmtouch >/dev/null || need_apt+=(vmtouch)  # tests/e2e/conftest.py pi
 [ -x /usr/bin/containerd ] || need_apt+=(containerd)
 [ -x /usr/sbin/runc ] || need_apt+=(runc)
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+# kube-proxy's iptables mode (scripts/build-kube-proxy.sh) runs iptables-restore in each node's network namespace
+[ -x /usr/sbin/iptables ] || need_apt+=(iptables)
 command -v buildah >/dev/null || need_apt+=(buildah)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)  # static: the image has no libc
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "scripts" / "build-cluster-bin.sh"
 PROMETHEUS_SCRIPT = ROOT / "scripts" / "build-prometheus.sh"
 KUBELET_SCRIPT = ROOT / "scripts" / "build-kubelet.sh"
+KUBE_PROXY_SCRIPT = ROOT / "scripts" / "build-kube-proxy.sh"
 # kwok's own default stages: nodes become Ready at once and keep a Lease; pods become Running/Ready, complete and
 # are deleted as a kubelet would.
 KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
@@ -99,21 +100,27 @@ def kubelet_directory() -> Path:
     return built_directory(KUBELET_SCRIPT, "kubelet is", ("kubelet", "pause"))
 
 
+def kube_proxy() -> Path:
+    """kube-proxy, built from its Go module (scripts/build-kube-proxy.sh, part of `make cluster-bin`)."""
+    return built_directory(KUBE_PROXY_SCRIPT, "kube-proxy is", ("kube-proxy",)) / "kube-proxy"
+
+
 # The node runtime: Debian's packages (scripts/install-test-deps.sh), at the paths the packages install.
 CONTAINERD = "/usr/bin/containerd"
 CTR = "/usr/bin/ctr"
 RUNC = "/usr/sbin/runc"
 CNI_BIN_DIR = "/usr/lib/cni"
+IPTABLES = "/usr/sbin/iptables"  # kube-proxy's iptables mode runs iptables-restore from PATH
 
 
 def node_runtime() -> None:
-    """Raise `MissingBinaries` unless containerd, ctr, runc and the CNI bridge, host-local and loopback plugins are
-    installed."""
-    wanted = [CONTAINERD, CTR, RUNC, *(f"{CNI_BIN_DIR}/{p}" for p in ("bridge", "host-local", "loopback"))]
+    """Raise `MissingBinaries` unless containerd, ctr, runc, iptables and the CNI bridge, host-local and loopback
+    plugins are installed."""
+    wanted = [CONTAINERD, CTR, RUNC, IPTABLES, *(f"{CNI_BIN_DIR}/{p}" for p in ("bridge", "host-local", "loopback"))]
     missing = [path for path in wanted if not os.access(path, os.X_OK)]
     if missing:
         raise MissingBinaries(f"the node runtime lacks {', '.join(missing)}: run scripts/install-test-deps.sh "
-                              "(Debian's containerd, runc and containernetworking-plugins)")
+                              "(Debian's containerd, runc, iptables and containernetworking-plugins)")
 
 
 def kubectl() -> str:

@@ -8,10 +8,17 @@ Network (no default route anywhere; set up fail-closed and proven like the clust
 
 The node's namespace routes only the API server's address and the cluster's pod range (other nodes' pods) through
 the cluster's namespace, which forwards between its nodes; the host blackholes the pod range as before. Pods get
-routes to the API server's address and the pod range through their bridge, and no default route. Node k's pod CIDR is
+routes to the API server's address, the pod range and the Service range through their bridge, and no default route.
+
+Services: each node runs kube-proxy (built from the same k8s.io/kubernetes, scripts/build-kube-proxy.sh) in iptables
+mode in its namespace, so a pod's KUBERNETES_SERVICE_HOST (the `kubernetes` Service's ClusterIP, which in-cluster
+clients use) and every other ClusterIP lead to their endpoints as on any cluster; the node counts as started only
+once kube-proxy has written the `kubernetes` Service's rules. No cluster DNS runs: nothing our pods run resolves a
+name (the operator and the router reach the API server by KUBERNETES_SERVICE_HOST, engines are addressed by pod IP). Node k's pod CIDR is
 counted down from the top of the cluster's pod range, away from the addresses kwok hands out from its bottom.
 
-Each node has its own containerd (root, state and socket under the node's directory), its own kubelet (root dir,
+Each node has its own containerd (root, state and socket under the node's directory), its own kube-proxy, its own
+kubelet (root dir,
 pod logs, cgroup root `/vllmop-S-<node>`), its own network namespace and its own mount namespace, which both run in:
 there the node's /run/containerd (shim sockets), /run/netns (containerd's per-pod network namespaces) and
 /var/log/containers are its own, the kubelet's volume mounts stay inside (gone with the namespace), and the kernel
@@ -22,7 +29,7 @@ fails its start instead of being set.
 
 Images come from OCI archives (testcluster.images) imported into the node's containerd; nothing is pulled.
 
-Stopping signals only what this node started, by PID: the kubelet and containerd recorded at start, the shims whose
+Stopping signals only what this node started, by PID: the kubelet, kube-proxy and containerd recorded at start, the shims whose
 command line names this node's containerd socket, and the processes in this node's own cgroup tree (its containers).
 """
 
@@ -51,6 +58,7 @@ CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # What kubelet's setupKernelTunables (pkg/kubelet/cm/container_manager_linux.go, v1.37) wants to read.
 KERNEL_TUNABLES = {"vm/overcommit_memory": 1, "vm/panic_on_oom": 0, "kernel/panic": 10, "kernel/panic_on_oops": 1,
                    "kernel/keys/root_maxkeys": 1000000, "kernel/keys/root_maxbytes": 25000000}
+PROXY_HEALTHZ_PORT = 10256
 LEASE_SECONDS = 20  # as the process node's (cluster.PROCESS_NODE_HEARTBEATS): the kubelet renews every 5 s
 
 
@@ -161,12 +169,13 @@ class Node:
         return _shim_pids(self.state)
 
     def crash(self, wait: float = 15) -> dict[str, list[int]]:
-        """The node dies: SIGKILL to its kubelet, its containerd, its shims and its containers, by PID, all at
-        once; returns the PIDs killed once every one has exited (the kubelet and containerd, this process's
-        children, reaped). `stop` cleans up what is left (mounts, namespaces, cgroups)."""
+        """The node dies: SIGKILL to its kubelet, kube-proxy, containerd, shims and containers, by PID, all at
+        once; returns the PIDs killed once every one has exited (the node's daemons, this process's children,
+        reaped). `stop` cleans up what is left (mounts, namespaces, cgroups)."""
         recorded = {name: [pid] if alive(pid, self.state.binaries[name]) else []
                     for name, pid in self.state.pids.items()}
-        killed = {"kubelet": recorded.get("kubelet", []), "containerd": recorded.get("containerd", []),
+        killed = {"kubelet": recorded.get("kubelet", []), "kube-proxy": recorded.get("kube-proxy", []),
+                  "containerd": recorded.get("containerd", []),
                   "shims": self.shim_pids(), "containers": self.container_pids()}
         every = [p for group in killed.values() for p in group]
         for pid in every:
@@ -175,9 +184,10 @@ class Node:
         deadline = time.monotonic() + wait
         while not all(exited(pid) for pid in every) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for name in ("kubelet", "containerd"):
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(self.state.pids[name], os.WNOHANG)
+        for name in ("kubelet", "kube-proxy", "containerd"):
+            if name in self.state.pids:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(self.state.pids[name], os.WNOHANG)
         return killed
 
     def stop(self, grace: float = 10) -> None:
@@ -220,7 +230,8 @@ def _write_configs(d: Path, layout: Layout, state: NodeState, cluster: Cluster, 
             "type": "bridge", "bridge": "cni0", "isGateway": True, "isDefaultGateway": False, "ipMasq": False,
             "hairpinMode": True,
             "ipam": {"type": "host-local", "ranges": [[{"subnet": layout.pod_cidr}]], "dataDir": str(d / "ipam"),
-                     "routes": [{"dst": f"{layout.api_address}/32"}, {"dst": cluster_pods}]},
+                     "routes": [{"dst": f"{layout.api_address}/32"}, {"dst": cluster_pods},
+                                {"dst": cluster.netns.service_cidr}]},
         }],
     }, indent=1))
     containerd_config = f"""version = 2
@@ -301,6 +312,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     path = d / "kubelet.yaml"
     path.write_text(yaml.safe_dump(kubelet_config, sort_keys=False))
     return path
+
+
+def _write_proxy_config(d: Path, layout: Layout, name: str, cluster: Cluster, kubeconfig: Path) -> Path:
+    """kube-proxy in iptables mode for the node's namespace, touching nothing outside it: no OOM score (needs
+    CAP_SYS_RESOURCE), no conntrack limits or timeouts (the table size is the machine's), no localhost NodePorts
+    (route_localnet); metrics and health on the node's own loopback."""
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "mode": "iptables", "hostnameOverride": name, "bindAddress": layout.node_ip,
+        "healthzBindAddress": f"127.0.0.1:{PROXY_HEALTHZ_PORT}", "metricsBindAddress": "127.0.0.1:10249",
+        "clusterCIDR": cluster.netns.pod_cidr, "nodePortAddresses": [f"{layout.node_ip}/32"],
+        "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "oomScoreAdj": 0,
+    }
+    path = d / "kube-proxy.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def proxies_kubernetes_service(node: Node) -> bool:
+    """True once the node's kube-proxy has written the `default/kubernetes` Service's rules: from then on a pod's
+    KUBERNETES_SERVICE_HOST:PORT reaches the API server."""
+    proc = subprocess.run([*node.enter(), "iptables-save", "-t", "nat"], capture_output=True, text=True,
+                          check=False, timeout=30)
+    return proc.returncode == 0 and '"default/kubernetes:https"' in proc.stdout and "-j KUBE-SVC-" in proc.stdout
 
 
 def _make_cgroups(root: str) -> None:
@@ -450,6 +488,13 @@ def start(cluster: Cluster, name: str, *, index: int, directory: Path,
             f"--cert-dir={d / 'kubelet-pki'}", *([f"--node-labels={node_labels}"] if node_labels else []), "--v=1",
         ])
         _wait(lambda: node_ready(cluster, name), kubelet, node, "kubelet", ready_timeout)
+        proxy_kubeconfig = d / "kube-proxy.kubeconfig"
+        write_kubeconfig(proxy_kubeconfig, cluster.server, cluster.ca_file, user="system:kube-proxy",
+                         cert=pki.proxy_credentials(cluster.directory / "pki", name))
+        proxy = _spawn(node, "kube-proxy", [
+            str(binaries.kube_proxy()), f"--config={_write_proxy_config(d, layout, name, cluster, proxy_kubeconfig)}",
+            "--v=1"])
+        _wait(lambda: proxies_kubernetes_service(node), proxy, node, "kube-proxy", 60)
     except BaseException:
         stop(state)
         raise
@@ -489,8 +534,9 @@ def load(directory: Path, cluster: Cluster) -> Node:
 
 def stop(state: NodeState, grace: float = 10) -> None:
     """Stop what `start` started, by PID, and remove the node's namespaces and cgroups. Idempotent."""
-    if "kubelet" in state.pids:
-        stop_processes([(state.pids["kubelet"], state.binaries["kubelet"])], grace=grace)
+    for component in ("kubelet", "kube-proxy"):
+        if component in state.pids:
+            stop_processes([(state.pids[component], state.binaries[component])], grace=grace)
     containers = _container_pids(state)
     for pid in containers:
         with contextlib.suppress(ProcessLookupError):

@@ -161,3 +161,9 @@ def node_credentials(directory: Path, node: str, node_ip: str) -> tuple[Pair, Pa
     client = ca.issue(f"node-{node}", f"system:node:{node}", orgs=("system:nodes",))
     serving = ca.issue(f"node-{node}-serving", f"system:node:{node}", server=True, dns=(node,), ips=(node_ip,))
     return client, serving
+
+
+def proxy_credentials(directory: Path, node: str) -> Pair:
+    """A node's kube-proxy client certificate: user system:kube-proxy, whom the API server's bootstrap
+    ClusterRoleBinding system:node-proxier grants what kube-proxy reads (Services, EndpointSlices, Nodes, events)."""
+    return Authority(directory, "ca", existing=True).issue(f"node-{node}-proxy", "system:kube-proxy")

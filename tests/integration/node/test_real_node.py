@@ -2,8 +2,9 @@
 of this module's own, a minimal image built here (testcluster.images.busybox). Each test fails when the behaviour it
 names is missing: the kubelet enforcing a restricted securityContext, its probes (a slow start is not killed, a hang
 is), the kernel's OOM kill under the pod's memory limit and its reason in the status, `terminationMessagePath`,
-`kubectl logs` and `kubectl exec` authorized by the kubelet for real, cross-node pod traffic, and a node whose kubelet,
-containerd and containers are killed going NotReady.
+`kubectl logs` and `kubectl exec` authorized by the kubelet for real, cross-node pod traffic, Services (the API server's
+included) through each node's kube-proxy, and a node whose kubelet, kube-proxy, containerd and containers are killed
+going NotReady.
 
 What each container reports is read back through `kubectl logs`/`exec`, the status through the API server: the same
 paths the operator's health loop and its tests read.
@@ -317,7 +318,7 @@ def test_pods_on_different_nodes_reach_each_other(nodes: Nodes) -> None:
     get = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server['podIP']} 8080"
     got = wait_for("an answer across nodes", lambda: kexec(kube, "client", "sh", "-c", get, check=False).stdout)
     assert got.startswith("HTTP/1.1 200") and got.endswith("from-a\n"), got
-    # the API server by its own address (no kube-proxy: a ClusterIP leads nowhere), nothing outside
+    # the API server by its own address, nothing outside
     api = kexec(kube, "client", "sh", "-c", f"nc -w 2 {nodes.kube.netns.address} 6443 </dev/null", check=False)
     assert api.returncode == 0, api
     routes = kexec(kube, "client", "ip", "route").stdout
@@ -326,13 +327,41 @@ def test_pods_on_different_nodes_reach_each_other(nodes: Nodes) -> None:
     assert out.returncode != 0 and "unreachable" in out.stderr, out
 
 
+def test_services_lead_to_their_endpoints_through_each_nodes_kube_proxy(nodes: Nodes) -> None:
+    """In-cluster clients (the operator's kopf, the router's discovery) reach the API server at
+    KUBERNETES_SERVICE_HOST:PORT, the `kubernetes` Service's ClusterIP: without a Service proxy on the node that
+    address leads nowhere. And a Service of our own, from a pod on the other node."""
+    kube = nodes.kube
+    apply_pod(kube, "web", nodes.a, [{
+        "name": "main", "command": ["sh", "-c", "mkdir -p /tmp/www && echo via-service > /tmp/www/index.html && "
+                                                "exec httpd -f -p 8080 -h /tmp/www"],
+        "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": False}}])
+    kube.kubectl("label", "pod", "web", "-n", NS, "app=web")
+    kube.kubectl("create", "service", "clusterip", "web", "-n", NS, "--tcp=80:8080")
+    apply_pod(kube, "svc-client", nodes.b, [{"name": "main", "command": ["sleep", "3600"],
+                                             "securityContext": RESTRICTED}])
+    wait_for("both pods running", lambda: running(kube, "web") and running(kube, "svc-client"))
+    env = dict(line.split("=", 1) for line in kexec(kube, "svc-client", "env").stdout.splitlines() if "=" in line)
+    service_ip = json.loads(kube.kubectl("get", "service", "kubernetes", "-o", "json").stdout)["spec"]["clusterIP"]
+    assert env["KUBERNETES_SERVICE_HOST"] == service_ip and env["KUBERNETES_SERVICE_PORT"] == "443", env
+    # plain HTTP to the API server's TLS port: Go's server answers it in plain text, so the answer is the API server's
+    plain = kexec(kube, "svc-client", "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | "
+                  "nc -w 2 $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT", check=False)
+    assert "Client sent an HTTP request to an HTTPS server" in plain.stdout, plain
+    web_ip = json.loads(kube.kubectl("get", "service", "web", "-n", NS, "-o", "json").stdout)["spec"]["clusterIP"]
+    get = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {web_ip} 80"
+    got = wait_for("an answer through the Service", lambda: kexec(kube, "svc-client", "sh", "-c", get,
+                                                                  check=False).stdout)
+    assert got.startswith("HTTP/1.1 200") and got.endswith("via-service\n"), got
+
+
 def test_a_killed_node_goes_not_ready(nodes: Nodes) -> None:
     """The last test: node b's kubelet, containerd, shims and containers all SIGKILLed by PID."""
     kube = nodes.kube
     apply_pod(kube, "doomed", nodes.b, [{"name": "main", "command": ["sleep", "3600"], "securityContext": RESTRICTED}])
     wait_for("the doomed pod running", lambda: running(kube, "doomed"))
     killed = nodes.b.crash()
-    assert killed["containers"] and killed["shims"], killed
+    assert killed["containers"] and killed["shims"] and killed["kube-proxy"], killed
     # dead: gone, or a zombie that init (PID 1) has yet to reap
     assert [p for group in killed.values() for p in group if not cluster.exited(p)] == [], killed
     started = time.monotonic()
