@@ -14,13 +14,13 @@ Services: each node runs kube-proxy (built from the same k8s.io/kubernetes, scri
 mode in its namespace, so a pod's KUBERNETES_SERVICE_HOST (the `kubernetes` Service's ClusterIP, which in-cluster
 clients use) and every other ClusterIP lead to their endpoints as on any cluster; the node counts as started only
 once kube-proxy has written the `kubernetes` Service's rules. No cluster DNS runs: nothing our pods run resolves a
-name (the operator and the router reach the API server by KUBERNETES_SERVICE_HOST, engines are addressed by pod IP). Node k's pod CIDR is
-counted down from the top of the cluster's pod range, away from the addresses kwok hands out from its bottom.
+name (the operator and the router reach the API server by KUBERNETES_SERVICE_HOST, engines are addressed by pod
+IP). Node k's pod CIDR is counted down from the top of the cluster's pod range, away from kwok's addresses.
 
 Each node has its own containerd (root, state and socket under the node's directory), its own kube-proxy, its own
-kubelet (root dir,
-pod logs, cgroup root `/vllmop-S-<node>`), its own network namespace and its own mount namespace, which both run in:
-there the node's /run/containerd (shim sockets), /run/netns (containerd's per-pod network namespaces) and
+kubelet (root dir, pod logs, cgroup root `/vllmop-S-<node>`), its own network namespace and its own mount namespace,
+which all run in: there the node's /run/containerd (shim sockets), /run/netns (containerd's per-pod network
+namespaces) and
 /var/log/containers are its own, the kubelet's volume mounts stay inside (gone with the namespace), and the kernel
 settings the kubelet insists on (`setupKernelTunables`: vm.overcommit_memory=1, kernel.panic=10,
 kernel.panic_on_oops=1) are shown to it by read-only bind mounts over their /proc/sys files, so it never writes them
@@ -29,8 +29,9 @@ fails its start instead of being set.
 
 Images come from OCI archives (testcluster.images) imported into the node's containerd; nothing is pulled.
 
-Stopping signals only what this node started, by PID: the kubelet, kube-proxy and containerd recorded at start, the shims whose
-command line names this node's containerd socket, and the processes in this node's own cgroup tree (its containers).
+Stopping signals only what this node started, by PID: the kubelet, kube-proxy and containerd recorded at start, the
+shims whose command line names this node's containerd socket, and the processes in this node's own cgroup tree (its
+containers).
 """
 
 from __future__ import annotations
