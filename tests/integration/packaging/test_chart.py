@@ -382,3 +382,14 @@ def test_notes_say_where_auto_stands(tmp_path: Path, name: str) -> None:
         assert "accelerator.type: auto is refused" in proc.stdout
     else:
         assert "every namespace" in proc.stdout
+
+
+def test_operator_pod_runs_as_the_images_user_and_group(tmp_path: Path) -> None:
+    """A real kubelet runs an image's `USER 65532:65532` with gid 0 unless the pod sets runAsGroup (the process node
+    never ran images' users at all): the chart sets both, matching the operator image's USER."""
+    pod = by_kind(render(tmp_path, {}), "Deployment")[0]["spec"]["template"]["spec"]
+    dockerfile = (Path(__file__).resolve().parents[3] / "images" / "operator.Dockerfile").read_text()
+    user = next(line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER "))
+    uid, gid = (int(x) for x in user.split(":"))
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (uid, gid)
+    assert pod["securityContext"]["runAsNonRoot"] is True
