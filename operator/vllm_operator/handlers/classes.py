@@ -52,7 +52,7 @@ NO_READER = ("the operator may not read VLLMWorkloadClasses ({why}); only the bu
 
 
 def _builtins() -> str:
-    return ", ".join(c.value for c in profiles.PROFILES)
+    return ", ".join(c.value for c in profiles.BUILTINS)
 
 
 def class_object(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,7 +67,7 @@ class Pin:
     default), `profile` the class it resolved to then (None: it did not resolve, so it plans with the current
     classes and only its turn is kept, in memory), and `obj` that class's object (None: the built-in table)."""
 
-    def __init__(self, for_class: str | None, profile: profiles.ClassProfile | None,
+    def __init__(self, for_class: str | None, profile: profiles.NamedClass | None,
                  obj: Mapping[str, Any] | None) -> None:
         self.for_class = for_class
         self.profile = profile
@@ -84,7 +84,7 @@ class Pin:
         try:
             data = json.loads(text)
             obj = data.get("object")
-            profile = profiles.parse_class(obj) if obj is not None else profiles.profile(str(data["class"]))
+            profile = profiles.parse_class(obj) if obj is not None else profiles.builtin(str(data["class"]))
         except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as err:
             raise ValueError(f"not a workload-class pin: {err}") from err
         return cls(data.get("for"), profile, obj)
@@ -99,7 +99,7 @@ class ClassIndex:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._classes: dict[str, profiles.ClassProfile] = {}
+        self._classes: dict[str, profiles.NamedClass] = {}
         self._objects: dict[str, dict[str, Any]] = {}  # class_object() of each, what a pin keeps
         self._broken: dict[str, str] = {}  # stored objects that do not parse (written before a CRD upgrade)
         self._pinned: dict[Key, Pin] = {}
@@ -129,7 +129,7 @@ class ClassIndex:
                 self.observe(item)
             self._loaded = True
 
-    def observe(self, obj: Mapping[str, Any]) -> profiles.ClassProfile | None:
+    def observe(self, obj: Mapping[str, Any]) -> profiles.NamedClass | None:
         """Record a class as the watch delivered it; returns the profile it replaced (None when new)."""
         raw = copy.deepcopy(dict(obj))  # a kopf Body is a live view; the index keeps plain data
         name = str(raw.get("metadata", {}).get("name", ""))
@@ -145,19 +145,19 @@ class ClassIndex:
             self._broken[name] = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
         return old
 
-    def forget(self, name: str) -> profiles.ClassProfile | None:
+    def forget(self, name: str) -> profiles.NamedClass | None:
         self._broken.pop(name, None)
         self._objects.pop(name, None)
         return self._classes.pop(name, None)
 
-    def snapshot(self) -> dict[str, profiles.ClassProfile]:
+    def snapshot(self) -> dict[str, profiles.NamedClass]:
         return dict(self._classes)
 
     def objects(self) -> dict[str, dict[str, Any]]:
         """The classes' objects as `class_object` keeps them (what `snapshot()`'s profiles were parsed from)."""
         return copy.deepcopy(self._objects)
 
-    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.ClassProfile],
+    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.NamedClass],
             objects: Mapping[str, Mapping[str, Any]]) -> Pin | None:
         """Pin a dependent (in memory) to the class it resolves to among `before`; a dependent already pinned keeps
         its older pin, and one that did not resolve before keeps only its turn (it plans with the current classes at
@@ -201,12 +201,12 @@ class ClassIndex:
     def pinned(self, key: Key) -> bool:
         return key in self._pinned
 
-    async def resolve(self, kube: KubeApi, key: Key, spec: VLLMDeploymentSpec) -> profiles.ClassProfile:
+    async def resolve(self, kube: KubeApi, key: Key, spec: VLLMDeploymentSpec) -> profiles.NamedClass:
         """The class a VLLMDeployment plans with; SpecError naming spec.workloadClass when it cannot be had."""
         name = spec.workload_class
         if not self.enabled or self._forbidden:
             if name is not None and profiles.is_builtin(name):
-                return profiles.profile(name)
+                return profiles.builtin(name)
             why = self._forbidden or "started with --no-workload-classes"
             raise SpecError("spec.workloadClass", ("unset: " if name is None else f"{name!r}: ") +
                             NO_READER.format(why=why, builtins=_builtins()))

@@ -33,7 +33,7 @@ from vllm_operator.health.source import Lister, MetricsSource, take_snapshot
 from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError, write_status
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.planning.catalog import gpu_facts, gpu_type
-from vllm_operator.planning.profiles import ClassProfile
+from vllm_operator.planning.profiles import NamedClass
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def accelerator_in_effect(spec: VLLMDeploymentSpec, status: VLLMDeploymentStatus
 
 async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,
                 interval_override: float | None = None,
-                resolve_class: Callable[[VLLMDeploymentSpec], Awaitable[ClassProfile]] | None = None,
+                resolve_class: Callable[[VLLMDeploymentSpec], Awaitable[NamedClass]] | None = None,
                 children: Lister | None = None) -> CheckResult | None:
     """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that).
     `resolve_class`: the operator's VLLMWorkloadClass lookup (None: the built-in table). `children`: where pods,

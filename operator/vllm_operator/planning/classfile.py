@@ -32,10 +32,10 @@ def _message(err: ValidationError) -> str:
     return f"{where}: {first['msg']}" if where else first["msg"]
 
 
-def load_classes(paths: Iterable[Path]) -> dict[str, profiles.ClassProfile]:
+def load_classes(paths: Iterable[Path]) -> dict[str, profiles.NamedClass]:
     """Every VLLMWorkloadClass document in the files, by name; other kinds in the files are skipped (a class may
     sit in the same multi-document file as the spec). Raises SpecError naming the file and the field."""
-    found: dict[str, profiles.ClassProfile] = {}
+    found: dict[str, profiles.NamedClass] = {}
     for path in paths:
         try:
             docs = list(yaml.safe_load_all(path.read_text()))

@@ -172,8 +172,8 @@ def _is_class(doc: Any) -> bool:
     return isinstance(doc, dict) and doc.get("kind") == constants.CLASS_KIND
 
 
-def _inline_classes(docs: Sequence[Any]) -> dict[str, profiles.ClassProfile]:
-    found: dict[str, profiles.ClassProfile] = {}
+def _inline_classes(docs: Sequence[Any]) -> dict[str, profiles.NamedClass]:
+    found: dict[str, profiles.NamedClass] = {}
     for doc in docs:
         if _is_class(doc):
             name = str((doc.get("metadata") or {}).get("name") or "")
@@ -188,7 +188,7 @@ def _inline_classes(docs: Sequence[Any]) -> dict[str, profiles.ClassProfile]:
 
 def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
                    facts: ModelFacts | None = None, images: ImageDefaults = DEFAULT_IMAGES,
-                   classes: Mapping[str, profiles.ClassProfile] | None = None) -> list[Planned]:
+                   classes: Mapping[str, profiles.NamedClass] | None = None) -> list[Planned]:
     """Plan every VLLMDeployment document (`facts`: --model-config's, in place of the spec's; `classes`: the
     --class files' VLLMWorkloadClasses, joined by those among `docs`); SpecError for the first refused."""
     out: list[Planned] = []

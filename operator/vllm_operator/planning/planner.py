@@ -60,6 +60,7 @@ from vllm_operator.api.spec import (
     VLLMDeploymentSpec,
 )
 from vllm_operator.api.status import VLLMDeploymentStatus
+from vllm_operator.api.workload_class import ClassAutoscaling, ClassPool, KVCachePolicy
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, lora, pods, profiles
 from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
@@ -168,13 +169,13 @@ class _PoolDraft:
 
     name: str
     spec: PoolSpec
-    profile: profiles.PoolProfile
+    profile: ClassPool
     enabled: bool
     max_model_len: int
     max_tokens: int
     warnings: list[str]
     class_name: str
-    class_autoscaling: profiles.AutoscalingProfile
+    class_autoscaling: ClassAutoscaling
 
 
 def _pool_spec(spec: VLLMDeploymentSpec, name: str) -> PoolSpec:
@@ -183,7 +184,7 @@ def _pool_spec(spec: VLLMDeploymentSpec, name: str) -> PoolSpec:
     return got if got is not None else PoolSpec()
 
 
-def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo, klass: profiles.ClassProfile) -> _PoolDraft:
+def _draft(spec: VLLMDeploymentSpec, name: str, model: ModelInfo, klass: profiles.NamedClass) -> _PoolDraft:
     prof = klass.pool(name)
     ps = _pool_spec(spec, name)
     path = f"spec.pools.{name}"
@@ -216,7 +217,7 @@ def _kv_dtype(spec: VLLMDeploymentSpec, draft: _PoolDraft, acc: AcceleratorFacts
     requested = draft.spec.kv_cache_dtype
     where = acc.type if acc.is_gpu else "cpu"
     if requested is None:
-        if draft.profile.prefer_fp8_kv and acc.is_gpu and catalog.native_fp8(cc) and (
+        if draft.profile.kv_cache_policy is KVCachePolicy.FP8_IF_NATIVE and acc.is_gpu and catalog.native_fp8(cc) and (
                 constants.kv_dtype_verdict(cc, KVCacheDtype.FP8, backend) is constants.KVVerdict.DEFAULT):
             return KVCacheDtype.FP8.value, []
         return KVCacheDtype.AUTO.value, []
@@ -545,7 +546,7 @@ def _paused_warnings(short: PoolPlan, long: PoolPlan) -> list[str]:
     return []
 
 
-def _autoscaling(ps: PoolSpec, d: profiles.AutoscalingProfile, class_name: str,
+def _autoscaling(ps: PoolSpec, d: ClassAutoscaling, class_name: str,
                  name: str) -> AutoscalingPlan | None:
     """The pool's autoscaling, every unset field from the workload class's `d`; None when the pool sets none."""
     a = ps.autoscaling
@@ -584,10 +585,10 @@ def _default_target(metric: AutoscalingMetric, pool: str) -> float:
 # --- router ---------------------------------------------------------------------------------------------------------
 
 def _tiers(spec: VLLMDeploymentSpec, short: PoolPlan, long: PoolPlan,
-           warnings: list[str], klass: profiles.ClassProfile) -> list[TierConfig]:
+           warnings: list[str], klass: profiles.NamedClass) -> list[TierConfig]:
     """The spec's tiers, else the class's default tiers, else one tier capped at the long pool's maxTokens."""
     routing = spec.routing
-    given = list(routing.tiers) if routing is not None and routing.tiers else list(klass.tiers)
+    given = list(routing.tiers) if routing is not None and routing.tiers else list(klass.spec.tiers or ())
     where = "spec.routing.tiers" if routing is not None and routing.tiers else f"workload class {klass.name}: tiers"
     if not given:
         default = short.max_tokens if short.enabled else long.max_tokens
@@ -658,7 +659,7 @@ and reset their in-memory index. The ceiling keeps the router pod's memory bound
 benchmarks/router-prefix/README.md); GPU pools reach it at one or two replicas anyway."""
 
 
-def _strategy(spec: VLLMDeploymentSpec, pool: str, klass: profiles.ClassProfile) -> RoutingStrategy:
+def _strategy(spec: VLLMDeploymentSpec, pool: str, klass: profiles.NamedClass) -> RoutingStrategy:
     """routing.pools.<pool>.strategy, else the workload class's default (profiles.py)."""
     pools = spec.routing.pools if spec.routing else None
     if pools is not None:
@@ -669,7 +670,7 @@ def _strategy(spec: VLLMDeploymentSpec, pool: str, klass: profiles.ClassProfile)
 
 
 def _route(spec: VLLMDeploymentSpec, pool: PoolPlan, acc: AcceleratorFacts, name: str, namespace: str,
-           klass: profiles.ClassProfile) -> PoolRoute:
+           klass: profiles.NamedClass) -> PoolRoute:
     """The router's view of a pool. Prefix blocks are the engine's KV blocks (16 tokens on GPU, 128 on vLLM's CPU
     build), and the prefix index is sized to what several of the pool's engines can cache at once (independent of
 its replicas, so a scale step never rewrites router.json)."""
@@ -734,8 +735,8 @@ def check_name(name: str) -> None:
                     f"digit); e.g. {suggestion!r}")
 
 
-def resolve_class(spec: VLLMDeploymentSpec, classes: Mapping[str, profiles.ClassProfile] | None = None,
-                  ) -> profiles.ClassProfile:
+def resolve_class(spec: VLLMDeploymentSpec, classes: Mapping[str, profiles.NamedClass] | None = None,
+                  ) -> profiles.NamedClass:
     """The workload class a spec names, or the one marked default, among `classes` (the VLLMWorkloadClass objects
     read from the cluster or given beside the spec, by name; their `default` flags in `defaults`). A built-in name
     that is not among them resolves to the table in profiles.py, so a spec naming chat plans the same with or
@@ -749,19 +750,19 @@ def resolve_class(spec: VLLMDeploymentSpec, classes: Mapping[str, profiles.Class
                             f"({', '.join(marked)}); mark one, or name the class")
         if not marked:
             raise SpecError("spec.workloadClass", "unset, and no VLLMWorkloadClass is marked default; name one "
-                            f"(built-ins: {', '.join(c.value for c in profiles.PROFILES)})")
+                            f"(built-ins: {', '.join(c.value for c in profiles.BUILTINS)})")
         return given[marked[0]]
     if name in given:
         return given[name]
     if profiles.is_builtin(name):
-        return profiles.profile(name)
-    known = sorted({*given, *(c.value for c in profiles.PROFILES)})
+        return profiles.builtin(name)
+    known = sorted({*given, *(c.value for c in profiles.BUILTINS)})
     raise SpecError("spec.workloadClass", f"VLLMWorkloadClass {name!r} does not exist (known: {', '.join(known)})")
 
 
 def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
          name: str, namespace: str, engine_version: str | None = None,
-         images: ImageDefaults = DEFAULT_IMAGES, workload_class: profiles.ClassProfile | None = None) -> Plan:
+         images: ImageDefaults = DEFAULT_IMAGES, workload_class: profiles.NamedClass | None = None) -> Plan:
     """Plan a VLLMDeployment (see the module docstring); raises SpecError. `images`: where default engine images
     come from (the operator's --image-repository); `workload_class`: the class resolved by `resolve_class` (default:
     resolved among the built-ins). A spec whose KV cache does not fit is
@@ -783,7 +784,7 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
 
 def _fitting_lora(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState,
                   name: str, namespace: str, engine_version: str | None, err: _NoFit,
-                  klass: profiles.ClassProfile) -> list[str]:
+                  klass: profiles.NamedClass) -> list[str]:
     """Where the LoRA slots crowd the KV cache out: the highest adapter rank (one vLLM supports) and the most slots
     with which the whole spec plans, each found by planning it again, as text."""
     slots = err.lora
@@ -813,7 +814,7 @@ def _fitting_lora(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None
 
 def _fitting_accelerator(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None,
                          remediation: RemediationState, name: str, namespace: str, engine_version: str | None,
-                         err: _NoFit, klass: profiles.ClassProfile) -> str | None:
+                         err: _NoFit, klass: profiles.NamedClass) -> str | None:
     """The smallest accelerator.count (GPU) or memoryGiB (CPU) with which the whole spec plans, as text."""
     acc = spec.accelerator
     if acc.type is AcceleratorType.CPU:
@@ -833,7 +834,7 @@ def _fitting_accelerator(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts
 
 
 def _plans(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState,
-           name: str, namespace: str, engine_version: str | None, klass: profiles.ClassProfile) -> bool:
+           name: str, namespace: str, engine_version: str | None, klass: profiles.NamedClass) -> bool:
     try:
         _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version,
               klass=klass)
@@ -843,7 +844,7 @@ def _plans(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remed
 
 
 def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
-          name: str, namespace: str, engine_version: str | None, klass: profiles.ClassProfile,
+          name: str, namespace: str, engine_version: str | None, klass: profiles.NamedClass,
           images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
     check_name(name)
     model = resolve_model(spec)
@@ -881,9 +882,9 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     routing = spec.routing
     # The class's threshold holds for the class's short pool; a spec that changes that pool's lengths gets the
     # derived one (maxModelLen - maxTokens), as it always did.
-    class_short = klass.short
+    class_short = klass.spec.pools.short
     threshold = routing.prompt_length_threshold if routing and routing.prompt_length_threshold else (
-        klass.prompt_length_threshold if (short.max_model_len, short.max_tokens) == (
+        klass.spec.prompt_length_threshold if (short.max_model_len, short.max_tokens) == (
             class_short.max_model_len, class_short.max_tokens) else short.max_model_len - short.max_tokens)
     if threshold > long.max_model_len:
         raise SpecError("spec.routing.promptLengthThreshold", f"{threshold} is above pools.long.maxModelLen "
@@ -919,5 +920,5 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
                   adapters=pods.adapters(spec, [a for p in (short, long) if p.enabled for a in p.adapters]),
                   monitoring=pods.monitoring(spec), warnings=warnings, hash="",
                   thresholds=merge_thresholds(spec.remediation.thresholds if spec.remediation else None,
-                                              klass.thresholds))
+                                              klass.spec.remediation_thresholds))
     return result.model_copy(update={"hash": plan_hash(result)})

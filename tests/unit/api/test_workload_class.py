@@ -56,9 +56,7 @@ def test_builtins_equal_the_profiles_table() -> None:
     assert [d["metadata"]["name"] for d in docs] == ["chat", "multi-turn", "rag", "long-doc"]
     for doc in docs:
         parsed = profiles.parse_class(doc)
-        table = profiles.profile(doc["metadata"]["name"])
-        assert (parsed.short, parsed.long, parsed.prompt_length_threshold, parsed.description) == (
-            table.short, table.long, table.prompt_length_threshold, table.description)
+        assert parsed.spec == profiles.builtin(doc["metadata"]["name"]).spec
     long_doc = next(d for d in docs if d["metadata"]["name"] == "long-doc")["spec"]
     assert long_doc["pools"]["long"]["kvCachePolicy"] == "fp8-if-native"
     assert long_doc["pools"]["long"]["maxModelLen"] == 32768 and long_doc["pools"]["long"]["maxTokens"] == 4096
@@ -117,9 +115,9 @@ def test_resolution_default_missing_and_two_defaults() -> None:
     unnamed = spec.model_copy(update={"workload_class": None})
     with pytest.raises(SpecError, match="no VLLMWorkloadClass is marked default"):
         resolve_class(unnamed, {"agent": agent})
-    marked = profiles.ClassProfile(**{**agent.__dict__, "default": True})
+    marked = profiles.NamedClass(agent.name, agent.spec.model_copy(update={"default": True}))
     assert resolve_class(unnamed, {"agent": marked}).name == "agent"
-    other = profiles.ClassProfile(**{**marked.__dict__, "name": "batch"})
+    other = profiles.NamedClass("batch", marked.spec)
     with pytest.raises(SpecError, match=r"2 VLLMWorkloadClasses are marked default \(agent, batch\)"):
         resolve_class(unnamed, {"agent": marked, "batch": other})
     with pytest.raises(SpecError, match="'batch' does not exist"):

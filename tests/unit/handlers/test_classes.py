@@ -44,7 +44,7 @@ async def test_observed_classes_resolve_and_a_broken_one_is_named() -> None:
     index._loaded = True  # as after the first list
     index.observe({**AGENT, "metadata": {"name": "agent", "generation": 3}})
     klass = await index.resolve(NO_KUBE, ("ml", "a"), CHAT.model_copy(update={"workload_class": "agent"}))
-    assert (klass.name, klass.generation, klass.short.max_model_len) == ("agent", 3, 12288)
+    assert (klass.name, klass.generation, klass.pool("short").max_model_len) == ("agent", 3, 12288)
     broken: dict[str, Any] = yaml.safe_load(yaml.safe_dump(AGENT))
     broken["spec"]["pools"]["short"]["maxTokens"] = 99999
     index.observe(broken)
@@ -119,7 +119,7 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
     assert [o["metadata"]["name"] for o in unpinned] == ["c"]
     spec = CHAT.model_copy(update={"workload_class": "agent"})
     klass = await restarted.resolve(NO_KUBE, ("ml", "b"), spec)
-    assert (klass.generation, klass.short.max_model_len) == (1, 12288), "planned as before the edit"
+    assert (klass.generation, klass.pool("short").max_model_len) == (1, 12288), "planned as before the edit"
 
     planned: list[tuple[str, int | None]] = []
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.unit.planning.helpers import make_plan, make_spec
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.spec import AutoscalingMetric
+from vllm_operator.api.spec import AutoscalingMetric, WorkloadClass
 from vllm_operator.api.workload_class import VLLMWorkloadClassSpec
 from vllm_operator.planning import RemediationState, plan, profiles
 
@@ -58,7 +58,7 @@ def test_class_default_zero_needs_a_running_short_pool() -> None:
 
 
 def test_custom_class_cannot_put_the_short_pool_to_sleep() -> None:
-    builtin = profiles.to_class_spec(profiles.profile("chat")).to_wire()
+    builtin = profiles.BUILTINS[WorkloadClass.CHAT].to_wire()
     builtin["pools"]["short"]["autoscaling"] = {"minReplicas": 0, "metric": "num-requests-waiting", "target": 4,
                                                 "scaleDownStabilizationSeconds": 60, "idleSeconds": 60}
     with pytest.raises(ValueError, match=r"short\.autoscaling\.minReplicas must be at least 1"):
@@ -66,22 +66,20 @@ def test_custom_class_cannot_put_the_short_pool_to_sleep() -> None:
 
 
 def test_class_without_autoscaling_gets_generic_defaults() -> None:
-    spec = profiles.to_class_spec(profiles.profile("chat"))
+    spec = profiles.BUILTINS[WorkloadClass.CHAT]
     bare = spec.model_copy(update={"pools": spec.pools.model_copy(update={
         "long": spec.pools.long.model_copy(update={"autoscaling": None})})})
-    klass = profiles.from_class("mine", bare)
+    klass = profiles.NamedClass("mine", bare)
     assert klass.autoscaling("long") == profiles.LONG_AUTOSCALING
     p = plan(make_spec(pools={"long": {"autoscaling": {"maxReplicas": 2}}}), None, RemediationState(), name="demo",
              namespace="ns", workload_class=klass)
     assert p.pools["long"].autoscaling is not None and p.pools["long"].autoscaling.min_replicas == 1
 
 
-def test_builtin_classes_round_trip_their_autoscaling() -> None:
-    for prof in profiles.PROFILES.values():
-        back = profiles.from_class(prof.name, profiles.to_class_spec(prof))
-        for pool in ("short", "long"):
-            assert back.autoscaling(pool) == prof.autoscaling(pool)
-    assert profiles.profile("long-doc").autoscaling("long").metric is AutoscalingMetric.KV_CACHE_USAGE
+def test_builtin_classes_state_their_autoscaling() -> None:
+    for spec in profiles.BUILTINS.values():
+        assert spec.pools.short.autoscaling is not None and spec.pools.long.autoscaling is not None
+    assert profiles.builtin("long-doc").autoscaling("long").metric is AutoscalingMetric.KV_CACHE_USAGE
 
 
 def test_router_holds_requests_only_for_a_pool_that_sleeps() -> None:

@@ -16,7 +16,7 @@ from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import parse_resource, parse_spec
-from vllm_operator.api.spec import SecretKeyRef, Toleration, WorkloadClass
+from vllm_operator.api.spec import SecretKeyRef, Toleration
 from vllm_operator.handlers import conditions
 from vllm_operator.planning import RemediationState, catalog, plan, profiles
 from vllm_operator.planning.catalog import GIB
@@ -49,7 +49,7 @@ def test_every_example_plans(path: Path) -> None:
 def test_example_shows_its_class_profile(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     p = plan_file(path)
-    prof = profiles.profile(WorkloadClass(doc["spec"]["workloadClass"]))
+    prof = profiles.builtin(doc["spec"]["workloadClass"])
     for name, pool in p.pools.items():
         overrides = (doc["spec"].get("pools") or {}).get(name) or {}
         want = prof.pool(name)
@@ -199,7 +199,7 @@ def test_routing_strategy_defaults_per_class_and_prefix_blocks_follow_the_engine
     p = make_plan(workloadClass=workload)
     for name in ("short", "long"):
         route = getattr(p.router.pools, name)
-        assert route.strategy.value == strategy == profiles.profile(WorkloadClass(workload)).pool(name).routing
+        assert route.strategy.value == strategy == profiles.builtin(workload).pool(name).routing
         assert route.prefix.block_tokens == 16  # the GPU engine's KV block
         blocks = p.pools[name].kv.planned_tokens // 16 * 8  # eight replicas' worth, whatever the pool's replicas
         assert route.prefix.index_blocks == min(max(blocks, 1024), 262_144)
