@@ -111,6 +111,11 @@ class PoolPlan(ApiModel):
         default=None, description="PersistentVolumeClaim holding the model, mounted read-only at /models; none: "
                                   "/models is an emptyDir the engine downloads the model into.")
     kv: KVPlan = Field(description="KV cache plan.")
+    attention_backend: Text | None = Field(
+        default=None, description="--attention-backend the pool's extraArgs name (None: vLLM picks).")
+    fp8_kv_allowed: bool = Field(
+        default=False, description="Whether FP8 KV is a rung the health loop may take (never on CPU, nor where the "
+                                   "GPU's KV table refuses it with this attention backend).")
     step_down_level: int = Field(ge=0, description="Step-down rung applied.")
     kv_level: int = Field(default=0, ge=0, description="KVCacheTooSmall-path rung applied.")
     warnings: list[Text] = Field(default_factory=list, description="Warnings for this pool.")

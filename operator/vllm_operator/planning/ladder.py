@@ -24,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from vllm_operator.api.plan import Plan, PoolPlan
-from vllm_operator.constants import AttentionBackend, KVVerdict, kv_dtype_verdict
+from vllm_operator.api.plan import Plan
 
 UTILIZATION_STEP = 0.05
 UTILIZATION_FLOOR = 0.50
@@ -128,20 +127,6 @@ def describe_change(before: Settings, after: Settings) -> str:
 
 # --- the health policy's view: a Plan in effect -------------------------------------------------------------------
 
-def fp8_allowed(plan: Plan, pool: PoolPlan) -> bool:
-    """FP8 KV is a rung only on GPUs whose table does not refuse it (never on CPU, where it needs AVX512)."""
-    if not plan.accelerator.is_gpu:
-        return False
-    backend = None
-    for arg in pool.engine_args:
-        if arg.startswith("--attention-backend="):
-            try:
-                backend = AttentionBackend(arg.split("=", 1)[1].upper())
-            except ValueError:
-                backend = None
-    return kv_dtype_verdict(plan.accelerator.compute_capability, FP8, backend) is not KVVerdict.REFUSED
-
-
 def settings_of(plan: Plan, pool_name: str, cpu_kv_fraction: float = 1.0) -> Settings:
     """The ladder's settings of a pool plan as planned."""
     pool = plan.pools[pool_name]
@@ -150,7 +135,7 @@ def settings_of(plan: Plan, pool_name: str, cpu_kv_fraction: float = 1.0) -> Set
     return Settings(gpu_memory_utilization=pool.gpu_memory_utilization, cpu_kv_fraction=cpu_kv_fraction,
                     max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
                     kv_cache_dtype=pool.kv_cache_dtype, max_model_len=pool.max_model_len,
-                    max_tokens=pool.max_tokens, fp8_allowed=fp8_allowed(plan, pool), min_max_model_len=floor)
+                    max_tokens=pool.max_tokens, fp8_allowed=pool.fp8_kv_allowed, min_max_model_len=floor)
 
 
 def _next_level(ladder: tuple[Rung, ...], settings: Settings, current: int) -> int | None:

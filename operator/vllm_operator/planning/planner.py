@@ -518,6 +518,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
+        attention_backend=backend.value if backend is not None else None, fp8_kv_allowed=fp8_ok,
         step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings,
         adapters=list(pool_lora.adapters) if pool_lora else [])
 

@@ -64,6 +64,7 @@ def test_fp8_rung_is_skipped_where_already_fp8() -> None:
 def test_fp8_rung_refused_by_explicit_backend_is_skipped() -> None:
     p = at(0, accelerator={"type": "nvidia-a100-80gb"},
            pools={"long": {"extraArgs": ["--attention-backend=FLASH_ATTN"]}})
+    assert (p.pools["long"].attention_backend, p.pools["long"].fp8_kv_allowed) == ("FLASH_ATTN", False)
     assert ladder.max_step_down_level(p, "long") == 3
     assert ladder.max_step_down_level(at(0, accelerator={"type": "nvidia-a100-80gb"}), "long") == 4
 
