@@ -29,9 +29,10 @@ from vllm_operator.api.spec import AcceleratorType
 from vllm_operator.handlers import webhook
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.reconcile import plan_resource
+from vllm_operator.handlers.reconcile import plan_context
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
+from vllm_operator.planning import plan_for
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
     except SpecError as err:
         return Verdict(False, str(err))
     try:
-        the_plan = await plan_resource(kube, resource, resource.status, images, classes)
+        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes))
     except SpecError as err:
         if err.field == "spec.workloadClass":
             return Verdict(True, warnings=[f"{err}; not judged at admission: the operator plans it once the class "

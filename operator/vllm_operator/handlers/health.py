@@ -34,7 +34,7 @@ import kopf
 from vllm_operator import constants
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.lifecycle import ReconcileSlots
-from vllm_operator.handlers.reconcile import reconcile
+from vllm_operator.handlers.reconcile import plan_context, reconcile
 from vllm_operator.health import loop
 from vllm_operator.health.source import PrometheusSource
 from vllm_operator.k8s import KubeError
@@ -189,7 +189,8 @@ async def check_one(memo: Any, config: OperatorConfig, source: PrometheusSource 
     kube = memo.kube
     memo.metrics.health_checks.inc()
     check = functools.partial(loop.check, kube, source, interval_override=config.health_interval_override,
-                              resolve_class=functools.partial(memo.classes.resolve, kube, key),
+                              context=functools.partial(plan_context, kube, images=config.images,
+                                                        classes=memo.classes),
                               children=getattr(memo, "children", None))
     result = await check(body)
     if result is not None:

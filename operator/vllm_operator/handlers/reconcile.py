@@ -49,7 +49,7 @@ from vllm_operator.k8s import (
     now_rfc3339,
     write_status,
 )
-from vllm_operator.planning import RemediationState, plan
+from vllm_operator.planning import PlanContext, plan_for
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
 from vllm_operator.rendering import RenderOptions, render
 
@@ -159,19 +159,17 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
     return chosen, note
 
 
-async def plan_resource(kube: KubeApi, resource: VLLMDeployment, status: VLLMDeploymentStatus | None,
-                        images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> Plan:
-    """The plan for a VLLMDeployment as its status reports it: `auto` resolved from the nodes, and its explanation
-    ("auto matched …; planned for …, the smallest") among the warnings. Reconcile and the status refresh both plan
-    through here; the refresh planning without the note dropped it from status ~2 s after every reconcile."""
+async def plan_context(kube: KubeApi, resource: VLLMDeployment, images: ImageDefaults = DEFAULT_IMAGES,
+                       classes: ClassIndex | None = None) -> PlanContext:
+    """What the operator plans a VLLMDeployment with (`planning.plan_for`): `auto` resolved from the nodes, with
+    its explanation; its class from `classes` (None: the built-in table); the operator's --image-repository. Every
+    reader — reconcile, the status refresh, the health loop, admission — plans with this, so they plan the same
+    (the health loop once planned with the accelerator from status and the default images; the refresh without
+    the note dropped it from status ~2 s after every reconcile)."""
     accelerator, note = await resolve_accelerator(kube, resource.spec)
     meta = resource.metadata
     klass = await classes.resolve(kube, (meta.namespace, meta.name), resource.spec) if classes else None
-    the_plan = plan(resource.spec, accelerator, RemediationState.from_status(status), name=meta.name,
-                    namespace=meta.namespace, images=images, workload_class=klass)
-    if note:
-        the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, note]})
-    return the_plan
+    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=images)
 
 
 EVENT_MESSAGE_LIMIT = 1024
@@ -321,7 +319,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
 
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
-        the_plan = await plan_resource(kube, resource, base_status, images, classes)
+        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes), base_status)
     except SpecError as err:
         outcome.spec_error = refusal = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
@@ -423,7 +421,8 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
         meta = current["metadata"]
         prev = VLLMDeploymentStatus.of(current)
         try:
-            the_plan = await plan_resource(kube, parse_resource(dict(current)), prev, images, classes)
+            resource = parse_resource(dict(current))
+            the_plan = plan_for(resource, await plan_context(kube, resource, images, classes), prev)
         except SpecError:
             return None  # the spec is refused; the lifecycle handler owns that status
         found = deployments if deployments is not None else await kube.list(

@@ -21,9 +21,8 @@ from typing import Any, Protocol
 from vllm_operator import constants
 from vllm_operator.api import remediation
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.plan import AcceleratorFacts, Plan
-from vllm_operator.api.resource import parse_resource
-from vllm_operator.api.spec import AcceleratorType, VLLMDeploymentSpec
+from vllm_operator.api.plan import Plan
+from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.health import diagnose as diagnose_mod
 from vllm_operator.health import policy
@@ -31,9 +30,7 @@ from vllm_operator.health.rungs import ladder_views
 from vllm_operator.health.snapshot import Snapshot
 from vllm_operator.health.source import Lister, MetricsSource, take_snapshot
 from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError, write_status
-from vllm_operator.planning import RemediationState, plan
-from vllm_operator.planning.catalog import gpu_facts, gpu_type
-from vllm_operator.planning.profiles import NamedClass
+from vllm_operator.planning import PlanContext, plan_for
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +57,23 @@ class Counters(Protocol):
     step_down_level: Any
 
 
-def accelerator_in_effect(spec: VLLMDeploymentSpec, status: VLLMDeploymentStatus | None) -> AcceleratorFacts | None:
-    """Catalog types resolve in the planner (None); `auto` uses what the controller resolved into status."""
-    if spec.accelerator.type is not AcceleratorType.AUTO:
-        return None
-    if status is None or status.accelerator is None:
-        raise SpecError("spec.accelerator.type", "auto is not resolved yet (status.accelerator is empty)")
-    return gpu_facts(gpu_type(status.accelerator.type), status.accelerator.count, status.accelerator.product)
+PlanContextOf = Callable[[VLLMDeployment], Awaitable[PlanContext]]
+"""The operator's `handlers.reconcile.plan_context` bound to its client, images and classes."""
 
 
 async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,
-                interval_override: float | None = None,
-                resolve_class: Callable[[VLLMDeploymentSpec], Awaitable[NamedClass]] | None = None,
+                interval_override: float | None = None, context: PlanContextOf | None = None,
                 children: Lister | None = None) -> CheckResult | None:
     """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that).
-    `resolve_class`: the operator's VLLMWorkloadClass lookup (None: the built-in table). `children`: where pods,
-    Deployments and PDBs are read (the operator's watch cache; None: LISTs through `kube`)."""
+    `context`: what the operator plans with (`planning.plan_for`), the same as its reconcile (None: the built-in
+    classes and default images, catalog accelerators only). `children`: where pods, Deployments and PDBs are read
+    (the operator's watch cache; None: LISTs through `kube`)."""
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     status = VLLMDeploymentStatus.of(obj)
     try:
         resource = parse_resource(dict(obj))
-        klass = await resolve_class(resource.spec) if resolve_class is not None else None
-        the_plan = plan(resource.spec, accelerator_in_effect(resource.spec, status),
-                        RemediationState.from_status(status), name=name, namespace=namespace, workload_class=klass)
+        the_plan = plan_for(resource, await context(resource) if context is not None else PlanContext(), status)
     except SpecError as err:
         log.info("Skipped the health check of VLLMDeployment %s/%s: %s", namespace, name, err)
         return None

@@ -4,6 +4,6 @@ Pure code (no kopf, no Kubernetes client, no I/O): catalog (GPU and model facts)
 kvcache (the memory model), engine_args (version-gated flags), ladder (step-down rungs) and planner (`plan()`).
 """
 
-from vllm_operator.planning.planner import PoolRemediation, RemediationState, plan, resolve_class
+from vllm_operator.planning.planner import PlanContext, PoolRemediation, RemediationState, plan, plan_for, resolve_class
 
-__all__ = ["PoolRemediation", "RemediationState", "plan", "resolve_class"]
+__all__ = ["PlanContext", "PoolRemediation", "RemediationState", "plan", "plan_for", "resolve_class"]

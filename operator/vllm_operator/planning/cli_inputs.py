@@ -33,7 +33,7 @@ from vllm_operator.images import (
     with_pull_secrets,
 )
 from vllm_operator.planning import catalog, classfile, profiles
-from vllm_operator.planning.planner import RemediationState, plan, resolve_class
+from vllm_operator.planning.planner import PlanContext, plan_for, resolve_class
 
 STDIN = "-"
 
@@ -201,9 +201,9 @@ def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_versio
         spec = resource.spec
         if facts is not None:
             spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
-        the_plan = plan(spec, accelerator_for_gpu(resource, gpu), RemediationState.from_status(resource.status),
-                        name=resource.metadata.name, namespace=resource.metadata.namespace,
-                        engine_version=engine_version, images=images, workload_class=resolve_class(spec, known))
+        context = PlanContext(accelerator=accelerator_for_gpu(resource, gpu), images=images,
+                              engine_version=engine_version, workload_class=resolve_class(spec, known))
+        the_plan = plan_for(resource.model_copy(update={"spec": spec}), context)
         out.append(Planned(resource, spec, the_plan))
     return out
 

@@ -38,6 +38,7 @@ from vllm_operator.api.plan import (
     Resources,
 )
 from vllm_operator.api.remediation import merge_thresholds
+from vllm_operator.api.resource import VLLMDeployment
 from vllm_operator.api.router_config import (
     HealthCheckConfig,
     PoolRoute,
@@ -759,6 +760,36 @@ def resolve_class(spec: VLLMDeploymentSpec, classes: Mapping[str, profiles.Named
         return profiles.builtin(name)
     known = sorted({*given, *(c.value for c in profiles.BUILTINS)})
     raise SpecError("spec.workloadClass", f"VLLMWorkloadClass {name!r} does not exist (known: {', '.join(known)})")
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What planning a VLLMDeployment takes beside the object itself. The operator gathers it from the cluster
+    (handlers.reconcile.plan_context: `auto` resolved from nodes, the class from its VLLMWorkloadClass index, its
+    --image-repository); the CLI from its flags and files. Every reader plans through `plan_for` with one."""
+
+    accelerator: AcceleratorFacts | None = None
+    """Resolved facts (None: the spec's catalog type)."""
+    accelerator_note: str | None = None
+    """Why those facts ("auto matched …; planned for …, the smallest"), a warning of the plan."""
+    workload_class: profiles.NamedClass | None = None
+    """The class resolved for the object (None: resolved among the built-ins)."""
+    images: ImageDefaults = DEFAULT_IMAGES
+    engine_version: str | None = None
+    """The CLI's --engine-version (None: the spec's, else the default)."""
+
+
+def plan_for(resource: VLLMDeployment, context: PlanContext, status: VLLMDeploymentStatus | None = None) -> Plan:
+    """The plan of a VLLMDeployment: its spec, the remediation rungs of `status` (default: its own), and `context`.
+    Reconcile, the status refresh, the health loop, admission and the CLI all plan through here."""
+    meta = resource.metadata
+    state = RemediationState.from_status(status if status is not None else resource.status)
+    the_plan = plan(resource.spec, context.accelerator, state, name=meta.name, namespace=meta.namespace,
+                    engine_version=context.engine_version, images=context.images,
+                    workload_class=context.workload_class)
+    if context.accelerator_note:
+        the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, context.accelerator_note]})
+    return the_plan
 
 
 def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,

@@ -12,7 +12,6 @@ from vllm_operator.api import remediation
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import RemediationSpec, RemediationThresholds
 from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
-from vllm_operator.health.loop import accelerator_in_effect
 from vllm_operator.health.rungs import ladder_views
 from vllm_operator.k8s import merge_diff
 from vllm_operator.planning import RemediationState, plan
@@ -52,18 +51,6 @@ def test_cpu_pools_count_host_oom() -> None:
     resource = parse_resource(yaml.safe_load((EXAMPLES / "cpu-dev.yaml").read_text()))
     the_plan = plan(resource.spec, None, RemediationState(), name="dev", namespace="dev")
     assert all(v.host_memory for v in ladder_views(the_plan, False).values())
-
-
-def test_auto_accelerator_needs_the_resolved_one() -> None:
-    raw = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
-    raw["spec"]["accelerator"]["type"] = "auto"
-    spec = parse_resource(raw).spec
-    from vllm_operator.api.errors import SpecError
-    with pytest.raises(SpecError, match="auto is not resolved yet"):
-        accelerator_in_effect(spec, None)
-    status = VLLMDeploymentStatus.model_validate({"accelerator": {"type": "nvidia-l4-24gb", "count": 1}})
-    facts = accelerator_in_effect(spec, status)
-    assert facts is not None and facts.type == "nvidia-l4-24gb" and facts.is_gpu
 
 
 def test_settings_defaults_and_overrides() -> None:
