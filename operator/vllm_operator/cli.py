@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("vllm_operator.handlers.run", "run the operator (kopf) against the current kubeconfig"),
     "router": ("vllm_operator.router.main", "run the length-aware OpenAI-compatible router"),
     "engine": ("vllm_operator.engine.main", "run vLLM under the entrypoint wrapper (engine pods' command)"),
+    "fetch": ("vllm_operator.engine.fetch", "put a Hub model into the node's weights cache (engine init container)"),
 }
 
 

@@ -147,7 +147,9 @@ def metric_name(metric: str) -> str:
 # run-time CUDA OOM looks like a clean exit. The wrapper (`vllm_operator.engine.main`) reads vLLM's log, turns the
 # failures that matter into these exit codes, and writes one JSON line to the container's termination message file
 # (`{"reason": "EngineOOM", "exitCode": 87, ...}`); `health.diagnose` reads both back from `lastState.terminated`.
-# Codes sit in 80-89, clear of vLLM's own 1/2, the shell's 126/127 and 128+signal.
+# Codes sit in 78-89, clear of vLLM's own 1/2, the shell's 126/127 and 128+signal. The weights-cache init container
+# (`vllm_operator.engine.fetch`, `vllm-operator fetch`) writes the same kind of message with 78-81 (and StartupStalled
+# for a fetch that stops moving).
 
 EXIT_ENGINE_OOM: Final = 87
 """The engine ran out of accelerator memory ("CUDA out of memory" / torch OutOfMemoryError), at start or at run time."""
@@ -180,6 +182,23 @@ too small): a combination of model, arguments and GPU that this vLLM cannot run 
 "For FP8 input, output must have dtype BF16" in CUDA graph capture (issue 38). Restarting with smaller memory
 settings cannot help, so the health loop reports it (with vLLM's error line) and steps nothing down."""
 
+EXIT_HUB_UNREACHABLE: Final = 78
+"""The weights fetch got no answer from the Hugging Face Hub (connection refused, DNS, timeout, HTTP 5xx)."""
+
+EXIT_MODEL_ACCESS_DENIED: Final = 79
+"""The Hub refused the pod's token for the model (gated, private, not found, revision unknown, HTTP 401/403): also
+what a pod gets whose token may not read a model another namespace's pod put into the cache."""
+
+EXIT_CACHE_DISK_FULL: Final = 80
+"""The weights cache's file system ran out of space during the fetch; the partial fetch was removed."""
+
+EXIT_FETCH_FAILED: Final = 81
+"""The weights fetch failed otherwise (a file that stays corrupt after a second fetch, an unexpected error)."""
+
+REASON_HUB_UNREACHABLE: Final = "HubUnreachable"
+REASON_MODEL_ACCESS_DENIED: Final = "ModelAccessDenied"
+REASON_CACHE_DISK_FULL: Final = "CacheDiskFull"
+REASON_FETCH_FAILED: Final = "FetchFailed"
 REASON_ENGINE_OOM: Final = "EngineOOM"
 REASON_ENGINE_DEAD: Final = "EngineDead"
 REASON_KV_CACHE_TOO_SMALL: Final = "KVCacheTooSmall"
@@ -198,6 +217,10 @@ EXIT_REASONS: Final = {
     EXIT_LAUNCH_FAILED: REASON_LAUNCH_FAILED,
     EXIT_STARTUP_STALLED: REASON_STARTUP_STALLED,
     EXIT_STARTUP_FAILED: REASON_STARTUP_FAILED,
+    EXIT_HUB_UNREACHABLE: REASON_HUB_UNREACHABLE,
+    EXIT_MODEL_ACCESS_DENIED: REASON_MODEL_ACCESS_DENIED,
+    EXIT_CACHE_DISK_FULL: REASON_CACHE_DISK_FULL,
+    EXIT_FETCH_FAILED: REASON_FETCH_FAILED,
 }
 """Exit code -> reason (the `reason` field of the termination message)."""
 

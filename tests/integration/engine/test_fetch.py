@@ -1,0 +1,182 @@
+"""`vllm-operator fetch` (the engine pods' weights-cache init container) as real processes with the real
+`huggingface_hub`, against a local server that speaks the Hub's API (tests/support/hubserver.py) on loopback.
+
+Two fetches of one model on one cache fetch once (the second waits on the lock, then finds the entry); a fetch killed
+halfway is resumed with a Range request and never served before it is complete; a gated model fetched with one
+token is not handed to a pod whose token may not read it; an unreachable Hub, a refused token and a full disk each
+exit with their own code and a JSON termination message, leaving no entry behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.hubserver import COMMIT, HubServer, HubState, Repo
+from tests.support.net import free_port
+from vllm_operator import constants
+from vllm_operator.engine import fetch
+
+pytestmark = pytest.mark.integration
+REPO = "test-org/tiny"
+WEIGHTS = os.urandom(6 << 20)
+FILES = {"config.json": b'{"model_type": "llama"}', "tokenizer.json": b"{}" * 600,
+         "model.safetensors": WEIGHTS}
+
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    with HubServer(HubState(repos={REPO: Repo(dict(FILES))})) as server:
+        yield server
+
+
+def start(hub_url: str, root: Path, pod: Path, *, token: str | None = None, repo: str = REPO,
+          extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub_url, HF_HUB_DISABLE_TELEMETRY="1", HF_HOME=str(pod / "hf-home"),
+               HF_HUB_DISABLE_XET="1", HF_HUB_ETAG_TIMEOUT="5")
+    if token is not None:
+        env["HF_TOKEN"] = token
+    pod.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "fetch", f"--cache-root={root}",
+                             f"--repo={repo}", f"--link={pod / 'model'}", f"--pod-uid={pod.name}",
+                             f"--termination-message-path={pod / 'termination'}", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def message(pod: Path) -> dict[str, object]:
+    parsed: dict[str, object] = json.loads((pod / "termination").read_text())
+    return parsed
+
+
+def entry(root: Path) -> Path:
+    return fetch.entry_dir(root, REPO, COMMIT)
+
+
+def test_two_pods_on_one_node_fetch_once_and_a_restart_fetches_nothing(hub: HubServer, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    hub.state.throttle_bytes_per_s = 8 << 20  # long enough that the second pod finds the first one fetching
+    first = start(hub.url, root, tmp_path / "pod-a")
+    time.sleep(0.3)
+    second = start(hub.url, root, tmp_path / "pod-b")
+    (code_a, out_a), (code_b, out_b) = finish(first), finish(second)
+    assert code_a == 0 and code_b == 0, out_a + out_b
+    assert hub.state.bytes_sent == sum(len(b) for b in FILES.values()), hub.state.requests
+    assert hub.state.requests["get"] == len(FILES)
+    for pod in ("pod-a", "pod-b"):
+        link = tmp_path / pod / "model"
+        assert link.resolve() == entry(root).resolve()
+        assert (link / "model.safetensors").read_bytes() == WEIGHTS
+        assert (root / fetch.LEASES / f"test-org--tiny--{COMMIT}" / pod).is_file()
+    assert "already cached, fetched nothing" in out_a + out_b
+    progress = json.loads((tmp_path / "pod-a" / "fetch-progress.json").read_text())
+    assert progress["filesDone"] == progress["filesTotal"] == 3
+    assert progress["bytesDone"] == progress["bytesTotal"] == sum(len(b) for b in FILES.values())
+    hub.state.reset_counts()
+    hub.state.throttle_bytes_per_s = None
+    code, out = finish(start(hub.url, root, tmp_path / "pod-a"))  # the init container of a restarted pod
+    assert code == 0, out
+    assert hub.state.bytes_sent == 0 and hub.state.requests == {"info": 1}
+
+
+def test_a_fetch_killed_halfway_is_resumed_and_never_served_before(hub: HubServer, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    hub.state.throttle_bytes_per_s = 2 << 20
+    proc = start(hub.url, root, tmp_path / "pod-a")
+    staging = root / fetch.STAGING / "test-org--tiny" / COMMIT
+    deadline = time.monotonic() + 30
+    while fetch._bytes_on_disk(staging) < len(WEIGHTS) // 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    staged = fetch._bytes_on_disk(staging)
+    assert 0 < staged < sum(len(b) for b in FILES.values())
+    assert not entry(root).exists(), "a half-fetched model must not be in place"
+    hub.state.reset_counts()
+    hub.state.throttle_bytes_per_s = None
+    code, out = finish(start(hub.url, root, tmp_path / "pod-b"))
+    assert code == 0, out
+    assert hub.state.requests["range"] >= 1, hub.state.requests
+    assert hub.state.bytes_sent < len(WEIGHTS), "the resumed fetch sent the staged bytes again"
+    assert (tmp_path / "pod-b" / "model" / "model.safetensors").read_bytes() == WEIGHTS
+    assert not staging.exists()
+
+
+def test_a_gated_model_is_not_served_to_a_pod_whose_token_cannot_read_it(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    state = HubState(repos={REPO: Repo(dict(FILES), allowed_tokens={"token-of-team-a"})})
+    with HubServer(state) as hub:
+        code, out = finish(start(hub.url, root, tmp_path / "pod-a", token="token-of-team-a"))
+        assert code == 0, out
+        assert entry(root).is_dir()
+        for pod, token in (("pod-b", "token-of-team-b"), ("pod-c", None)):
+            code, out = finish(start(hub.url, root, tmp_path / pod, token=token))
+            assert code == constants.EXIT_MODEL_ACCESS_DENIED, out
+            body = message(tmp_path / pod)
+            assert body["reason"] == constants.REASON_MODEL_ACCESS_DENIED and "gated" in str(body["detail"])
+            assert not (tmp_path / pod / "model").exists()
+
+
+def test_an_unreachable_hub_is_reported_and_leaves_no_entry(tmp_path: Path) -> None:
+    pod = tmp_path / "pod-a"
+    code, out = finish(start(f"http://127.0.0.1:{free_port()}", tmp_path / "cache", pod))
+    assert code == constants.EXIT_HUB_UNREACHABLE, out
+    assert message(pod)["reason"] == constants.REASON_HUB_UNREACHABLE
+    assert "Traceback" not in out
+    assert not (tmp_path / "cache" / "test-org--tiny").exists()
+
+
+def test_a_hub_error_is_reported_as_unreachable(hub: HubServer, tmp_path: Path) -> None:
+    hub.state.fail_with = 503
+    pod = tmp_path / "pod-a"
+    code, out = finish(start(hub.url, tmp_path / "cache", pod))
+    assert code == constants.EXIT_HUB_UNREACHABLE, out
+    assert "503" in str(message(pod)["detail"])
+
+
+def test_an_unknown_repo_is_access_denied(hub: HubServer, tmp_path: Path) -> None:
+    pod = tmp_path / "pod-a"
+    code, out = finish(start(hub.url, tmp_path / "cache", pod, repo="test-org/missing"))
+    assert code == constants.EXIT_MODEL_ACCESS_DENIED, out
+    assert "not found" in str(message(pod)["detail"])
+
+
+def test_a_fetch_that_stops_moving_is_stalled(hub: HubServer, tmp_path: Path) -> None:
+    hub.state.throttle_bytes_per_s = 10  # 1 byte per 0.1 s: the bytes on disk look still between samples
+    pod = tmp_path / "pod-a"
+    # huggingface_hub writes in chunks of 10 MiB, so a trickle never reaches the disk: a stall as the watcher sees it
+    code, out = finish(start(hub.url, tmp_path / "cache", pod, extra=("--stall-seconds=3",)), timeout=60)
+    assert code == constants.EXIT_STARTUP_STALLED, out
+    body = message(pod)
+    assert body["reason"] == constants.REASON_STARTUP_STALLED and body["phase"] == "Downloading"
+    assert not entry(tmp_path / "cache").exists()
+
+
+def test_a_full_disk_is_reported_and_the_partial_fetch_removed(hub: HubServer, tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], capture_output=True,
+                             check=False)
+    assert mounted.returncode == 0, mounted.stderr  # the test tier runs as root (real kubelet, netns)
+    try:
+        pod = tmp_path / "pod-a"
+        code, out = finish(start(hub.url, small, pod))
+        assert code == constants.EXIT_CACHE_DISK_FULL, out
+        assert message(pod)["reason"] == constants.REASON_CACHE_DISK_FULL
+        assert not (small / fetch.STAGING / "test-org--tiny" / COMMIT).exists()
+        assert not (small / "test-org--tiny").exists()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
