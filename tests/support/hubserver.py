@@ -197,7 +197,7 @@ class HubServer:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://{host.decode()}:{port}"
 
     def __enter__(self) -> HubServer:
         self.thread.start()

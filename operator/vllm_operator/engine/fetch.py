@@ -283,7 +283,8 @@ def hub_downloader(repo: str, filename: str, commit: str, local_dir: Path, token
     download to a process-unique temporary file and so never resumes what another process began; its session,
     headers (token, user agent) and error mapping are used as they are."""
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers
+    from huggingface_hub.utils._http import get_session, hf_raise_for_status
 
     target = local_dir / filename
     part = target.with_name(target.name + PART_SUFFIX)
