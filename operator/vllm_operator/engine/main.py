@@ -33,6 +33,7 @@ Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY]
                             [--status-host H] [--status-port N] [--phase-limit PHASE=SECONDS ...]
                             [--adapters-file PATH] [--adapters-hub-cache DIR]
                             [--idle-probe-after S] [--idle-probe-timeout S] [--idle-probe-failures N]
+                            [--idle-probe-tick S]
                             -- vllm serve MODEL ARGS…
 """
 
@@ -421,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("VLLM_OPERATOR_IDLE_PROBE_FAILURES", str(probe.failures)),
                    help=f"failed probes in a row that flag the engine unresponsive (default {probe.failures}; env "
                         "VLLM_OPERATOR_IDLE_PROBE_FAILURES)")
+    p.add_argument("--idle-probe-tick", type=float, default=idleprobe.TICK_S, metavar="SECONDS",
+                   help=f"how often vLLM's /metrics is read to tell an idle engine (default {idleprobe.TICK_S:g})")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -478,7 +481,8 @@ def main(argv: Sequence[str]) -> int:
                              status_host=args.status_host, status_port=args.status_port or None, limits=limits,
                              model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
                              adapters_file=args.adapters_file, adapters_hub_cache=args.adapters_hub_cache,
-                             engine_url=adapters.engine_url(command), idle_probe=probe)
+                             engine_url=adapters.engine_url(command), idle_probe=probe,
+                             idle_probe_tick_s=max(0.1, args.idle_probe_tick))
     return run(cmd, termination_path=args.termination_message_path, startup=startup)
 
 
