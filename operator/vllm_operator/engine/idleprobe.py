@@ -24,8 +24,9 @@ idle for `idle_after_s`:
   the wrapper exports `vllm_operator_engine_unresponsive 1`, which the health loop reads (`api.signals`,
   EngineUnresponsive) and acts on — it deletes the pod within the pool's restart budget — and which the alert
   rules threshold. Probing goes on meanwhile: one success (a stopped process continued) clears it.
-* A probe answered 4xx means this engine cannot be probed this way (a pooling model has no completions): the
-  prober says so once and stops; nothing is reported as unresponsive.
+* A probe answered 4xx is asked again without the token constraint (an engine that refuses `allowed_token_ids`
+  then gets plain one-token probes, which finish as `length`); answered 4xx again, this engine cannot be probed
+  this way (a pooling model has no completions): the prober says so once and stops; nothing is flagged.
 
 Defaults (`ProbeSettings`): idle 60 s, timeout 30 s, 2 failures, so a zombie is flagged within about two minutes of
 its last work (plus the health loop's interval). On a GPU a one-token probe is a few milliseconds once a minute of
@@ -269,16 +270,20 @@ def served_model(engine_url: str, timeout: float) -> str | None:
         return None
 
 
-def probe_body(model: str) -> dict[str, Any]:
-    """One token, which is also a stop token: finishes as `stop` (module docstring)."""
-    return {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0,
-            "allowed_token_ids": [PROBE_TOKEN_ID], "stop_token_ids": [PROBE_TOKEN_ID]}
+def probe_body(model: str, plain: bool = False) -> dict[str, Any]:
+    """One token, which is also a stop token: finishes as `stop` (module docstring). `plain`: without the token
+    constraint, for an engine that refuses `allowed_token_ids` (it then finishes as `length`)."""
+    body: dict[str, Any] = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
+    if not plain:
+        body.update(allowed_token_ids=[PROBE_TOKEN_ID], stop_token_ids=[PROBE_TOKEN_ID])
+    return body
 
 
-def probe(engine_url: str, model: str, timeout_s: float) -> ProbeResult:
+def probe(engine_url: str, model: str, timeout_s: float, plain: bool = False) -> ProbeResult:
     """One generation request with a deadline; never raises."""
     started = time.monotonic()
-    request = urllib.request.Request(f"{engine_url}/v1/completions", data=json.dumps(probe_body(model)).encode(),
+    request = urllib.request.Request(f"{engine_url}/v1/completions",
+                                     data=json.dumps(probe_body(model, plain)).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -303,6 +308,7 @@ def run(monitor: Monitor, engine_url: str, serving: Callable[[], bool], stop: th
     if not settings.enabled:
         return
     model: str | None = None
+    plain = False
     while not stop.wait(tick_s):
         if not serving():
             continue
@@ -315,7 +321,12 @@ def run(monitor: Monitor, engine_url: str, serving: Callable[[], bool], stop: th
         model = model or served_model(engine_url, settings.timeout_s)
         if model is None:
             continue  # the API server does not answer: the kubelet's liveness probe is for that
-        result = probe(engine_url, model, settings.timeout_s)
+        result = probe(engine_url, model, settings.timeout_s, plain)
+        if result.outcome == UNSUPPORTED and not plain:  # e.g. sampling constraints refused: ask without them
+            log.info("vLLM refused the constrained probe (%s); probing with a plain one-token request",
+                     result.detail)
+            plain = True
+            result = probe(engine_url, model, settings.timeout_s, plain)
         after = read_load(engine_url)
         own = 1 if result.outcome == OK else 0  # the probe's own token
         grew = after is not None and load is not None and after.generated > load.generated + own

@@ -12,13 +12,15 @@ import json
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from tests.integration.engine.test_startup_phases import Wrapped, follow, wrapped
 from vllm_operator import constants
+from vllm_operator.engine import idleprobe
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +105,52 @@ def test_a_request_running_long_is_never_probed_or_flagged(tmp_path: Path) -> No
         assert during == [], f"probed while a request ran: {during}"
         status = w.status()
         assert status is not None and status["idleProbe"]["failures"] == 0
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """vLLM's three endpoints the prober uses; it refuses `allowed_token_ids` (as a build with a sampler that does
+    not support it would) and answers a plain one-token request."""
+
+    bodies: ClassVar[list[dict[str, Any]]] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            text = ("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                    f"vllm:generation_tokens_total {len(self.bodies)}\n")
+            self._send(200, text.encode())
+        else:
+            self._send(200, json.dumps({"data": [{"id": "m"}]}).encode())
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        self._send(400 if "allowed_token_ids" in body else 200, b"{}")
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_an_engine_refusing_the_token_constraint_gets_plain_probes() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monitor = idleprobe.Monitor(idleprobe.ProbeSettings(idle_after_s=0.3, timeout_s=2, failures=2))
+    stop = threading.Event()
+    runner = threading.Thread(target=idleprobe.run, args=(monitor, f"http://127.0.0.1:{server.server_address[1]}",
+                                                          lambda: True, stop, 0.1), daemon=True)
+    runner.start()
+    try:
+        wait("two probes answered", lambda: monitor.snapshot()["probes"] >= 2)
+    finally:
+        stop.set()
+        runner.join(5)
+        server.shutdown()
+    snap = monitor.snapshot()
+    assert snap["enabled"] and snap["unsupported"] is None and not snap["unresponsive"]
+    assert "allowed_token_ids" in _Engine.bodies[0] and "allowed_token_ids" not in _Engine.bodies[-1]
+    assert [b for b in _Engine.bodies if "allowed_token_ids" in b] == _Engine.bodies[:1], "asked once, then plain"
