@@ -1,4 +1,4 @@
-"""vLLM counts the page cache a container read as memory it may not use; the wrapper makes it count the working set.
+"""vLLM counts the page cache a container read as memory it may not use; the wrapper makes it count what is in use.
 
 Measured on a CPU pool (examples/cpu-dev.yaml: 4 GiB limit, 1.19 GiB planned KV cache, cgroup v1): started on a node
 whose page cache did not hold the image's files, vLLM refused its own planned KV cache — "Available memory on node 0
@@ -19,15 +19,21 @@ Three ways were weighed:
 * **Drop the page cache** from inside the container before the KV allocation: needs writes to the cgroup's control
   files or /proc/sys/vm, which an engine container (all capabilities dropped, non-root) does not have.
 * **Correct the reading** (chosen): every process vLLM starts gets `vllm_site/` first on its PYTHONPATH; its
-  `sitecustomize` wraps `get_cgroup_memory_usage()` so that it returns the cgroup's *working set* — usage minus
-  inactive file pages (`total_inactive_file` on v1, `inactive_file` on v2), the number the kubelet itself uses for
-  `container_memory_working_set_bytes` and for eviction. Active file pages stay counted (the kernel is slowest to
-  give those back), anonymous memory, shared memory (/dev/shm, which counts against the limit and is not
-  reclaimable) and kernel memory too. Nothing else of vLLM changes: its headroom checks keep working, against the
+  `sitecustomize` wraps `get_cgroup_memory_usage()` so that it returns the usage without the page cache that no
+  process maps: usage − (active + inactive file pages − mapped file pages), from memory.stat (`total_*` on v1,
+  the plain keys on v2). What stays counted is what cannot be handed back on demand: anonymous memory, shared memory
+  (/dev/shm, which counts against the limit and is not reclaimable), kernel memory, and the file pages processes
+  map (torch's code, mmapped weights). Nothing else of vLLM changes: its headroom checks keep working, against the
   number that means what they assume.
 
+  Why not the kubelet's working set (usage − inactive file pages), the first candidate: measured on the engine-cpu
+  image under a 4 GiB limit with a cold page cache, three processes importing torch and vLLM (the API server, the
+  engine core and the worker do) left 896 MiB of page cache charged, 348 MiB of it *active* — files read by more
+  than one process are promoted on their second read — though nothing maps them. The working set keeps those
+  counted; the refusal it had to cure was short by 0.31 GiB (0.88 GiB left, 1.19 GiB planned).
+
 Harmless where it does not matter: without a cgroup memory limit vLLM never reads the usage; on a GPU pod it reads it
-only to estimate host RAM for weight loading (`model_loader/weight_utils.py`), where the working set is the better
+only to estimate host RAM for weight loading (`model_loader/weight_utils.py`), where this is the better
 estimate too; a vLLM without the function (another version) is left alone, as is one where memory.stat cannot be
 read. `VLLM_OPERATOR_CGROUP_WORKING_SET=0` turns it off. The patch is installed through an import hook, so it is in
 place before any vLLM module imports the function's name.

@@ -10,7 +10,7 @@ tell a slow start from a hung one. This wrapper
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS…` with `--launcher api-server`), passes its
   stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain; on a CPU with AMX tiles
   its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`), and every one of them counts
-  the cgroup's working set, not the page cache it read, as used memory (`cgroup.py`: vLLM refused a CPU pod's
+  the cgroup's memory in use, not the page cache it read, as used memory (`cgroup.py`: vLLM refused a CPU pod's
   planned KV cache on a node with a cold page cache);
 * follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
   KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving

@@ -1,4 +1,4 @@
-"""engine/cgroup.py and its vllm_site: the working set vLLM is shown instead of the cgroup usage with page cache."""
+"""engine/cgroup.py and its vllm_site: vLLM is shown the cgroup usage without the page cache no process maps."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ total_cache 1879048192
 total_rss 1073741824
 total_inactive_file 1610612736
 total_active_file 134217728
+total_mapped_file 104857600
 inactive_file 1
 """
-V2_STAT = "anon 1073741824\nfile 1879048192\ninactive_file 1610612736\nactive_file 134217728\n"
+V2_STAT = "anon 1073741824\nfile 1879048192\ninactive_file 1610612736\nactive_file 134217728\nfile_mapped 52428800\n"
 
 
 @pytest.fixture
@@ -36,16 +37,19 @@ def ws() -> Iterator[types.ModuleType]:
     yield module
 
 
-def test_inactive_file_reads_the_hierarchical_key_on_v1_and_the_plain_one_on_v2(ws: types.ModuleType) -> None:
-    assert ws.inactive_file(V1_STAT, v2=False) == 1610612736  # total_*, not the cgroup's own 1
-    assert ws.inactive_file(V2_STAT, v2=True) == 1610612736
-    assert ws.inactive_file("rss 5\n", v2=False) is None
-    assert ws.inactive_file("total_inactive_file x\n", v2=False) is None
+def test_unmapped_page_cache_reads_the_hierarchical_keys_on_v1_and_the_plain_ones_on_v2(ws: types.ModuleType) -> None:
+    # active + inactive - mapped: 128 MiB + 1536 MiB - 100 MiB
+    assert ws.unmapped_page_cache(V1_STAT, v2=False) == 134217728 + 1610612736 - 104857600  # total_*, not own
+    assert ws.unmapped_page_cache(V2_STAT, v2=True) == 134217728 + 1610612736 - 52428800
+    assert ws.unmapped_page_cache("rss 5\n", v2=False) is None
+    assert ws.unmapped_page_cache(V1_STAT.replace("total_mapped_file", "x"), v2=False) is None
+    assert ws.unmapped_page_cache("total_active_file 1\ntotal_inactive_file 1\ntotal_mapped_file 9\n", False) == 0
 
 
-def test_working_set_is_usage_minus_inactive_file(ws: types.ModuleType) -> None:
+def test_usage_without_the_unmapped_page_cache(ws: types.ModuleType) -> None:
     usage = 3_350_000_000  # 0.88 GiB left of 4 GiB: the refusal measured on a cold node
-    assert ws.working_set(usage, V1_STAT, v2=False) == usage - 1610612736
+    cache = 134217728 + 1610612736 - 104857600
+    assert ws.working_set(usage, V1_STAT, v2=False) == usage - cache
     assert ws.working_set(100, V1_STAT, v2=False) == 0  # never negative
     assert ws.working_set(usage, None, v2=False) == usage  # memory.stat unreadable: vLLM's own number
     assert ws.working_set(usage, "rss 1\n", v2=False) == usage
@@ -53,10 +57,10 @@ def test_working_set_is_usage_minus_inactive_file(ws: types.ModuleType) -> None:
 
 
 def test_wrap_reads_the_stat_of_the_version_vllm_reads(ws: types.ModuleType) -> None:
-    files = {ws.V1_STAT: V1_STAT, ws.V2_STAT: V2_STAT.replace("1610612736", "1000")}
+    files = {ws.V1_STAT: V1_STAT, ws.V2_STAT: "active_file 0\ninactive_file 1000\nfile_mapped 0\n"}
     v1 = ws.wrap(lambda: 2_000_000_000, read=files.get, is_v2=lambda: False)
     v2 = ws.wrap(lambda: 2_000_000_000, read=files.get, is_v2=lambda: True)
-    assert v1() == 2_000_000_000 - 1610612736
+    assert v1() == 2_000_000_000 - (134217728 + 1610612736 - 104857600)
     assert v2() == 2_000_000_000 - 1000
 
 
@@ -69,7 +73,7 @@ def test_patch_replaces_the_function_once_and_leaves_other_versions_alone(ws: ty
     module.get_cgroup_memory_usage = get_cgroup_memory_usage  # type: ignore[attr-defined]
     assert ws.patch(module) is True
     patched = module.get_cgroup_memory_usage  # type: ignore[attr-defined]
-    assert patched.__wrapped__ is get_cgroup_memory_usage and "working set" in patched.__doc__
+    assert patched.__wrapped__ is get_cgroup_memory_usage and "page cache" in patched.__doc__
     assert ws.patch(module) is False and module.get_cgroup_memory_usage is patched  # type: ignore[attr-defined]
     assert ws.patch(types.ModuleType("older_vllm")) is False
 

@@ -1,4 +1,4 @@
-"""The cgroup memory vLLM counts as used, as the kubelet counts it: usage minus the inactive file pages.
+"""The cgroup memory vLLM counts as used, without the page cache no process maps (which the kernel reclaims).
 
 Stdlib only, and no import of vllm_operator: it runs inside vLLM's interpreter (engine/cgroup.py says why it exists
 and how it gets there). `sitecustomize.py` beside it installs `install()`; the rest is pure and unit-tested.
@@ -24,10 +24,8 @@ DISABLE_ENV = "VLLM_OPERATOR_CGROUP_WORKING_SET"
 """Set to 0 to leave vLLM's own reading alone."""
 
 
-def inactive_file(stat_text: str, v2: bool) -> int | None:
-    """Bytes of inactive file pages from a cgroup's memory.stat (v2 `inactive_file`; v1 `total_inactive_file`, which
-    like `memory.usage_in_bytes` counts the whole subtree); None when the key is missing or unreadable."""
-    key = "inactive_file" if v2 else "total_inactive_file"
+def stat_value(stat_text: str, key: str) -> int | None:
+    """One counter of a cgroup's memory.stat; None when the key is missing or unreadable."""
     for line in stat_text.splitlines():
         name, _, value = line.partition(" ")
         if name == key:
@@ -38,13 +36,28 @@ def inactive_file(stat_text: str, v2: bool) -> int | None:
     return None
 
 
+KEYS = {False: ("total_active_file", "total_inactive_file", "total_mapped_file"),
+        True: ("active_file", "inactive_file", "file_mapped")}
+"""(active file, inactive file, mapped file) in memory.stat: v1's `total_*` count the whole subtree, as
+`memory.usage_in_bytes` does; v2's are the cgroup's own, as `memory.current` is."""
+
+
+def unmapped_page_cache(stat_text: str, v2: bool) -> int | None:
+    """File pages on the cgroup's LRU lists that no process maps: page cache the kernel reclaims before the limit
+    is hit. None when memory.stat lacks a counter."""
+    values = [stat_value(stat_text, key) for key in KEYS[v2]]
+    if any(v is None for v in values):
+        return None
+    active, inactive, mapped = (int(v or 0) for v in values)
+    return max(0, active + inactive - mapped)
+
+
 def working_set(usage: int | None, stat_text: str | None, v2: bool) -> int | None:
-    """`usage - inactive_file`, never below 0 (the kubelet's `container_memory_working_set_bytes`); `usage` as it was
-    when memory.stat cannot be read."""
+    """`usage` without the unmapped page cache, never below 0; `usage` as it was when memory.stat cannot be read."""
     if usage is None or stat_text is None:
         return usage
-    inactive = inactive_file(stat_text, v2)
-    return usage if inactive is None else max(0, usage - inactive)
+    cache = unmapped_page_cache(stat_text, v2)
+    return usage if cache is None else max(0, usage - cache)
 
 
 def _read(path: str) -> str | None:
@@ -69,7 +82,7 @@ def wrap(original: Callable[[], int | None], read: Callable[[str], str | None] =
         return working_set(usage, read(V2_STAT if v2 else V1_STAT), v2)
 
     get_cgroup_memory_usage.__doc__ = (f"{original.__doc__ or ''}\n\nWrapped by the vllm-operator engine wrapper: the "
-                                       "working set (usage minus inactive file pages), as the kubelet counts it.")
+                                       "usage without the unmapped page cache, which the kernel reclaims.")
     get_cgroup_memory_usage.__wrapped__ = original  # type: ignore[attr-defined]
     return get_cgroup_memory_usage
 

@@ -1,5 +1,5 @@
 """Run at the start of every Python process of vLLM's that the engine wrapper starts (vllm_operator/engine/cgroup.py
-says why): make vLLM count the cgroup's working set, not its page cache, as used memory; then hand over to the next
+says why): make vLLM count the cgroup's memory in use, not the page cache it read, as used; then hand over to the next
 `sitecustomize` on the path, if there is one. Standard library only: this runs in vLLM's interpreter."""
 
 import contextlib
