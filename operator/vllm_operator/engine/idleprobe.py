@@ -161,7 +161,7 @@ class IdleProber:
             return
         if self.last_generated is not None and load.generated > self.last_generated:
             self.last_alive_at = now
-            self._clear(now, "generated tokens")
+            self._clear("generated tokens")
         self.last_generated = load.generated
         self.busy = load.busy
 
@@ -188,11 +188,11 @@ class IdleProber:
         if result.outcome == OK or generated_meanwhile:
             self.last_success_at = now if result.outcome == OK else self.last_success_at
             self.last_alive_at = now
-            self._clear(now, "answered a probe" if result.outcome == OK else "generated tokens during a probe")
+            self._clear("answered a probe" if result.outcome == OK else "generated tokens during a probe")
             return
         self.failures += 1
 
-    def _clear(self, now: float, why: str) -> None:
+    def _clear(self, why: str) -> None:
         if self.failures:
             log.info("The engine %s again after %d failed idle probe(s)", why, self.failures)
         self.failures = 0
