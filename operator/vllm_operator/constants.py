@@ -283,6 +283,12 @@ METRIC_STARTUP_DOWNLOAD_TOTAL: Final = "vllm_operator_engine_startup_download_to
 METRIC_STARTUP_KV_TOKENS: Final = "vllm_operator_engine_startup_kv_cache_tokens"
 METRIC_STARTUP_DURATION: Final = "vllm_operator_engine_startup_phase_duration_seconds"
 METRIC_PROCESS_START: Final = "vllm_operator_engine_process_start_timestamp_seconds"
+METRIC_ENGINE_UNRESPONSIVE: Final = "vllm_operator_engine_unresponsive"
+"""1 once the wrapper's one-token probes of an idle engine failed `failures` times in a row (engine/idleprobe.py)."""
+METRIC_IDLE_PROBE_FAILURES: Final = "vllm_operator_engine_idle_probe_failures"
+METRIC_IDLE_PROBE_LAST_SUCCESS: Final = "vllm_operator_engine_idle_probe_last_success_timestamp_seconds"
+REASON_ENGINE_UNRESPONSIVE: Final = "EngineUnresponsive"
+"""The health loop's state (and event reasons) for an engine whose /health answers while it generates nothing."""
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Remediation defaults: what `spec.remediation` means when a field is unset (the health loop and the alert rules)

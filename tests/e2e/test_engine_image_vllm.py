@@ -5,12 +5,17 @@ The pod spec is the short pool's of examples/cpu-dev.yaml (the engine wrapper `v
 and 4 GiB, a 1 GiB /dev/shm); /models holds the tiny model of scripts/make_model.py. The container runs inside a
 network namespace of the test's own with no route out; $(POD_IP) is that namespace's address, as a kubelet would
 substitute the pod's IP. The request goes from the host through the namespace's veth.
+
+Cold: the image's /opt/vllm is dropped from the page cache first, as on a node that never ran it, so the container
+is charged the torch and vLLM pages it reads; vLLM's CPU worker then has to be shown the working set (the engine
+wrapper's vllm_operator/engine/cgroup.py) or it refuses the planned KV cache.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +24,7 @@ import pytest
 
 from testcluster import netns
 from tests.support import images, vllm_cpu
+from tests.support.health_harness import record_timing
 from tests.support.kube import wait_for
 from vllm_operator import constants
 from vllm_operator.rendering import engine as engine_rendering
@@ -52,7 +58,8 @@ def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, 
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
     port = next(int(a.split("=", 1)[1]) for a in args if a.startswith("--port="))
     base = f"http://{pod_netns.address}:{port}"
-    images.warm_page_cache("engine-cpu", "/opt/vllm")
+    images.evict_page_cache("engine-cpu", "/opt/vllm")  # cold, as on a fresh node (images.evict_page_cache says why)
+    started = time.monotonic()
     with images.running("engine-cpu", flags, args, tmp_path / "engine.log",
                         network=f"ns:{pod_netns.path}", entrypoint=container["command"]) as engine:
 
@@ -65,6 +72,12 @@ def test_engine_cpu_image_serves_a_completion_under_the_wrapper(tmp_path: Path, 
                 return False
 
         wait_for("vLLM in the engine-cpu container", ready, timeout=400, interval=1)
+        serving = time.monotonic() - started
+        stat = images.podman("exec", engine.name, "cat", "/sys/fs/cgroup/memory/memory.stat", check=False).stdout
+        memory = {k: int(v) for k, v in (line.split() for line in stat.splitlines() if line.count(" ") == 1)
+                  if k in ("total_rss", "total_cache", "total_shmem", "total_active_file", "total_inactive_file")}
+        record_timing("engine-cpu image, cold page cache -> serving", serving, tier="engine-cpu image",
+                      memory_stat_mib={k: round(v / 2**20) for k, v in memory.items()})
         body = {"model": MODEL, "prompt": "hello world", "max_tokens": 4, "temperature": 0}
         request = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})

@@ -91,18 +91,17 @@ def pod_netns() -> Iterator[netns.Netns]:
         ns.teardown()
 
 
-def warm_page_cache(name: str, path: str) -> None:
-    """Read `path` of a built image's files into the page cache from the test process, before a container of it
-    starts. On cgroup v1 a page is charged to the cgroup that first reads it, and vLLM's CPU worker counts the whole
-    cgroup usage, page cache included (`vllm/utils/cpu_resource_utils.py`, limit - memory.usage_in_bytes), as
-    taken: a container that reads torch and vLLM cold is charged a few hundred MB of file pages and refuses its
-    planned `--kv-cache-memory-bytes` ("Available memory on node 0 (0.93/4.0 GiB) on kv cache allocation is less
-    than requested", seen in a fresh clone's e2e run). Warm, those pages stay charged to the test's cgroup, as they
-    are once a node has run the image before. The cold case on a real node is the product's to solve (the issue of
-    the real kubelet names it); this keeps the image test about the image."""
+def evict_page_cache(name: str, path: str) -> None:
+    """Drop `path` of a built image's files from the page cache (`vmtouch -e`: POSIX_FADV_DONTNEED per file), so a
+    container of it starts as on a node that never ran the image: it reads torch and vLLM itself and is charged
+    their pages (on cgroup v1 a page is charged to the cgroup that first reads it). vLLM's CPU worker counted those
+    pages as memory taken and refused the planned KV cache of cpu-dev's 4 GiB pod ("Available memory on node 0
+    (0.88/4.0 GiB) on kv cache allocation is less than requested"); the engine wrapper shows it
+    the usage without the page cache no process maps instead (vllm_operator/engine/cgroup.py). Pages mapped by a
+    running process elsewhere stay cached."""
     mount = podman("image", "mount", image(name).image_id).stdout.strip()
     try:
-        subprocess.run(["vmtouch", "-q", "-t", f"{mount}{path}"], check=True, timeout=600)
+        subprocess.run(["vmtouch", "-q", "-e", f"{mount}{path}"], check=True, timeout=600)
     finally:
         podman("image", "unmount", image(name).image_id, check=False)
 

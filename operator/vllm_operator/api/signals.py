@@ -68,6 +68,11 @@ class Signals:
         """KV cache usage averaged over the window (at or above kvUsagePressure: KVPressure)."""
         return f"max by ({self.by}) (avg_over_time({self.vllm(constants.METRIC_KV_USAGE)}[{duration(window_s)}]))"
 
+    def unresponsive(self) -> str:
+        """1 while the engine wrapper's one-token probes of an idle engine keep failing although vLLM's /health
+        answers (`engine/idleprobe.py`; at or above 1: EngineUnresponsive)."""
+        return f"max by ({self.by}) ({self.plain(constants.METRIC_ENGINE_UNRESPONSIVE)})"
+
     def finished(self, window_s: float, reason: str | None = None) -> str:
         """Requests finished over the window (with `reason`: those that stopped for it; `length`: at max_tokens)."""
         labels = {"finished_reason": reason} if reason else {}

@@ -9,12 +9,17 @@ tell a slow start from a hung one. This wrapper
 * starts the launch command as a child (`vllm serve MODEL ARGS…`, or rewritten for the CPU build's
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS…` with `--launcher api-server`), passes its
   stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain; on a CPU with AMX tiles
-  its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`);
+  its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`), and every one of them counts
+  the cgroup's memory in use, not the page cache it read, as used memory (`cgroup.py`: vLLM refused a CPU pod's
+  planned KV cache on a node with a cold page cache);
 * follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
   KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving
   in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
   startup probe, `/status`, `/metrics`);
 * stops vLLM when a start-up phase goes its limit without advancing (exit code 83, StartupStalled);
+* once vLLM serves, asks it for one token whenever it has been idle for a while (`idleprobe.py`) and exports
+  whether it answered: vLLM's /health says 200 for an engine core that hangs without dying, and without traffic
+  nothing else would notice;
 * with `--adapters-file`, loads and unloads LoRA adapters in the serving vLLM as that file lists them
   (`adapters.py`: the adapters ConfigMap, followed without restarting vLLM);
 * watches the log for "CUDA out of memory" / `OutOfMemoryError`, "EngineCore encountered a fatal error" (and the
@@ -27,6 +32,8 @@ Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY]
                             [--preflight auto|off|required] [--preflight-required-bytes N]
                             [--status-host H] [--status-port N] [--phase-limit PHASE=SECONDS ...]
                             [--adapters-file PATH] [--adapters-hub-cache DIR]
+                            [--idle-probe-after S] [--idle-probe-timeout S] [--idle-probe-failures N]
+                            [--idle-probe-tick S]
                             -- vllm serve MODEL ARGS…
 """
 
@@ -49,7 +56,7 @@ from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import adapters, amx, downloads, phases, preflight, status
+from vllm_operator.engine import adapters, amx, cgroup, downloads, idleprobe, phases, preflight, status
 
 log = logging.getLogger("vllm_operator.engine")
 
@@ -253,6 +260,9 @@ class StartupOptions:
     """Where Hub-sourced adapters are downloaded (None: the environment's HF_HOME)."""
     engine_url: str = f"http://127.0.0.1:{constants.ENGINE_PORT}"
     adapters_interval_s: float = adapters.INTERVAL_S
+    idle_probe: idleprobe.ProbeSettings = field(default_factory=idleprobe.ProbeSettings)
+    """The idle engine's generation probe (`engine/idleprobe.py`); `idle_after_s` 0 turns it off."""
+    idle_probe_tick_s: float = idleprobe.TICK_S
 
 
 def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: StartupOptions, stop: threading.Event,
@@ -298,6 +308,11 @@ def run(command: Sequence[str], *, termination_path: str, startup: StartupOption
         monitor.adapters = syncer.snapshot
         threading.Thread(target=syncer.run, args=(lambda: monitor.serving, stop, options.adapters_interval_s),
                          name="engine-adapters", daemon=True).start()
+    if options.idle_probe.enabled:
+        monitor.probe = idleprobe.Monitor(options.idle_probe)
+        threading.Thread(target=idleprobe.run, args=(monitor.probe, options.engine_url, lambda: monitor.serving,
+                                                     stop, options.idle_probe_tick_s),
+                         name="engine-idle-probe", daemon=True).start()
     server = None
     if options.status_port is not None:
         try:
@@ -393,6 +408,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "and unloaded in the running vLLM through its runtime endpoints as the file changes")
     p.add_argument("--adapters-hub-cache", default=None, metavar="DIR",
                    help="directory Hub-sourced adapters are downloaded into (default: HF_HOME's hub cache)")
+    probe = idleprobe.ProbeSettings()
+    p.add_argument("--idle-probe-after", type=float, metavar="SECONDS",
+                   default=os.environ.get("VLLM_OPERATOR_IDLE_PROBE_AFTER", str(probe.idle_after_s)),
+                   help="ask the engine for one token after this long without work, to find an engine that "
+                        "answers /health but generates nothing (engine/idleprobe.py); 0 turns it off (default "
+                        f"{probe.idle_after_s:g}; env VLLM_OPERATOR_IDLE_PROBE_AFTER)")
+    p.add_argument("--idle-probe-timeout", type=float, metavar="SECONDS",
+                   default=os.environ.get("VLLM_OPERATOR_IDLE_PROBE_TIMEOUT", str(probe.timeout_s)),
+                   help=f"how long one probe may take (default {probe.timeout_s:g}; env "
+                        "VLLM_OPERATOR_IDLE_PROBE_TIMEOUT)")
+    p.add_argument("--idle-probe-failures", type=int, metavar="N",
+                   default=os.environ.get("VLLM_OPERATOR_IDLE_PROBE_FAILURES", str(probe.failures)),
+                   help=f"failed probes in a row that flag the engine unresponsive (default {probe.failures}; env "
+                        "VLLM_OPERATOR_IDLE_PROBE_FAILURES)")
+    p.add_argument("--idle-probe-tick", type=float, default=idleprobe.TICK_S, metavar="SECONDS",
+                   help=f"how often vLLM's /metrics is read to tell an idle engine (default {idleprobe.TICK_S:g})")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -428,6 +459,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         cmd = launch_command(command, args.launcher, args.python)
         limits = phases.parse_limits(args.phase_limit)
+        probe = idleprobe.ProbeSettings(idle_after_s=args.idle_probe_after, timeout_s=args.idle_probe_timeout,
+                                        failures=args.idle_probe_failures)
+        probe.validate()
         problems = _preflight(args.preflight, command, args.preflight_required_bytes)
     except ValueError as err:
         print(f"vllm-operator engine: {err}", file=sys.stderr)
@@ -443,11 +477,12 @@ def main(argv: Sequence[str]) -> int:
     if amx_tile:
         log.info("This CPU has AMX tiles: vLLM's processes ask for the tile state at start (%s on PYTHONPATH; "
                  "vllm_operator/engine/amx.py says why)", amx.SITE_DIR)
-    startup = StartupOptions(env=amx.child_env(os.environ, amx_tile),
+    startup = StartupOptions(env=amx.child_env(cgroup.child_env(os.environ), amx_tile),
                              status_host=args.status_host, status_port=args.status_port or None, limits=limits,
                              model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
                              adapters_file=args.adapters_file, adapters_hub_cache=args.adapters_hub_cache,
-                             engine_url=adapters.engine_url(command))
+                             engine_url=adapters.engine_url(command), idle_probe=probe,
+                             idle_probe_tick_s=max(0.1, args.idle_probe_tick))
     return run(cmd, termination_path=args.termination_message_path, startup=startup)
 
 

@@ -11,7 +11,9 @@ reads vLLM's log from the first line, can answer at once. It listens on its own 
   `StartupStalled`), and the probe's failure budget is only a backstop for a wrapper that cannot answer at all.
 * `GET /status` — the phase, since when, progress, limits, history and per-phase durations (always 200).
 * `GET /metrics` — the same as gauges (`vllm_operator_engine_startup_*`, `vllm_operator_engine_process_start_*`),
-  scraped by the PodMonitor next to vLLM's own metrics; the health loop reads them from Prometheus.
+  and, once vLLM serves, the idle engine's generation probe (`vllm_operator_engine_unresponsive`,
+  `engine/idleprobe.py`), scraped by the PodMonitor next to vLLM's own metrics; the health loop reads them from
+  Prometheus.
 
 Stdlib `http.server` on a daemon thread: three read-only paths do not justify a framework inside the vLLM image.
 """
@@ -32,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from vllm_operator import constants
+from vllm_operator.engine import idleprobe
 from vllm_operator.engine.phases import PHASES, Phase, Tracker
 
 log = logging.getLogger("vllm_operator.engine")
@@ -47,6 +50,9 @@ METRIC_KV_TOKENS = constants.METRIC_STARTUP_KV_TOKENS
 METRIC_DURATION = constants.METRIC_STARTUP_DURATION
 METRIC_PROCESS_START = constants.METRIC_PROCESS_START
 METRIC_ADAPTER_LOADED = constants.METRIC_ADAPTER_LOADED
+METRIC_UNRESPONSIVE = constants.METRIC_ENGINE_UNRESPONSIVE
+METRIC_PROBE_FAILURES = constants.METRIC_IDLE_PROBE_FAILURES
+METRIC_PROBE_LAST_SUCCESS = constants.METRIC_IDLE_PROBE_LAST_SUCCESS
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -58,6 +64,8 @@ class Monitor:
         self._lock = threading.Lock()
         self.adapters: Callable[[], dict[str, Any]] | None = None
         """The adapter syncer's snapshot (`engine/adapters.py`), when the engine serves LoRA adapters."""
+        self.probe: idleprobe.Monitor | None = None
+        """The idle engine's generation probe (`engine/idleprobe.py`), when it is on."""
 
     def feed(self, line: str, now: float | None = None) -> bool:
         with self._lock:
@@ -91,6 +99,8 @@ class Monitor:
             out = self._tracker.to_json(time.time() if now is None else now)
         if self.adapters is not None:
             out["adapters"] = self.adapters()
+        if self.probe is not None:
+            out["idleProbe"] = self.probe.snapshot()
         return out
 
     @property
@@ -141,6 +151,16 @@ class _Collector(Collector):
             for name in sorted(set(s["adapters"]["wanted"]) | set(s["adapters"]["loaded"])):
                 loaded.add_metric([name], 1.0 if name in s["adapters"]["loaded"] else 0.0)
             yield loaded
+        if "idleProbe" in s:
+            probe = s["idleProbe"]
+            yield GaugeMetricFamily(METRIC_UNRESPONSIVE, "1 once one-token probes of the idle engine failed "
+                                    "failuresToFlag times in a row while vLLM's /health answered; 0 otherwise.",
+                                    value=1.0 if probe["unresponsive"] else 0.0)
+            yield GaugeMetricFamily(METRIC_PROBE_FAILURES, "Failed one-token probes of the idle engine in a row.",
+                                    value=float(probe["failures"]))
+            if probe["lastSuccessAt"] is not None:
+                yield GaugeMetricFamily(METRIC_PROBE_LAST_SUCCESS, "When a probe of the idle engine last got its "
+                                        "token (epoch s).", value=float(probe["lastSuccessAt"]))
 
 
 def metrics_text(monitor: Monitor) -> bytes:

@@ -34,6 +34,7 @@ class State(enum.StrEnum):
     STARTUP_STALLED = "StartupStalled"
     STARTUP_FAILED = "StartupFailed"
     STALLED = "Stalled"
+    ENGINE_UNRESPONSIVE = constants.REASON_ENGINE_UNRESPONSIVE
     RUNAWAY_GENERATION = "RunawayGeneration"
     KV_PRESSURE = "KVPressure"
     UNSCHEDULABLE = "Unschedulable"
@@ -80,6 +81,14 @@ DESCRIPTIONS: Mapping[State, str] = {
                    f"floor), with a {constants.STALLED_POD_GRACE_S} s grace period instead of the pod's 30 s "
                    "(`STALLED_POD_GRACE_S`: a stalled engine cannot drain, and its GPU or cores go to the "
                    "replacement only once it is killed).",
+    State.ENGINE_UNRESPONSIVE: "Ready and answering /health, but the engine wrapper's one-token probes of the idle "
+                               "engine failed several times in a row (`vllm_operator_engine_unresponsive` 1, fresh "
+                               "from the wrapper's scrape; engine/idleprobe.py): the engine core hangs without "
+                               "dying — a zombie, which vLLM's /health cannot see and the Stalled rule, which needs "
+                               "requests running, cannot either. The wrapper probes only while nothing runs or "
+                               "waits, so a request that legitimately runs long is never mistaken for it. The "
+                               "operator deletes the pod like a Stalled one: within the restart budget and the "
+                               f"disruption floor, with the {constants.STALLED_POD_GRACE_S} s grace period.",
     State.RUNAWAY_GENERATION: "The share of finished requests that stopped at max_tokens (finished_reason=length) "
                               "over the window is above the alert level (default 20 %). Condition and event only.",
     State.KV_PRESSURE: "Mean KV cache usage over the window is at or above the pressure level (default 95 %); "
@@ -98,6 +107,7 @@ SEVERITY: tuple[State, ...] = (
     State.ENGINE_DEAD,
     State.STARTUP_STALLED,
     State.STALLED,
+    State.ENGINE_UNRESPONSIVE,
     State.CRASH_LOOPING,
     State.UNSCHEDULABLE,
     State.RUNAWAY_GENERATION,
@@ -109,8 +119,10 @@ SEVERITY: tuple[State, ...] = (
 """Most severe first: a pool's primary state is the first of these present."""
 
 FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
-                            State.STARTUP_STALLED, State.STARTUP_FAILED, State.STALLED, State.CRASH_LOOPING,
-                            State.UNSCHEDULABLE})
+                            State.STARTUP_STALLED, State.STARTUP_FAILED, State.STALLED, State.ENGINE_UNRESPONSIVE,
+                            State.CRASH_LOOPING, State.UNSCHEDULABLE})
+REPLACED_STATES = frozenset({State.STALLED, State.ENGINE_UNRESPONSIVE})
+"""Serving pods that nothing else restarts: the operator deletes them (policy.py), within the restart budget."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,7 @@ class PodDiagnosis:
     state: State
     message: str
     available: bool
-    """Counts toward the disruption floor: Ready, not being deleted, and not Stalled."""
+    """Counts toward the disruption floor: Ready, not being deleted, and not Stalled or EngineUnresponsive."""
     metrics_fresh: bool
     terminations: tuple[TerminationEvent, ...] = ()
     deleting: bool = False
@@ -296,6 +308,12 @@ def _is_stalled(pod: PodFacts, m: PodMetrics, now: float, settings: HealthSettin
             and m.running_min > 0 and m.generated is not None and m.generated <= 0 and (m.samples or 0) >= 2)
 
 
+def _is_unresponsive(m: PodMetrics, now: float, settings: HealthSettings) -> bool:
+    """The wrapper's verdict, from a fresh sample of its own series (the wrapper's scrape, not vLLM's)."""
+    return (m.unresponsive is True and m.startup_sample_at is not None
+            and now - m.startup_sample_at <= settings.stale_after_s)
+
+
 def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, now: float,
                  settings: HealthSettings) -> PodDiagnosis:
     """One pod's state (see module docstring for the order of evidence)."""
@@ -343,6 +361,9 @@ def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, no
     if _is_stalled(pod, metrics, now, settings):
         return out(State.STALLED, f"pod {pod.name}: {metrics.running:.0f} requests running for "
                                   f"{settings.stall_s:.0f}s with 0 new generation tokens")
+    if _is_unresponsive(metrics, now, settings):
+        return out(State.ENGINE_UNRESPONSIVE, f"pod {pod.name}: the engine answers /health but its idle-engine "
+                                              "probes (one token each) failed several times in a row")
     return out(State.HEALTHY, f"pod {pod.name} is ready", available=True)
 
 
@@ -409,7 +430,7 @@ def diagnose(snap: Snapshot, settings: HealthSettings) -> Diagnosis:
         states = {p.state for p in pods}
         metric_states, mfacts, notes = _pool_metric_states(name, pods, snap, settings)
         states |= metric_states
-        serving = [p for p in pods if p.state in {State.HEALTHY, State.METRICS_UNAVAILABLE, State.STALLED}]
+        serving = [p for p in pods if p.state in {State.HEALTHY, State.METRICS_UNAVAILABLE, *REPLACED_STATES}]
         fresh = metrics_on and bool(serving) and all(p.metrics_fresh for p in serving)
         if not metrics_on:
             states.add(State.METRICS_UNAVAILABLE)

@@ -116,7 +116,7 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
         try:
             await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid,
                               grace_period_s=constants.STALLED_POD_GRACE_S)
-            log.warning("Deleted stalled pod %s/%s of VLLMDeployment %s (pool %s, grace %d s): %s", namespace,
+            log.warning("Deleted pod %s/%s of VLLMDeployment %s (pool %s, grace %d s) for %s", namespace,
                         deletion.pod, name, deletion.pool, constants.STALLED_POD_GRACE_S, deletion.message)
         except KubeError as err:
             if err.status != 409:  # 409: the uid precondition failed — the pod was already replaced

@@ -3,7 +3,8 @@
 Who restarts what (docs/architecture.md): the kubelet restarts containers that exit (vLLM exits when its
 engine dies, the wrapper turns the exit into a reason), the liveness probe catches a hung API server, the scheduler
 owns Pending pods. The operator deletes a pod only for a state nothing else catches — Stalled: Ready and answering
-/health, requests running, no token progress — and only
+/health, requests running, no token progress; EngineUnresponsive: Ready and answering /health, idle, and the engine
+wrapper's one-token probes keep failing — and only
 
 * within the pool's restart budget (`remediation.restartBudget` deletions per `budgetWindowSeconds`, sliding), and
 * within the pool's disruption allowance (PodDisruptionBudget `maxUnavailable`, 1 for pool PDBs): a Stalled pod is
@@ -43,7 +44,7 @@ from vllm_operator.api.status import (
     StepDownStatus,
     VLLMDeploymentStatus,
 )
-from vllm_operator.health.diagnose import FAILURE_STATES, Diagnosis, PoolDiagnosis, State
+from vllm_operator.health.diagnose import FAILURE_STATES, REPLACED_STATES, Diagnosis, PoolDiagnosis, State
 from vllm_operator.health.snapshot import format_time, parse_time
 
 LADDER_MEMORY = "memory"
@@ -102,7 +103,10 @@ class ObservedTermination:
 
 METRIC_REASONS = {State.HOST_OOM_KILLED: "OOMKilled", State.CRASH_LOOPING: "Error"}
 """`vllm_operator_engine_restarts_total{reason}` uses the kubelet's words where the kubelet has them (OOMKilled,
-Error) and the wrapper's otherwise (EngineOOM, EngineDead, KVCacheTooSmall); deletions for Stalled count as Stalled."""
+Error) and the wrapper's otherwise (EngineOOM, EngineDead, KVCacheTooSmall); deletions count as Stalled or
+EngineUnresponsive."""
+DELETION_EVENTS = {State.STALLED: "RestartedStalledPod", State.ENGINE_UNRESPONSIVE: "RestartedUnresponsivePod"}
+"""The event reason of each deletion the operator makes (one per state in diagnose.REPLACED_STATES)."""
 OOM_METRIC_REASONS = ("OOMKilled", "EngineOOM")
 """Reasons the OOM alert counts; the handler creates these series at 0 so `increase()` sees the first OOM."""
 
@@ -232,24 +236,25 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
             out.notes.append(f"pool {pool}: {len(budget.oom_events)} engine OOMs at the last rung "
                              f"({step.level}); nothing left to step down")
 
-    # 5. Stalled pods: delete within budget and disruption allowance; never without fresh samples.
-    stalled = sorted((p for p in pd.pods if p.state is State.STALLED and p.metrics_fresh), key=lambda p: p.pod)
+    # 5. Stalled and unresponsive pods: delete within budget and disruption allowance; never without fresh samples.
+    stalled = sorted((p for p in pd.pods if p.state in REPLACED_STATES and p.metrics_fresh), key=lambda p: p.pod)
     if stalled:
         live = [p for p in pd.pods if not p.deleting]
         missing = max(0, pd.desired_replicas - len(live))
-        down_other = missing + sum(1 for p in live if not p.available and p.state is not State.STALLED)
+        down_other = missing + sum(1 for p in live if not p.available and p.state not in REPLACED_STATES)
         allowance = max(0, pd.max_unavailable - down_other)
         remaining = max(0, settings.restart_budget - budget.used)
         for pod in stalled:
+            what = pod.state.value
             if not settings.enabled:
-                out.notes.append(f"pool {pool}: pod {pod.pod} is Stalled; remediation disabled")
+                out.notes.append(f"pool {pool}: pod {pod.pod} is {what}; remediation disabled")
                 continue
             if remaining <= 0:
                 out.notes.append(f"pool {pool}: restart budget spent ({budget.used}/{settings.restart_budget} "
-                                 f"in {settings.budget_window_s:.0f}s); pod {pod.pod} stays Stalled")
+                                 f"in {settings.budget_window_s:.0f}s); pod {pod.pod} stays {what}")
                 continue
             if allowance <= 0:
-                out.notes.append(f"pool {pool}: pod {pod.pod} is Stalled; waiting — {down_other} pod(s) already "
+                out.notes.append(f"pool {pool}: pod {pod.pod} is {what}; waiting — {down_other} pod(s) already "
                                  f"down, maxUnavailable {pd.max_unavailable}")
                 continue
             remaining -= 1
@@ -257,13 +262,13 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
             budget.restarts = [*budget.restarts, stamp][-RESTART_HISTORY_MAX:]
             budget.used = len(budget.restarts)
             budget.window_start = budget.restarts[0]
-            decision.deletions.append(DeletePod(pool, pod.pod, pod.uid, pod.message))
-            decision.observed.append(ObservedTermination(pool=pool, pod=pod.pod, reason=State.STALLED.value))
+            decision.deletions.append(DeletePod(pool, pod.pod, pod.uid, f"{what}: {pod.message}"))
+            decision.observed.append(ObservedTermination(pool=pool, pod=pod.pod, reason=what))
             decision.actions.append((pool, "delete_pod"))
-            decision.events.append(Event("Warning", "RestartedStalledPod",
+            decision.events.append(Event("Warning", DELETION_EVENTS[pod.state],
                                          f"Deleted pod {pod.pod} of pool {pool}: {pod.message} (restart "
                                          f"{budget.used}/{settings.restart_budget} in this window)"))
-            out.acted.append(f"deleted stalled pod {pod.pod}")
+            out.acted.append(f"deleted {what} pod {pod.pod}")
 
     # 6. Stable since / step back up.
     stable = (not (pd.states & FAILURE_STATES) and State.STARTING not in pd.states

@@ -53,11 +53,13 @@ class DeploymentQueries:
     process_start: str
     adapters_loaded: str
     """One series per pod and adapter: 1 loaded by the engine wrapper, 0 listed but not (pending or failed)."""
+    unresponsive: str
+    """1 per pod whose wrapper's idle-engine probes keep failing (EngineUnresponsive)."""
 
 
 def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s: float) -> DeploymentQueries:
     """The queries of one check. The signals the alert rules threshold too (up, running_min, generated,
-    kv_usage_avg, finished, finished_length) come from `api.signals`, the one definition both read."""
+    kv_usage_avg, finished, finished_length, unresponsive) come from `api.signals`, the one definition both read."""
     signals = Signals(namespace, deployment, BY_POD)
     sel, wrapped = signals.vllm, signals.plain
     stall, window = duration(stall_s), duration(window_s)
@@ -85,4 +87,5 @@ def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s:
         startup_kv_tokens=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_KV_TOKENS)})",
         process_start=f"max by ({BY_POD}) ({wrapped(constants.METRIC_PROCESS_START)})",
         adapters_loaded=f"max by ({BY_POD}, adapter) ({wrapped(constants.METRIC_ADAPTER_LOADED)})",
+        unresponsive=signals.unresponsive(),
     )

@@ -119,6 +119,8 @@ class PodMetrics:
     """When the wrapper launched the current vLLM process."""
     adapters: tuple[tuple[str, bool], ...] | None = None
     """(adapter, loaded) per adapter the pod's adapters file lists, from its wrapper; None without LoRA."""
+    unresponsive: bool | None = None
+    """The wrapper's idle-engine probes keep failing (engine/idleprobe.py); None when the wrapper does not probe."""
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
     for key in ("up", "last_sample", "running", "running_min", "generated", "samples", "kv_usage", "kv_usage_avg",
                 "preemptions", "kv_tokens", "startup_phase", "startup_sample", "startup_since",
                 "startup_last_progress", "startup_stalled", "startup_limit", "startup_download",
-                "startup_download_total", "startup_kv_tokens", "process_start"):
+                "startup_download_total", "startup_kv_tokens", "process_start", "unresponsive"):
         for pod, sample in _by_pod(r[key]).items():
             pools[pod] = sample.labels.get("pool", pools.get(pod, ""))
             entry = pods.setdefault(pod, {})
@@ -128,8 +128,8 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
                 entry["samples"] = int(sample.value)
             elif key == "startup_phase":
                 entry["startup_phase"] = sample.labels.get("phase") or None
-            elif key == "startup_stalled":
-                entry["startup_stalled"] = sample.value >= 1
+            elif key in ("startup_stalled", "unresponsive"):
+                entry[key] = sample.value >= 1
             elif key == "startup_kv_tokens":
                 entry["startup_kv_tokens"] = int(sample.value)
             elif key == "kv_tokens":

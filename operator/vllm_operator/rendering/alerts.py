@@ -24,6 +24,10 @@ The no-progress alert requires requests running for the whole stall window (`min
 that just received a request is not a stall; it is the same rule the health loop's Stalled diagnosis uses, and it
 fires as soon as the window is covered (no extra `for`).
 
+The unresponsive-engine alert reads the engine wrapper's own verdict (`vllm_operator_engine_unresponsive`: its
+one-token probes of an idle engine failed several times in a row), the series the health loop's EngineUnresponsive
+diagnosis reads; the wrapper already waited for repeated failures, so there is no extra `for`.
+
 The KV-usage alert is the health loop's KVPressure rule too: the pod's usage averaged over `windowSeconds` at
 `kvUsagePressure` or above, with no extra `for`. An instant sample held for ten minutes (what it was before) fired
 on a cache that sat just above the threshold between scrapes and ignored the window the loop judges by.
@@ -100,6 +104,12 @@ def no_progress_expr(plan: Plan, stall_seconds: float) -> str:
             f"({signals.generated(stall_seconds)} == 0)")
 
 
+def unresponsive_expr(plan: Plan) -> str:
+    """An engine whose idle-engine probes keep failing while /health answers: the health loop's EngineUnresponsive
+    rule (the wrapper already required `failures` probes in a row, so no extra `for`)."""
+    return f"{_signals(plan).unresponsive()} >= 1"
+
+
 def kv_usage_expr(plan: Plan, usage: float, window_s: float) -> str:
     """A pod whose KV cache usage averaged `usage` or more over the window: the health loop's KVPressure rule."""
     return f"{_signals(plan).kv_usage_avg(window_s)} >= {usage:g}"
@@ -144,6 +154,11 @@ def alert_groups(plan: Plan, settings: HealthSettings | None = None) -> list[dic
               f"Requests were running on {pod} for the whole last {duration(stall)} and "
               "vllm:generation_tokens_total did not move: the engine is stalled (the operator deletes the pod "
               "within its restart budget)."),
+        _rule("VLLMEngineUnresponsive", unresponsive_expr(plan), None, "critical",
+              f"Engine {pod} of {who} pool {pool} answers /health but does not generate",
+              f"The engine wrapper's one-token probes of the idle engine {pod} failed several times in a row "
+              "while vLLM's /health answered 200: the engine core hangs (a zombie). The operator deletes the pod "
+              "within its restart budget."),
         _rule("VLLMKVCacheUsageHigh", kv_usage_expr(plan, usage, s.window_s), None, "info",
               f"KV cache of {pod} ({who} pool {pool}) averaged {usage:.0%} or more over {window}",
               f"vllm:kv_cache_usage_perc averaged {{{{ $value | humanizePercentage }}}} over {window}: requests "

@@ -3,11 +3,13 @@
 vLLM's API server exits with code 0 a few seconds after its engine core dies; the wrapper must turn that into exit
 code 88 (EngineDead) with a termination message, from the text real vLLM prints. The start-up refusal when one
 max_model_len sequence does not fit the KV cache must become exit code 89 (KVCacheTooSmall) with vLLM's numbers.
-Timings from fault to the wrapper's exit are logged (measurements, not assertions).
+An EngineCore stopped by SIGSTOP while the engine is idle is the zombie: /health stays 200; the wrapper's one-token
+idle probe must flag it. Timings from fault to the wrapper's exit (or flag) are logged (measurements, not assertions).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +37,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return vllm_cpu.make_model("tiny", tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
-def start_wrapped(model: Path, args: list[str], tmp_path: Path, status_port: int | None = None
-                  ) -> tuple[vllm_cpu.VllmServer, Path]:
+def start_wrapped(model: Path, args: list[str], tmp_path: Path, status_port: int | None = None,
+                  wrapper_args: Sequence[str] = ()) -> tuple[vllm_cpu.VllmServer, Path]:
     port = free_port()
     message = tmp_path / "termination-log"
     argv = [sys.executable, "-m", "vllm_operator.cli", "engine", "--launcher=api-server",
             f"--python={vllm_cpu.require_vllm_venv()}", f"--termination-message-path={message}", "--preflight=off",
             "--status-host=127.0.0.1", f"--status-port={status_port or free_port()}",
-            "--", "vllm", "serve", str(model), "--load-format=dummy", "--enforce-eager", *args,
+            *wrapper_args, "--", "vllm", "serve", str(model), "--load-format=dummy", "--enforce-eager", *args,
             "--host=127.0.0.1", f"--port={port}"]
     log_path = tmp_path / "wrapper.log"
     env = vllm_cpu.cpu_env()
@@ -192,3 +194,80 @@ def test_sigterm_drains_real_vllm_and_exits_zero(watched: WatchedStart, model_di
     while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in children):
         time.sleep(0.2)
     assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "vLLM processes outlived the wrapper"
+
+
+def metrics_text(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The sum of a vLLM series' samples whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"vllm:{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_engine_core_stopped_while_idle_is_flagged_unresponsive(model_dir: Path, tmp_path: Path) -> None:
+    """The zombie of vLLM issue 39863 made on purpose: SIGSTOP the EngineCore of an idle, serving vLLM. /health stays
+    200 (the API server is fine), nothing else moves; the wrapper's idle probe must say so within
+    idle + failures x timeout (+ ticks), and clear it once the process is continued. Before the fault, the real
+    vLLM must take the probe as intended: one token, finished as `stop` (never `length`, which feeds the
+    RunawayGeneration share)."""
+    status_port = free_port()
+    probe = ["--idle-probe-after=5", "--idle-probe-timeout=5", "--idle-probe-failures=2", "--idle-probe-tick=1"]
+    server, _ = start_wrapped(model_dir, ["--kv-cache-memory-bytes=64M", "--max-model-len=2048"], tmp_path,
+                              status_port=status_port, wrapper_args=probe)
+    core: int | None = None
+    try:
+        server.wait_healthy()
+        deadline = time.monotonic() + 120
+        snap: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            snap = wrapper_status(status_port)[1]
+            if snap is not None and snap.get("idleProbe", {}).get("lastSuccessAt"):
+                break
+            time.sleep(0.5)
+        assert snap is not None and snap["idleProbe"]["lastSuccessAt"], (snap, server.log_text()[-3000:])
+        text = metrics_text(server.url)
+        assert sample(text, "request_success_total", finished_reason="stop") >= 1, "the probe ended as stop"
+        assert sample(text, "request_success_total", finished_reason="length") == 0, "probes never end as length"
+        assert snap["idleProbe"]["failures"] == 0 and not snap["idleProbe"]["unresponsive"]
+
+        core = server.engine_core_pid()
+        stopped = time.monotonic()
+        os.kill(core, signal.SIGSTOP)
+        flagged: float | None = None
+        while time.monotonic() - stopped < 120:
+            snap = wrapper_status(status_port)[1]
+            if snap is not None and snap["idleProbe"]["unresponsive"]:
+                flagged = time.monotonic() - stopped
+                break
+            time.sleep(0.5)
+        assert flagged is not None, (snap, server.log_text()[-3000:])
+        assert server.health_status() == 200, "a zombie: vLLM's /health still answers 200"
+        with urllib.request.urlopen(f"http://127.0.0.1:{status_port}/metrics", timeout=5) as resp:
+            assert f"{constants.METRIC_ENGINE_UNRESPONSIVE} 1.0" in resp.read().decode()
+        record_timing("EngineCore SIGSTOP while idle -> wrapper flags unresponsive", flagged, tier="real vLLM CPU",
+                      idle_probe_after_s=5, idle_probe_timeout_s=5, idle_probe_failures=2)
+
+        os.kill(core, signal.SIGCONT)
+        continued = time.monotonic()
+        core = None
+        cleared: float | None = None
+        while time.monotonic() - continued < 120:
+            snap = wrapper_status(status_port)[1]
+            if snap is not None and not snap["idleProbe"]["unresponsive"]:
+                cleared = time.monotonic() - continued
+                break
+            time.sleep(0.5)
+        assert cleared is not None, (snap, server.log_text()[-3000:])
+        record_timing("EngineCore SIGCONT -> wrapper clears unresponsive", cleared, tier="real vLLM CPU")
+        assert server.proc.poll() is None
+    finally:
+        if core is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core, signal.SIGCONT)
+        server.stop(grace_s=10)

@@ -287,6 +287,18 @@ def test_engine_install_ships_the_amx_sitecustomize(engine_env: Path, tmp_path: 
     assert "ARCH_REQ_XCOMP_PERM" in shipped.read_text()
 
 
+def test_engine_install_ships_the_working_set_sitecustomize(engine_env: Path, tmp_path: Path) -> None:
+    """The wrapper puts engine/vllm_site first on vLLM's PYTHONPATH (engine/cgroup.py): a wheel without its two
+    files would leave vLLM's CPU worker to refuse its KV cache on a node with a cold page cache."""
+    code = "from vllm_operator.engine import cgroup; print(cgroup.SITE_DIR)"
+    proc = subprocess.run([str(engine_env / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, check=True)
+    site = Path(proc.stdout.strip())
+    assert str(engine_env) in str(site), proc.stdout
+    assert "_vllm_operator_working_set" in (site / "sitecustomize.py").read_text()
+    assert "total_inactive_file" in (site / "_vllm_operator_working_set.py").read_text()
+
+
 def test_engine_env_really_lacks_the_operator_dependencies(engine_env: Path, tmp_path: Path) -> None:
     for module in ("kopf", "kubernetes", "aiohttp", "tokenizers"):
         assert not importable(engine_env, module, tmp_path), f"{module} leaked into the engine environment"

@@ -1,5 +1,5 @@
 """The rendered PrometheusRule against the real promtool: every example's rules load (`promtool check rules`), and each
-of the five alerts fires on synthetic series and stays quiet on healthy ones (`promtool test rules`), with vLLM series
+of the six alerts fires on synthetic series and stays quiet on healthy ones (`promtool test rules`), with vLLM series
 under both the `vllm:` and the escaped `vllm_` spelling and the OOM alert from either the operator's restart counter
 or kube-state-metrics."""
 
@@ -32,7 +32,7 @@ def test_example_rules_load(example: Path, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(rule["spec"]))
     proc = promtool("check", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 5 rules found" in proc.stdout
+    assert "SUCCESS: 6 rules found" in proc.stdout
 
 
 def series(name: str, labels: str, values: str) -> dict[str, str]:
@@ -89,6 +89,10 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
             series("vllm_kv_cache_usage_perc", long_p2, "0.5x9 0.97x21"),
             series("vllm:kv_cache_usage_perc", f'{SEL},pool="short",pod="p4"', " ".join(["1 0.93"] * 16)),
             series("vllm:kv_cache_usage_perc", short_p1, "0.5x30"),
+            # The wrapper's idle probe: p5 flagged unresponsive from minute 15; the router target's 1 never counts.
+            series("vllm_operator_engine_unresponsive", f'{SEL},pool="long",pod="p5"', "0x14 1x16"),
+            series("vllm_operator_engine_unresponsive", short_p1, "0x30"),
+            series("vllm_operator_engine_unresponsive", router, "1x30"),
         ],
         "alert_rule_test": [
             expect("VLLMEngineOOMRestarts", "1m"),  # one OOM restart: below oomCount (2)
@@ -104,6 +108,8 @@ def test_alerts_fire_and_stay_quiet(tmp_path: Path) -> None:
             expect("VLLMNoTokenProgress", "20m", {"severity": "critical", **ENGINE, "pool": "short", "pod": "p1"}),
             expect("VLLMNoTokenProgress", "22m", {"severity": "critical", **ENGINE, "pool": "short", "pod": "p1"},
                    {"severity": "critical", **ENGINE, "pool": "short", "pod": "p3"}),
+            expect("VLLMEngineUnresponsive", "14m"),
+            expect("VLLMEngineUnresponsive", "15m", {"severity": "critical", **ENGINE, "pool": "long", "pod": "p5"}),
             expect("VLLMLengthShareHigh", "8m"),  # above the share, but not yet for 10 minutes
             expect("VLLMLengthShareHigh", "16m", {"severity": "warning", **ENGINE, "pool": "long"}),
             # p2: one moderate sample left in the window at 18m keeps the mean below; a full window at 20m fires.

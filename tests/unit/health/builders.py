@@ -101,6 +101,15 @@ def serving_since(ago: float) -> dict[str, Any]:
             "startup_last_progress": NOW - ago, "startup_stalled": False, "process_start": NOW - ago - 90}
 
 
+def zombie(pod_name: str, pool: str = "short", **over: Any) -> PodMetrics:
+    """An idle engine whose wrapper's one-token probes keep failing (engine/idleprobe.py): /health and /metrics
+    answer, nothing runs, no token comes; the wrapper's series (fresh) say unresponsive."""
+    values: dict[str, Any] = {"running": 0.0, "running_min": 0.0, "generated": 0.0, **serving_since(3000),
+                              "unresponsive": True}
+    values.update(over)
+    return busy(pod_name, pool, **values)
+
+
 def snapshot(pods: list[dict[str, Any]], metrics: dict[str, PodMetrics] | None = None, *,
              pools: dict[str, PoolMetrics] | None = None, error: str | None = None, prometheus: bool = True,
              replicas: dict[str, int] | None = None, max_unavailable: int = 1) -> Snapshot:

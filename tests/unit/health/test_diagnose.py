@@ -23,6 +23,7 @@ from tests.unit.health.builders import (
     stalled,
     starting,
     term,
+    zombie,
 )
 from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
@@ -124,6 +125,23 @@ ROWS = {
         [pod("a", started_ago=3600)], {"a": stalled("a", **serving_since(30))}, State.HEALTHY, State.HEALTHY),
     "stalled-once-serving-longer-than-the-window": Row(
         [pod("a", started_ago=3600)], {"a": stalled("a", **serving_since(90))}, State.STALLED, State.STALLED),
+    "engine-unresponsive-idle-zombie": Row([pod("a")], {"a": zombie("a")}, State.ENGINE_UNRESPONSIVE,
+                                           State.ENGINE_UNRESPONSIVE),
+    "unresponsive-flag-off-is-healthy": Row([pod("a")], {"a": zombie("a", unresponsive=False)}, State.HEALTHY,
+                                            State.HEALTHY),
+    "no-probe-series-is-healthy": Row([pod("a")], {"a": zombie("a", unresponsive=None)}, State.HEALTHY,
+                                      State.HEALTHY),
+    "unresponsive-from-a-stale-wrapper-sample-is-no-evidence": Row(
+        [pod("a")], {"a": zombie("a", startup_sample_at=NOW - 300)}, State.HEALTHY, State.HEALTHY),
+    "unresponsive-without-wrapper-sample-time-is-no-evidence": Row(
+        [pod("a")], {"a": zombie("a", startup_sample_at=None)}, State.HEALTHY, State.HEALTHY),
+    "unresponsive-but-stale-vllm-samples-is-metrics-unavailable": Row(
+        [pod("a")], {"a": zombie("a", last_sample_at=NOW - 300)}, State.METRICS_UNAVAILABLE,
+        State.METRICS_UNAVAILABLE),
+    "unresponsive-hidden-while-prometheus-unreachable": Row([pod("a")], {"a": zombie("a")}, State.HEALTHY,
+                                                            State.METRICS_UNAVAILABLE, {"error": "refused"}),
+    "unresponsive-not-ready-pod-is-starting": Row([pod("a", ready=False, started_ago=20)], {"a": zombie("a")},
+                                                  State.STARTING, State.STARTING),
     "oom-outranks-stalled-neighbour": Row([pod("a", ready=False, started_ago=5, restarts=1, last=OOM), pod("b")],
                                           {"b": stalled("b")}, State.ENGINE_OOM, State.ENGINE_OOM),
 }
@@ -221,3 +239,12 @@ def test_a_startup_failure_names_vllms_error_line() -> None:
     assert d.state is State.STARTUP_FAILED
     assert d.pods[0].message == ("pod a: StartupFailed: exit code 82, reason Error, " + FA3_LINE
                                  + " (waiting: CrashLoopBackOff)")
+
+
+def test_an_unresponsive_engine_is_not_available_and_named() -> None:
+    diag = diagnose(snapshot([pod("a"), pod("b")], {"a": zombie("a"), "b": busy("b")}), S)
+    pool = diag.pools["short"]
+    a = pool.pods[0]
+    assert (a.state, a.available, a.metrics_fresh) == (State.ENGINE_UNRESPONSIVE, False, True)
+    assert "probes" in a.message and "/health" in a.message
+    assert pool.available == 1 and pool.metrics_fresh

@@ -6,7 +6,19 @@ from typing import Any
 
 import pytest
 
-from tests.unit.health.builders import KV, NOW, OOM, busy, pod, serving_since, snapshot, stalled, starting, term
+from tests.unit.health.builders import (
+    KV,
+    NOW,
+    OOM,
+    busy,
+    pod,
+    serving_since,
+    snapshot,
+    stalled,
+    starting,
+    term,
+    zombie,
+)
 from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.api.status import (
@@ -87,6 +99,52 @@ def test_deletions(pods: list[dict[str, Any]], metrics: dict[str, PodMetrics], k
     assert short(d).restart_budget.used == len(deleted)
     assert all(x.uid == f"uid-{x.pod}" for x in d.deletions)
     assert [e.reason for e in d.events].count("RestartedStalledPod") == len(deleted)
+
+
+UNRESPONSIVE_ROWS: dict[str, tuple[list[dict[str, Any]], dict[str, PodMetrics], dict[str, Any], list[str]]] = {
+    "zombie-deleted": ([pod("a"), pod("b")], {"a": zombie("a"), "b": busy("b")}, {}, ["a"]),
+    "zombie-single-replica": ([pod("a")], {"a": zombie("a")}, {}, ["a"]),
+    "zombie-waits-for-a-replacement-still-starting": ([pod("a", ready=False, started_ago=5), pod("b"), pod("c")],
+                                                      {"b": zombie("b"), "c": busy("c")}, {}, []),
+    "zombie-and-stalled-one-at-a-time": ([pod("a"), pod("b"), pod("c")],
+                                         {"a": stalled("a"), "b": zombie("b"), "c": busy("c")}, {}, ["a"]),
+    "zombie-stale-wrapper-sample-no-delete": ([pod("a")], {"a": zombie("a", startup_sample_at=NOW - 600)}, {}, []),
+    "zombie-prometheus-down-no-delete": ([pod("a")], {"a": zombie("a")}, {"error": "connection refused"}, []),
+    "long-request-running-is-no-zombie": ([pod("a")], {"a": busy("a", unresponsive=False, **serving_since(3000))},
+                                          {}, []),
+}
+
+
+@pytest.mark.parametrize(("pods", "metrics", "kw", "deleted"), UNRESPONSIVE_ROWS.values(),
+                         ids=UNRESPONSIVE_ROWS.keys())
+def test_unresponsive_deletions(pods: list[dict[str, Any]], metrics: dict[str, PodMetrics], kw: dict[str, Any],
+                                deleted: list[str]) -> None:
+    """EngineUnresponsive pods go as Stalled ones do: within the budget and the disruption allowance, on fresh
+    samples only; each deletion says why in its own event reason and is counted as a restart of that reason."""
+    d = run(pods, metrics, **kw)
+    assert [x.pod for x in d.deletions] == deleted
+    assert short(d).restart_budget.used == len(deleted)
+    zombies = [x for x in d.deletions if metrics[x.pod].unresponsive]
+    assert [e.reason for e in d.events].count("RestartedUnresponsivePod") == len(zombies)
+    assert all(x.message.startswith("EngineUnresponsive: ") for x in zombies)
+    assert [o.reason for o in d.observed if o.reason == "EngineUnresponsive"] == ["EngineUnresponsive"] * len(zombies)
+
+
+def test_an_unresponsive_engine_degrades_the_pool_and_its_status_says_so() -> None:
+    d = run([pod("a")], {"a": zombie("a")})
+    assert short(d).diagnosis == "EngineUnresponsive"
+    assert cond(d, constants.COND_DEGRADED) == ("True", "EngineUnresponsive")
+    assert cond(d, constants.COND_REMEDIATING) == ("True", "Acting")
+    event = next(e for e in d.events if e.reason == "RestartedUnresponsivePod")
+    assert event.type == "Warning" and "Deleted pod a of pool short" in event.message and "probes" in event.message
+
+
+def test_unresponsive_engine_within_a_spent_budget_stays_and_says_so() -> None:
+    used = [ago(100), ago(200), ago(300)]
+    d = run([pod("a")], {"a": zombie("a")}, status_with(restart_budget=RestartBudgetStatus(used=3, restarts=used)))
+    assert d.deletions == []
+    assert cond(d, constants.COND_REMEDIATING) == ("False", "BudgetExhausted")
+    assert any("stays EngineUnresponsive" in e.message for e in d.events)
 
 
 def test_budget_exhaustion_stops_deleting_and_says_so() -> None:

@@ -408,14 +408,16 @@ def test_pod_monitor_relabels_to_the_label_contract() -> None:
     assert targets["pod"] == ["__meta_kubernetes_pod_name"]
 
 
-def test_prometheus_rule_has_the_five_alerts() -> None:
+def test_prometheus_rule_has_the_six_alerts() -> None:
     plan, _ = gpu_case()
     rule = by_kind(render(plan), "PrometheusRule")["chat-vllm-operator"]["spec"]
     assert rule["groups"] == alerts.alert_groups(plan)
     got = {r["alert"]: r for r in rule["groups"][0]["rules"]}
     assert {a: r["labels"]["severity"] for a, r in got.items()} == {
         "VLLMEngineOOMRestarts": "warning", "VLLMEngineScrapeDown": "critical", "VLLMLengthShareHigh": "warning",
-        "VLLMNoTokenProgress": "critical", "VLLMKVCacheUsageHigh": "info"}
+        "VLLMNoTokenProgress": "critical", "VLLMKVCacheUsageHigh": "info", "VLLMEngineUnresponsive": "critical"}
+    assert "vllm_operator_engine_unresponsive{" in got["VLLMEngineUnresponsive"]["expr"]
+    assert "for" not in got["VLLMEngineUnresponsive"]
     for name, metric in [("VLLMLengthShareHigh", "request_success_total"),
                          ("VLLMNoTokenProgress", "generation_tokens_total"),
                          ("VLLMNoTokenProgress", "num_requests_running"),
