@@ -26,10 +26,9 @@ from vllm_operator import certs
 from vllm_operator.handlers import admission, health, lifecycle
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.lifecycle import ReconcileSlots
 from vllm_operator.handlers.metrics import OperatorMetrics
-from vllm_operator.handlers.refresh import Coalescer
-from vllm_operator.handlers.watched import WATCHED, WatchedChildren
+from vllm_operator.handlers.queue import WorkQueue
+from vllm_operator.handlers.watched import OWNED_DEPLOYMENTS, WATCHED, Parents, WatchedChildren, watch_count
 from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import (
     DEFAULT_IMAGES,
@@ -40,7 +39,7 @@ from vllm_operator.images import (
     add_image_repository_argument,
     with_pull_secrets,
 )
-from vllm_operator.k8s import ClientKubeApi, Connection, CredentialsError, KubeApi
+from vllm_operator.k8s import DEPLOYMENTS, ClientKubeApi, Connection, CredentialsError, KubeApi
 from vllm_operator.listen import listen_failure
 
 PROG = "vllm-operator run"
@@ -48,16 +47,15 @@ log = logging.getLogger(__name__)
 
 
 class RoutineSuccessFilter(logging.Filter):
-    """Drops kopf's INFO line for every successful event of the health scheduler and owned-Deployment handlers.
+    """Drops kopf's INFO line for every successful run of the handler that keeps the watched VLLMDeployments.
 
-    kopf logs "<handler> succeeded." after each run; for these two handlers that is one line per VLLMDeployment
-    event and one per Deployment status change (the health timer this scheduler replaced and the Deployment events
-    made 6,905 of the 16,100 lines of a 500-VLLMDeployment benchmark run), saying nothing. Failures, retries and the
-    lifecycle handlers' lines stay, as do our own logs of what was done.
+    kopf logs "<handler> succeeded." after each run; for that handler it is one line per VLLMDeployment event (the
+    health timer it replaced and kopf's Deployment events made 6,905 of the 16,100 lines of a 500-VLLMDeployment
+    benchmark run), saying nothing. Failures, retries and the lifecycle handlers' lines stay, as do our own logs of
+    what was done.
     """
 
-    QUIET = frozenset({f"Handler {health.HANDLER_ID!r} succeeded.",
-                       f"Handler {lifecycle.CHILD_EVENT_ID!r} succeeded."})
+    QUIET = frozenset({f"Handler {lifecycle.WATCH_ID!r} succeeded."})
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.getMessage() in self.QUIET)
@@ -164,22 +162,24 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             flag.set()
         forwarder = asyncio.create_task(_signal_ready(ready_flag))
     runner: web.AppRunner | None = None
-    slots = ReconcileSlots(config.max_concurrent_reconciles)
-    metrics.reconciles_waiting.set_function(lambda: slots.waiting)
-    metrics.reconciles_running.set_function(lambda: slots.running)
+    queue = WorkQueue(config.max_concurrent_reconciles, delay=config.status_refresh_delay)
+    metrics.reconciles_waiting.set_function(lambda: queue.waiting)
+    metrics.reconciles_running.set_function(lambda: queue.running)
+    # The health loop reads engine pods, Deployments and PDBs; without it only the Deployments are watched.
+    watched = WATCHED if config.health_enabled else OWNED_DEPLOYMENTS
     watcher: KubeApi = kube_api
     if isinstance(kube_api, ClientKubeApi):
-        watcher = kube_api.sibling(max_connections=len(WATCHED) * max(1, len(config.namespaces)))
-    children = WatchedChildren(kube_api, watcher, config.namespaces, on_api_list=metrics.health_api_lists.inc)
+        watcher = kube_api.sibling(max_connections=watch_count(config.namespaces, watched))
+    children = WatchedChildren(kube_api, watcher, config.namespaces, watched=watched,
+                               on_api_list=metrics.health_api_lists.inc)
     metrics.watches_current.set_function(lambda: children.current_watches)
-    metrics.watches_wanted.set_function(lambda: children.watches if config.health_enabled else 0)
-    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
-                     refresher=Coalescer(delay=config.status_refresh_delay),
-                     classes=ClassIndex(enabled=config.workload_classes),
-                     slots=slots, children=children)
+    metrics.watches_wanted.set_function(lambda: watch_count(config.namespaces, watched))
+    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config, queue=queue, parents=Parents(),
+                     classes=ClassIndex(enabled=config.workload_classes), children=children)
+    children.on_change(DEPLOYMENTS, lifecycle.child_listener(memo, config))
     login = kube_api.connection if isinstance(kube_api, ClientKubeApi) else None
     # Started before kopf, which cancels on exit only the tasks made after it started; cancelled below.
-    watching = asyncio.create_task(children.run()) if config.health_enabled else None
+    watching = asyncio.create_task(children.run())
     try:
         if config.http_port:
             runner = await serve_http(config, metrics, ready)
@@ -193,9 +193,8 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             ready_flag=ready,
         )
     finally:
-        if watching is not None:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
         if watcher is not kube_api and isinstance(watcher, ClientKubeApi):
             await watcher.close()
         if ready_flag is not None:

@@ -1,5 +1,5 @@
-"""The health scheduler: which VLLMDeployments are due, one check per object at a time, through the reconcile
-slots."""
+"""The health scheduler: which watched VLLMDeployments are due, one check per object at a time, through the work
+queue."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 import kopf
 
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.health import HANDLER_ID, HealthScheduler, reconciled_once
-from vllm_operator.handlers.lifecycle import ReconcileSlots
+from vllm_operator.handlers.health import HealthScheduler, reconciled_once
+from vllm_operator.handlers.lifecycle import WATCH_ID
+from vllm_operator.handlers.queue import WorkQueue
 from vllm_operator.handlers.run import build_registry
+from vllm_operator.handlers.watched import Parents
 
 
 def body(name: str, *, interval: int | None = None, reconciled: bool = True, deleting: bool = False
@@ -36,26 +38,29 @@ def test_due_by_each_objects_own_interval() -> None:
         async def check(_: tuple[str, str], __: Any) -> None:
             return None
 
-        s = HealthScheduler(check, ReconcileSlots(4), tick=5.0)
-        s.observe(body("a", interval=10))
-        s.observe(body("b", interval=60))
-        s.observe(body("new", reconciled=False))
-        s.observe(body("going", deleting=True))
+        parents = Parents()
+        s = HealthScheduler(check, WorkQueue(4), parents, tick=5.0)
+        parents.observe("ADDED", body("a", interval=10))
+        parents.observe("ADDED", body("b", interval=60))
+        parents.observe("ADDED", body("new", reconciled=False))
+        parents.observe("MODIFIED", body("going", deleting=True))
         assert sorted(s.due(100.0)) == [("ml", "a"), ("ml", "b")], "first check at once, once reconciled"
-        s._entries[("ml", "a")].last = s._entries[("ml", "b")].last = 100.0
+        s._last[("ml", "a")] = s._last[("ml", "b")] = 100.0
         assert s.due(107.0) == [], "within the interval, less half a tick"
         assert s.due(108.0) == [("ml", "a")]
         assert sorted(s.due(158.0)) == [("ml", "a"), ("ml", "b")]
-        s.forget(("ml", "a"))
-        s.observe(body("new"))
+        parents.observe("DELETED", body("a"))
+        parents.observe("MODIFIED", body("new"))
         assert sorted(s.due(158.0)) == [("ml", "b"), ("ml", "new")]
+        assert ("ml", "a") not in s._last, "a deleted object leaves the schedule"
 
     asyncio.run(scenario())
 
 
 def test_checks_wait_for_a_reconcile_slot_and_run_once_per_object_at_a_time() -> None:
     async def scenario() -> None:
-        slots = ReconcileSlots(1)
+        slots = WorkQueue(1)
+        parents = Parents()
         started: list[tuple[str, str]] = []
         release = asyncio.Event()
 
@@ -64,19 +69,19 @@ def test_checks_wait_for_a_reconcile_slot_and_run_once_per_object_at_a_time() ->
             started.append(key)
             await release.wait()
 
-        s = HealthScheduler(check, slots, tick=5.0, interval_override=1.0)
-        s.observe(body("a"))
-        s.observe(body("b"))
+        s = HealthScheduler(check, slots, parents, tick=5.0, interval_override=1.0)
+        parents.observe("ADDED", body("a"))
+        parents.observe("ADDED", body("b"))
         async with slots:  # a reconcile holds the only slot
             assert s.start_due() == 2
             await asyncio.sleep(0.01)
             assert started == [] and slots.waiting == 2, "no check runs beside the slot limit"
         await asyncio.sleep(0.01)
         assert started == [("ml", "a")] and slots.running == 1 and slots.waiting == 1
-        for entry in s._entries.values():
-            entry.last = -1e9  # due again, but still in flight: not started twice
+        for key in s._last:
+            s._last[key] = -1e9  # due again, but still in flight: not started twice
         assert s.start_due() == 0
-        s.forget(("ml", "b"))  # deleted while it waited: its turn does nothing
+        parents.observe("DELETED", body("b"))  # deleted while it waited: its turn does nothing
         release.set()
         await asyncio.sleep(0.01)
         assert started == [("ml", "a")] and s.checks == 1 and slots.running == slots.waiting == 0
@@ -93,8 +98,9 @@ def test_a_failing_check_is_logged_and_the_next_interval_tries_again(caplog: Any
             calls += 1
             raise RuntimeError("boom")
 
-        s = HealthScheduler(check, ReconcileSlots(1), tick=0.01, interval_override=0.01)
-        s.observe(body("a"))
+        parents = Parents()
+        s = HealthScheduler(check, WorkQueue(1), parents, tick=0.01, interval_override=0.01)
+        parents.observe("ADDED", body("a"))
         task = asyncio.create_task(s.run())
         await asyncio.sleep(0.1)
         task.cancel()
@@ -112,4 +118,4 @@ def test_no_handler_asks_kopf_for_a_finalizer() -> None:
     assert registry._spawning.get_all_handlers() == [], "timers and daemons make kopf finalize every object"
     deletion = [h for h in registry._changing.get_all_handlers() if h.reason == kopf.Reason.DELETE]
     assert deletion == [], deletion
-    assert any(h.id == HANDLER_ID for h in registry._watching.get_all_handlers())
+    assert any(h.id == WATCH_ID for h in registry._watching.get_all_handlers())

@@ -1,0 +1,126 @@
+"""The operator's one work queue: every reconcile, coalesced status refresh, health check and class roll-out step
+runs in one of its `limit` slots, first come first served (docs/architecture.md, Conventions).
+
+Why bounded: kopf starts one handler per object at once, and every reconcile's ~26 requests share the API client's
+few connections. With 500 VLLMDeployments applied together all 500 reconciles started, each got 1/500 of the
+requests, and none had finished (none had status) after 240 s on the real API server, although the children of
+every one of them were half written. With the slots the first finishes after a few seconds and the rest follow
+steadily; the total work is the same. Why one: work that went beside the limit (the health loop's reconcile, the
+status refresh) took connections the queued reconciles waited for, and was not counted in the queue's metrics.
+
+Two ways in, one set of slots:
+- `async with queue:` holds a slot (kopf's handlers, the health scheduler's checks, class roll-outs);
+- `request(key, action)` coalesces: the first request for a key runs `action` `delay` seconds later, in a slot;
+  requests that arrive meanwhile replace the action (the one that runs reads the newest state). While pods come up,
+  each of a VLLMDeployment's Deployments changes status several times per pod; refreshing status on every change
+  cost a request each, and with 500 VLLMDeployments the operator never caught up (benchmarks/controller). A request
+  made while its action runs schedules the next round (the running one may have read the state from before). A
+  failed action is retried with backoff (a lost refresh could leave Ready=False standing after the last pod became
+  ready: no later event would come to fix it), unless a newer request supersedes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+Action = Callable[[], Awaitable[object]]
+
+DEFAULT_DELAY_S: Final = 2.0
+RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class WorkQueue:
+    """At most `limit` units of work in flight; the others wait first come, first served (asyncio.Semaphore is
+    fair). One per operator run, in kopf's memo. `waiting` and `running` feed the operator's metrics."""
+
+    def __init__(self, limit: int, *, delay: float = DEFAULT_DELAY_S,
+                 retry_delays: Sequence[float] = RETRY_DELAYS_S) -> None:
+        if limit < 1:
+            raise ValueError(f"max concurrent reconciles must be at least 1, got {limit}")
+        self.limit = limit
+        self.delay = delay
+        self.retry_delays = tuple(retry_delays)
+        self._semaphore = asyncio.Semaphore(limit)
+        self.waiting = 0
+        self.running = 0
+        self._actions: dict[Hashable, Action] = {}
+        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
+        self.requests = 0
+        self.runs = 0
+
+    async def __aenter__(self) -> WorkQueue:
+        self.waiting += 1
+        try:
+            await self._semaphore.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.running -= 1
+        self._semaphore.release()
+
+    @property
+    def pending(self) -> int:
+        """Keys whose requested action waits for its delay."""
+        return len(self._actions)
+
+    def request(self, key: Hashable, action: Action) -> None:
+        """Run `action` for `key` after the delay, in a slot, unless an action for `key` already waits (then it
+        replaces that one: it reads the newest state when it runs)."""
+        self.requests += 1
+        waiting = key in self._actions
+        self._actions[key] = action
+        if not waiting and key not in self._tasks:
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._run(key), name=f"queued-{key}")
+
+    async def _run(self, key: Hashable) -> None:
+        try:
+            while key in self._actions:
+                await asyncio.sleep(self.delay)
+                action = self._actions.pop(key)  # requests from here on schedule another round
+                await self._attempt(key, action)
+        finally:
+            self._tasks.pop(key, None)
+
+    async def _attempt(self, key: Hashable, action: Action) -> None:
+        for attempt, backoff in enumerate((*self.retry_delays, None)):
+            try:
+                self.runs += 1
+                async with self:
+                    await action()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # logged; retried unless a newer request supersedes it
+                if backoff is None:
+                    log.error("Gave up on %s after %d attempts: %s", _what(key), attempt + 1, err)
+                    return
+                log.warning("%s failed (retrying in %g s): %s", _what(key).capitalize(), backoff, err)
+                await asyncio.sleep(backoff)
+                if key in self._actions:
+                    return  # a newer request is waiting; it does the same work with fresher state
+
+    async def close(self) -> None:
+        """Cancel every waiting and running requested action (operator shutdown)."""
+        tasks = list(self._tasks.values())
+        self._actions.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _what(key: Hashable) -> str:
+    """A requested action's key for the log: (verb, namespace, name) names the VLLMDeployment."""
+    if isinstance(key, tuple) and len(key) == 3:
+        return f"the {key[0]} of VLLMDeployment {key[1]}/{key[2]}"
+    return f"the queued work {key!r}"
+
+
+__all__ = ["DEFAULT_DELAY_S", "RETRY_DELAYS_S", "WorkQueue"]
