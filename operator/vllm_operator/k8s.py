@@ -91,11 +91,6 @@ CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
 }
 
 
-def resource_of(obj: Mapping[str, Any]) -> Resource:
-    """The Resource for a rendered child object (KeyError for kinds the operator does not manage)."""
-    return CHILD_RESOURCES[(str(obj["apiVersion"]), str(obj["kind"]))]
-
-
 class KubeError(Exception):
     """An API call that failed; `status` is the HTTP status (0 for transport errors); `causes` are the Status
     object's `details.causes` (for a server-side apply conflict: one per contested field, naming its manager)."""
