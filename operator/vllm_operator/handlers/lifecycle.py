@@ -182,7 +182,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         if old is not None and new is not None and (old.generation, old.default) == (new.generation, new.default):
             return  # a resync or a metadata-only change: nothing to re-plan
         default_changed = bool((old and old.default) or (new and new.default))
-        targets = await classes.dependents(memo.kube, config.namespaces, {name}, default_changed)
+        targets = classes.dependents(memo.parents.objects.values(), {name}, default_changed)
         if not targets:
             return
         what = "deleted" if event.get("type") == "DELETED" else (

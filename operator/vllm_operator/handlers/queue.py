@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 log = logging.getLogger(__name__)
 
 Action = Callable[[], Awaitable[object]]
+Key = tuple[str, str, str]
+"""(what, namespace, name): a requested action on a VLLMDeployment, e.g. ("status refresh", "ml", "chat")."""
 
 DEFAULT_DELAY_S: Final = 2.0
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -48,10 +50,9 @@ class WorkQueue:
         self._semaphore = asyncio.Semaphore(limit)
         self.waiting = 0
         self.running = 0
-        self._actions: dict[Hashable, Action] = {}
-        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
-        self.requests = 0
-        self.runs = 0
+        self._actions: dict[Key, Action] = {}
+        self._delays: dict[Key, float] = {}
+        self._tasks: dict[Key, asyncio.Task[None]] = {}
 
     async def __aenter__(self) -> WorkQueue:
         self.waiting += 1
@@ -71,28 +72,29 @@ class WorkQueue:
         """Keys whose requested action waits for its delay."""
         return len(self._actions)
 
-    def request(self, key: Hashable, action: Action) -> None:
-        """Run `action` for `key` after the delay, in a slot, unless an action for `key` already waits (then it
-        replaces that one: it reads the newest state when it runs)."""
-        self.requests += 1
+    def request(self, key: Key, action: Action, delay: float | None = None) -> None:
+        """Run `action` for `key` `delay` seconds from now (default: the queue's), in a slot, unless an action for
+        `key` already waits (then it replaces that one, on that one's time: it reads the newest state when it
+        runs)."""
         waiting = key in self._actions
         self._actions[key] = action
-        if not waiting and key not in self._tasks:
-            self._tasks[key] = asyncio.get_running_loop().create_task(self._run(key), name=f"queued-{key}")
+        if not waiting:
+            self._delays[key] = self.delay if delay is None else delay
+            if key not in self._tasks:
+                self._tasks[key] = asyncio.create_task(self._run(key), name=f"{key[0]} {key[1]}/{key[2]}")
 
-    async def _run(self, key: Hashable) -> None:
+    async def _run(self, key: Key) -> None:
         try:
             while key in self._actions:
-                await asyncio.sleep(self.delay)
+                await asyncio.sleep(self._delays.pop(key, self.delay))
                 action = self._actions.pop(key)  # requests from here on schedule another round
                 await self._attempt(key, action)
         finally:
             self._tasks.pop(key, None)
 
-    async def _attempt(self, key: Hashable, action: Action) -> None:
+    async def _attempt(self, key: Key, action: Action) -> None:
         for attempt, backoff in enumerate((*self.retry_delays, None)):
             try:
-                self.runs += 1
                 async with self:
                     await action()
                 return
@@ -100,9 +102,9 @@ class WorkQueue:
                 raise
             except Exception as err:  # logged; retried unless a newer request supersedes it
                 if backoff is None:
-                    log.error("Gave up on %s after %d attempts: %s", _what(key), attempt + 1, err)
+                    log.error("Gave up the %s of VLLMDeployment %s/%s after %d attempts: %s", *key, attempt + 1, err)
                     return
-                log.warning("%s failed (retrying in %g s): %s", _what(key).capitalize(), backoff, err)
+                log.warning("The %s of VLLMDeployment %s/%s failed (retrying in %g s): %s", *key, backoff, err)
                 await asyncio.sleep(backoff)
                 if key in self._actions:
                     return  # a newer request is waiting; it does the same work with fresher state
@@ -111,16 +113,10 @@ class WorkQueue:
         """Cancel every waiting and running requested action (operator shutdown)."""
         tasks = list(self._tasks.values())
         self._actions.clear()
+        self._delays.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _what(key: Hashable) -> str:
-    """A requested action's key for the log: (verb, namespace, name) names the VLLMDeployment."""
-    if isinstance(key, tuple) and len(key) == 3:
-        return f"the {key[0]} of VLLMDeployment {key[1]}/{key[2]}"
-    return f"the queued work {key!r}"
-
-
-__all__ = ["DEFAULT_DELAY_S", "RETRY_DELAYS_S", "WorkQueue"]
+__all__ = ["DEFAULT_DELAY_S", "RETRY_DELAYS_S", "Key", "WorkQueue"]

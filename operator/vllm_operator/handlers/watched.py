@@ -104,12 +104,17 @@ class Parents:
 
     def __init__(self) -> None:
         self.objects: dict[Key, Mapping[str, Any]] = {}
+        self.listeners: list[Callable[[Key], None]] = []
+        """Told the key of every object observed (the health checks start an object's schedule from here)."""
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = key_of(body)
         if event_type == "DELETED":
-            self.objects.pop(key_of(body), None)
+            self.objects.pop(key, None)
         else:
-            self.objects[key_of(body)] = dict(body)
+            self.objects[key] = dict(body)
+        for listener in self.listeners:
+            listener(key)
 
     def owner(self, child: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The watched VLLMDeployment that owns `child` (by its ownerReference's name and uid), unless it is being

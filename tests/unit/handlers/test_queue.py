@@ -11,7 +11,7 @@ import pytest
 
 from vllm_operator.handlers.queue import WorkQueue
 
-KEY = ("ns", "a")
+KEY = ("status refresh", "ns", "a")
 
 
 def recorder(log: list[str], name: str, fail: int = 0) -> Callable[[], Awaitable[None]]:
@@ -34,14 +34,14 @@ async def test_requests_within_the_delay_join_one_run_with_the_newest_action() -
     assert c.pending == 1
     await asyncio.sleep(0.2)
     assert runs == ["v19"]
-    assert c.pending == 0 and c.requests == 20 and c.runs == 1
+    assert c.pending == 0
 
 
 async def test_keys_are_independent() -> None:
     runs: list[str] = []
     c = WorkQueue(4, delay=0.02)
-    c.request(("ns", "a"), recorder(runs, "a"))
-    c.request(("ns", "b"), recorder(runs, "b"))
+    c.request(("status refresh", "ns", "a"), recorder(runs, "a"))
+    c.request(("status refresh", "ns", "b"), recorder(runs, "b"))
     await asyncio.sleep(0.1)
     assert sorted(runs) == ["a", "b"]
 
