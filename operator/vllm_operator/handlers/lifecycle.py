@@ -3,8 +3,8 @@
 Thin on purpose — the work is in `reconcile.py`. kopf's retry semantics: a refused spec is handled, not an error
 (no retry until the spec changes; SpecValid=False and a Warning event say why, and the operator's log has one
 WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay. There is no on.delete handler, no
-timer and no daemon: children go by ownerReference garbage collection, and the health loop is an operator-level
-scheduler (`health.py`), so nothing asks kopf for a finalizer and a VLLMDeployment is deleted at once, with or
+timer and no daemon: children go by ownerReference garbage collection, and the health checks are work-queue
+requests (`health.py`), so nothing asks kopf for a finalizer and a VLLMDeployment is deleted at once, with or
 without a running operator. Releases up to 2d3eb9d ran the health loop as a kopf timer, which put
 `vllm-operator.dev/finalizer` on every object; `configure_settings` keeps that name as kopf's finalizer so that
 kopf, which takes its finalizer off objects no handler needs it for, removes it from them on its first sight.
@@ -220,9 +220,5 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
 
 def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
     """A class roll-out's reconcile of one dependent: through the queue, like every other."""
-
-    async def changed(obj: Mapping[str, Any]) -> bool:
-        return await run_reconcile(memo.kube, memo.metrics, obj, config.images, memo.classes, memo.queue,
-                                   config.prometheus_url)
-
-    return changed
+    return functools.partial(run_reconcile, memo.kube, memo.metrics, images=config.images, classes=memo.classes,
+                             queue=memo.queue, prometheus_url=config.prometheus_url)

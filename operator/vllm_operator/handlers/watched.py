@@ -1,7 +1,7 @@
 """The operator's informers: one watch per resource kind, shared by every reader (docs/architecture.md, Conventions).
 
 - VLLMDeployments: kopf's own watch (kopf stays the framework: its create/update/resume handlers come from it). One
-  `on.event` handler keeps the objects as last delivered in `Parents`, which the health scheduler, the coalesced
+  `on.event` handler keeps the objects as last delivered in `Parents`, which the health checks, the coalesced
   status refresh and the deleted-child reconcile read.
 - Engine pods, Deployments and PodDisruptionBudgets: `WatchedChildren`, list + watch. The health checks read them
   from here, and a Deployment's change (`on_change`) requests its owner's coalesced status refresh, or its
@@ -97,7 +97,7 @@ def key_of(obj: Mapping[str, Any]) -> Key:
 class Parents:
     """The VLLMDeployments as kopf's watch last delivered them (the one watch of the kind), by (namespace, name).
 
-    Fed by one kopf `on.event` handler; read by the health scheduler (which objects to check, and the object a check
+    Fed by one kopf `on.event` handler; read by the health checks (which objects to check, and the object a check
     reads), the coalesced status refresh and the deleted-child reconcile. Kept by reference: kopf parses each event
     afresh, so nothing is copied.
     """
