@@ -68,7 +68,7 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
     autoscaled pools query."""
     if queue is not None:
         queued = time.monotonic()
-        async with queue:
+        async with queue.slot():
             metrics.reconcile_wait.observe(time.monotonic() - queued)
             return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url)
     try:

@@ -1,5 +1,6 @@
 """The operator's one work queue: every reconcile, coalesced status refresh, health check and class roll-out step
-runs in one of its `limit` slots, first come first served (docs/architecture.md, Conventions).
+runs in one of its `limit` slots, the cheapest kind first, each kind first come first served (docs/architecture.md,
+Conventions).
 
 Why bounded: kopf starts one handler per object at once, and every reconcile's ~26 requests share the API client's
 few connections. With 500 VLLMDeployments applied together all 500 reconciles started, each got 1/500 of the
@@ -9,8 +10,9 @@ steadily; the total work is the same. Why one: work that went beside the limit (
 status refresh) took connections the queued reconciles waited for, and was not counted in the queue's metrics.
 
 Two ways in, one set of slots:
-- `async with queue:` holds a slot (kopf's handlers, the health scheduler's checks, class roll-outs);
-- `request(key, action)` coalesces: the first request for a key runs `action` `delay` seconds later, in a slot;
+- `async with queue.slot():` holds a slot (kopf's reconciles, class roll-outs);
+- `request(key, action)` coalesces (status refreshes, a deleted child's reconcile, health checks): the first
+  request for a key runs `action` `delay` seconds later, in a slot;
   requests that arrive meanwhile replace the action (the one that runs reads the newest state). While pods come up,
   each of a VLLMDeployment's Deployments changes status several times per pod; refreshing status on every change
   cost a request each, and with 500 VLLMDeployments the operator never caught up (benchmarks/controller). A request
@@ -22,8 +24,11 @@ Two ways in, one set of slots:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final
 
 log = logging.getLogger(__name__)
@@ -36,9 +41,16 @@ DEFAULT_DELAY_S: Final = 2.0
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
+PRIORITY: Final = {"status refresh": 0, "reconcile": 1, "health check": 2}
+"""Which waiting work gets the next free slot: the cheapest first (a refresh is one status write, a reconcile ~26
+requests), each kind in arrival order. With refreshes in arrival order behind the reconciles, 100 VLLMDeployments
+applied at once had all their children but only a third of them showed Ready until the last reconcile was done
+(benchmarks/scale); health checks go last, as their first ones found nothing to check before the pods are up."""
+
+
 class WorkQueue:
-    """At most `limit` units of work in flight; the others wait first come, first served (asyncio.Semaphore is
-    fair). One per operator run, in kopf's memo. `waiting` and `running` feed the operator's metrics."""
+    """At most `limit` units of work in flight; the others wait by `PRIORITY`, then first come, first served. One
+    per operator run, in kopf's memo. `waiting` and `running` feed the operator's metrics."""
 
     def __init__(self, limit: int, *, delay: float = DEFAULT_DELAY_S,
                  retry_delays: Sequence[float] = RETRY_DELAYS_S) -> None:
@@ -47,25 +59,43 @@ class WorkQueue:
         self.limit = limit
         self.delay = delay
         self.retry_delays = tuple(retry_delays)
-        self._semaphore = asyncio.Semaphore(limit)
-        self.waiting = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # a heap: (priority, arrival, waiter)
+        self._arrivals = itertools.count()
         self.running = 0
         self._actions: dict[Key, Action] = {}
         self._delays: dict[Key, float] = {}
         self._tasks: dict[Key, asyncio.Task[None]] = {}
 
-    async def __aenter__(self) -> WorkQueue:
-        self.waiting += 1
-        try:
-            await self._semaphore.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        return self
+    @property
+    def waiting(self) -> int:
+        return sum(1 for *_, waiter in self._waiters if not waiter.done())
 
-    async def __aexit__(self, *_: object) -> None:
+    @contextlib.asynccontextmanager
+    async def slot(self, what: str = "reconcile") -> AsyncIterator[None]:
+        """Hold a slot for work of kind `what` (a `PRIORITY` key) while the block runs."""
+        if self.running < self.limit and not self.waiting:
+            self.running += 1
+        else:
+            waiter = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiters, (PRIORITY[what], next(self._arrivals), waiter))
+            try:
+                await waiter  # the slot is handed over with `running` already counting it
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._release()  # handed over just as this was cancelled: pass it on
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            *_, waiter = heapq.heappop(self._waiters)
+            if not waiter.done():  # not cancelled while it waited
+                waiter.set_result(None)
+                return
         self.running -= 1
-        self._semaphore.release()
 
     @property
     def pending(self) -> int:
@@ -95,7 +125,7 @@ class WorkQueue:
     async def _attempt(self, key: Key, action: Action) -> None:
         for attempt, backoff in enumerate((*self.retry_delays, None)):
             try:
-                async with self:
+                async with self.slot(key[0]):
                     await action()
                 return
             except asyncio.CancelledError:

@@ -79,7 +79,7 @@ def test_checks_wait_for_a_queue_slot_and_run_once_per_object_at_a_time() -> Non
         queue = WorkQueue(1)
         parents, checked, release = schedule(queue, interval_override=0.01)
         release.clear()
-        async with queue:  # a reconcile holds the only slot
+        async with queue.slot():  # a reconcile holds the only slot
             parents.observe("ADDED", body("a"))
             parents.observe("ADDED", body("b"))
             await asyncio.sleep(0.05)

@@ -110,7 +110,7 @@ def test_at_most_the_limit_run_and_the_waiting_start_in_arrival_order() -> None:
 
         async def reconcile(i: int) -> None:
             nonlocal peak
-            async with slots:
+            async with slots.slot():
                 started.append(i)
                 peak = max(peak, slots.running)
                 if i < 2:
@@ -137,12 +137,12 @@ def test_a_failed_reconcile_frees_its_slot() -> None:
         slots = WorkQueue(1)
 
         async def fails() -> None:
-            async with slots:
+            async with slots.slot():
                 raise RuntimeError("API request failed")
 
         with pytest.raises(RuntimeError):
             await fails()
-        async with slots:
+        async with slots.slot():
             return slots.running
 
     assert asyncio.run(scenario()) == 1
@@ -156,9 +156,48 @@ def test_a_limit_below_one_is_refused() -> None:
 async def test_a_requested_action_waits_for_a_slot_like_any_other() -> None:
     runs: list[str] = []
     q = WorkQueue(1, delay=0.01)
-    async with q:  # a reconcile holds the only slot
+    async with q.slot():  # a reconcile holds the only slot
         q.request(KEY, recorder(runs, "refresh"))
         await asyncio.sleep(0.1)
         assert runs == [] and q.waiting == 1, "no refresh runs beside the slot limit"
     await asyncio.sleep(0.05)
     assert runs == ["refresh"] and q.running == q.waiting == 0
+
+
+async def test_a_free_slot_goes_to_the_cheapest_waiting_kind_then_in_arrival_order() -> None:
+    """A refresh (one status write) passes waiting reconciles; a health check waits for them."""
+    order: list[str] = []
+    q = WorkQueue(1, delay=0)
+
+    async def reconcile(name: str) -> None:
+        async with q.slot():
+            order.append(name)
+
+    async with q.slot():  # a reconcile holds the only slot
+        waiting = [asyncio.create_task(reconcile(f"reconcile-{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        q.request(("health check", "ns", "a"), recorder(order, "check"))
+        q.request(("status refresh", "ns", "a"), recorder(order, "refresh"))
+        await asyncio.sleep(0.05)
+        assert order == [] and q.waiting == 4
+    await asyncio.gather(*waiting)
+    await asyncio.sleep(0.05)
+    assert order == ["refresh", "reconcile-0", "reconcile-1", "check"]
+    assert q.running == q.waiting == 0
+
+
+async def test_a_waiter_cancelled_before_its_turn_gives_its_slot_on() -> None:
+    q = WorkQueue(1)
+    order: list[str] = []
+
+    async def work(name: str) -> None:
+        async with q.slot():
+            order.append(name)
+
+    async with q.slot():
+        first, second = asyncio.create_task(work("first")), asyncio.create_task(work("second"))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        await asyncio.sleep(0.01)
+    await second
+    assert order == ["second"] and q.running == q.waiting == 0
