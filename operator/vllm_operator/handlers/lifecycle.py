@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -125,36 +124,26 @@ def child_listener(memo: Any, config: OperatorConfig) -> ChangeListener:
 
     def changed(event_type: str, deployment: dict[str, Any]) -> None:
         parent = memo.parents.owner(deployment)
-        if parent is None:
-            return
-        key = key_of(parent)
-        if event_type == "DELETED":
-            log.info("Deployment %s/%s of VLLMDeployment %s was deleted; queued its reconcile", key[0],
-                     deployment["metadata"]["name"], key[1])
-            memo.queue.request(("reconcile", *key), functools.partial(_reconcile_watched, memo, config, key))
-        else:
-            memo.queue.request(("status refresh", *key), functools.partial(_refresh, memo, config, key))
+        if parent is not None:
+            what = "reconcile" if event_type == "DELETED" else "status refresh"
+            if event_type == "DELETED":
+                log.info("Deployment %s/%s of VLLMDeployment %s was deleted; queued its reconcile",
+                         *key_of(deployment), parent["metadata"]["name"])
+            memo.queue.request((what, *key_of(parent)), functools.partial(_queued, memo, config, what,
+                                                                           key_of(parent)))
 
     return changed
 
 
-def _watched_parent(memo: Any, key: Key) -> Mapping[str, Any] | None:
-    parent: Mapping[str, Any] | None = memo.parents.objects.get(key)
-    return None if parent is None or parent["metadata"].get("deletionTimestamp") else parent
-
-
-async def _reconcile_watched(memo: Any, config: OperatorConfig, key: Key) -> None:
-    """A queued reconcile (in the queue's slot) of the VLLMDeployment as last watched."""
-    parent = _watched_parent(memo, key)
-    if parent is not None:
+async def _queued(memo: Any, config: OperatorConfig, what: str, key: Key) -> None:
+    """A requested reconcile or status refresh (in its queue slot) of the VLLMDeployment as last watched; the
+    refresh counts its Deployments as watched."""
+    parent = memo.parents.objects.get(key)
+    if parent is None or parent["metadata"].get("deletionTimestamp"):
+        return
+    if what == "reconcile":
         await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
                             prometheus_url=config.prometheus_url)
-
-
-async def _refresh(memo: Any, config: OperatorConfig, key: Key) -> None:
-    """A coalesced status refresh: the owner as last watched, its Deployments from the watch."""
-    parent = _watched_parent(memo, key)
-    if parent is None:
         return
     meta = parent["metadata"]
     found = await memo.children.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))

@@ -3,22 +3,16 @@ runs in one of its `limit` slots, the cheapest kind first, each kind first come 
 Conventions).
 
 Why bounded: kopf starts one handler per object at once, and every reconcile's ~26 requests share the API client's
-few connections. With 500 VLLMDeployments applied together all 500 reconciles started, each got 1/500 of the
-requests, and none had finished (none had status) after 240 s on the real API server, although the children of
-every one of them were half written. With the slots the first finishes after a few seconds and the rest follow
-steadily; the total work is the same. Why one: work that went beside the limit (the health loop's reconcile, the
-status refresh) took connections the queued reconciles waited for, and was not counted in the queue's metrics.
+few connections: with 500 VLLMDeployments applied together none had status after 240 s on the real API server. With
+the slots the first finishes after a few seconds and the rest follow steadily. Why one: work beside the limit (the
+health loop's reconcile, the status refresh) took the connections the queued reconciles waited for, unmetered.
 
-Two ways in, one set of slots:
-- `async with queue.slot():` holds a slot (kopf's reconciles, class roll-outs);
-- `request(key, action)` coalesces (status refreshes, a deleted child's reconcile, health checks): the first
-  request for a key runs `action` `delay` seconds later, in a slot;
-  requests that arrive meanwhile replace the action (the one that runs reads the newest state). While pods come up,
-  each of a VLLMDeployment's Deployments changes status several times per pod; refreshing status on every change
-  cost a request each, and with 500 VLLMDeployments the operator never caught up (benchmarks/controller). A request
-  made while its action runs schedules the next round (the running one may have read the state from before). A
-  failed action is retried with backoff (a lost refresh could leave Ready=False standing after the last pod became
-  ready: no later event would come to fix it), unless a newer request supersedes it.
+`async with queue.slot():` holds a slot (kopf's reconciles, class roll-outs). `request(key, action)` coalesces
+(status refreshes, a deleted child's reconcile, health checks): `action` runs `delay` seconds after the first request
+for its key, and later requests replace it (the one that runs reads the newest state; several watch events per pod
+come for each Deployment while pods start). A request made while its action runs schedules the next round. A failed
+action is retried with backoff (a lost refresh could leave Ready=False standing), unless a newer request supersedes
+it.
 """
 
 from __future__ import annotations
@@ -96,11 +90,6 @@ class WorkQueue:
                 waiter.set_result(None)
                 return
         self.running -= 1
-
-    @property
-    def pending(self) -> int:
-        """Keys whose requested action waits for its delay."""
-        return len(self._actions)
 
     def request(self, key: Key, action: Action, delay: float | None = None) -> None:
         """Run `action` for `key` `delay` seconds from now (default: the queue's), in a slot, unless an action for

@@ -149,7 +149,7 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
     """Run until `stop_flag` is set (or forever). `kube` defaults to the environment's kubeconfig/in-cluster.
 
     kopf cancels every task created in its event loop after it started when it exits, so anything else that must
-    keep running (a test's own servers and clients) belongs in another thread: see `OperatorThread`.
+    keep running (a test's own servers and clients) belongs in another thread (tests/support/inprocess.py).
     """
     quiet_routine_successes()
     own_kube = kube is None
@@ -203,50 +203,6 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             await runner.cleanup()
         if own_kube and isinstance(kube_api, ClientKubeApi):
             await kube_api.close()
-
-
-class OperatorThread:
-    """The operator in a thread of its own with its own event loop (tests and benchmarks).
-
-    kopf owns its loop: on exit it cancels every task created after it started. Running it in a thread keeps a
-    test's own tasks safe, and looks to the API server exactly like a separate process.
-    """
-
-    def __init__(self, config: OperatorConfig, kube_factory: Callable[[], Awaitable[KubeApi]]) -> None:
-        self.config = config
-        self._kube_factory = kube_factory
-        self._stop = threading.Event()
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="vllm-operator", daemon=True)
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(self._run())
-        except BaseException as err:  # surfaced to the caller by stop()
-            self.error = err
-
-    async def _run(self) -> None:
-        kube = await self._kube_factory()  # in this thread's loop: a client's connections belong to one loop
-        try:
-            await run_operator(self.config, kube, stop_flag=self._stop, ready_flag=self.ready)
-        finally:
-            if isinstance(kube, ClientKubeApi):
-                await kube.close()
-
-    def start(self, timeout: float = 30.0) -> None:
-        self._thread.start()
-        if not self.ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"the operator was not ready within {timeout}s (error: {self.error!r})")
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"the operator did not stop within {timeout}s")
-        if self.error is not None and not isinstance(self.error, asyncio.CancelledError | KeyboardInterrupt):
-            raise RuntimeError(f"the operator failed: {self.error!r}") from self.error
 
 
 def _images_from_environment(parser: argparse.ArgumentParser) -> ImageDefaults:
