@@ -9,8 +9,10 @@ another, e.g. `--crs 1,100,500`; the first is the baseline the others are divide
   being Ready=True with Progressing=False (kwok runs the pods; the real scheduler binds them);
 - **requests per VLLMDeployment** from kube-apiserver's audit log (Metadata level, one line per request), those of
   the operator's ServiceAccount in the phase's window, by verb; writes apart; kopf's own watches apart;
-- **a settled window**: once all are Ready, `--settle-seconds` more with nothing applied: the operator's writes in
-  it (a settled operator writes nothing) and any Ready flapping back to False;
+- **first checks**: once all are Ready, until every one has had its first health check (the health loop's
+  MetricsAvailable condition is in its status): that check's status write and event are news, not churn;
+- **a settled window**: after that, `--settle-seconds` more with nothing applied: the operator's requests and writes
+  in it (a settled operator writes nothing) and any Ready flapping back to False;
 - **CPU seconds** of the operator, kube-apiserver, etcd and kube-controller-manager over the phase (/proc), and
   the operator's peak RSS (VmHWM) and RSS at the end;
 - **cleanup**: the phase's namespaces are deleted and waited for before the next phase starts (`cleanup_seconds`).
@@ -163,9 +165,22 @@ def phase(kube: Cluster, api: kubernetes.client.CustomObjectsApi, count: int, wo
             time.sleep(args.poll_seconds)
         converged = time.time()
         cpu_converged = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        # Every object's first health check writes status (the health loop's conditions appear) and posts an event:
+        # that is news, not churn, so the settled window starts after the last of them.
+        checked_at = None
+        while ready_at and not args.no_health and time.time() < converged + args.timeout:
+            items = api.list_namespaced_custom_object(constants.GROUP, constants.VERSION, watched,
+                                                      constants.PLURAL)["items"]
+            if all(condition(o, constants.COND_METRICS_AVAILABLE) is not None for o in items):
+                checked_at = time.time()
+                time.sleep(args.poll_seconds)  # the event a first check posts after its status write
+                break
+            time.sleep(args.poll_seconds)
+        window = time.time()
+        cpu_window = {name: cpu_seconds(pid) for name, pid in pids.items()}
         # The settled window: nothing applied; a converged operator writes nothing and nothing flaps.
         flaps: set[str] = set()
-        settle_end = converged + (args.settle_seconds if ready_at else 0)
+        settle_end = window + (args.settle_seconds if ready_at else 0)
         while time.time() < settle_end:
             for o in api.list_namespaced_custom_object(constants.GROUP, constants.VERSION, watched,
                                                        constants.PLURAL)["items"]:
@@ -188,7 +203,8 @@ def phase(kube: Cluster, api: kubernetes.client.CustomObjectsApi, count: int, wo
         kube.kubectl("wait", "--for=delete", f"namespace/{watched}", "--timeout=900s", check=False, timeout=960)
     time.sleep(2)  # the audit log is written as requests complete
     converge = audit_counts(kube, user, started - 1, converged)
-    settle = audit_counts(kube, user, converged, settled)
+    first_checks = audit_counts(kube, user, converged, window)
+    settle = audit_counts(kube, user, window, settled)
     result.update({
         "create_seconds": round(created - started, 2),
         "children_seconds": round(children_at - started, 1) if children_at else None,
@@ -198,12 +214,14 @@ def phase(kube: Cluster, api: kubernetes.client.CustomObjectsApi, count: int, wo
         "requests_per_cr": round(converge["requests"] / count, 1),
         "writes_per_cr": round(converge["writes"] / count, 1),
         "converge_requests": converge,
-        "settle_seconds": round(settled - converged, 1),
+        "first_checks_seconds": round(checked_at - converged, 1) if checked_at else None,
+        "first_checks_requests": first_checks,
+        "settle_seconds": round(settled - window, 1),
         "settle_requests": settle,
         "settle_writes": settle["writes"],
         "flapped_to_not_ready": sorted(flaps),
         "cpu_seconds_to_ready": {k: round(cpu_converged[k] - cpu_before[k], 1) for k in pids},
-        "cpu_seconds_settled": {k: round(cpu_after[k] - cpu_converged[k], 1) for k in pids},
+        "cpu_seconds_settled": {k: round(cpu_after[k] - cpu_window[k], 1) for k in pids},
         "operator_memory_mib": {"peak": round(memory["VmHWM"] / 1024, 1), "end": round(memory["VmRSS"] / 1024, 1)},
         "operator_log_errors": [line[:300] for line in log.read_text().splitlines() if " ERROR " in line][:10],
     })
@@ -263,7 +281,8 @@ def main() -> int:
         for count in sizes:
             for source in ([args.baseline_source.resolve()] if args.baseline_source else []) + [None]:
                 phases.append(phase(kube, api, count, Path(tmp), args, source))
-                print(json.dumps({k: v for k, v in phases[-1].items() if k not in {"converge_requests", "progress"}}),
+                print(json.dumps({k: v for k, v in phases[-1].items()
+                                  if k not in {"converge_requests", "first_checks_requests", "progress"}}),
                       flush=True)
             if args.baseline_source:
                 pairs.append(ratios(phases[-2], phases[-1]))

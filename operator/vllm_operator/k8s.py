@@ -91,11 +91,6 @@ CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
 }
 
 
-def resource_of(obj: Mapping[str, Any]) -> Resource:
-    """The Resource for a rendered child object (KeyError for kinds the operator does not manage)."""
-    return CHILD_RESOURCES[(str(obj["apiVersion"]), str(obj["kind"]))]
-
-
 class KubeError(Exception):
     """An API call that failed; `status` is the HTTP status (0 for transport errors); `causes` are the Status
     object's `details.causes` (for a server-side apply conflict: one per contested field, naming its manager)."""
@@ -591,9 +586,26 @@ class ClientKubeApi:
         return time.monotonic(), frozenset(str(r.get("name")) for r in resources)
 
 
+def changes(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]],
+            emit: Callable[[str, dict[str, Any]], None]) -> None:
+    """Tell `emit` what a fresh list changed against the objects known before it (by resourceVersion): a watch
+    that fell behind or failed lists again, and the events it missed are these."""
+    for key, obj in new.items():
+        before = old.get(key)
+        if before is None:
+            emit("ADDED", dict(obj))
+        elif (before.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get(
+                "resourceVersion"):
+            emit("MODIFIED", dict(obj))
+    for key, obj in old.items():
+        if key not in new:
+            emit("DELETED", dict(obj))
+
+
 async def list_watch(kube: KubeApi, res: Resource, namespace: str | None, *, label_selector: str | None = None,
                      timeout_seconds: int = 300,
                      transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                     on_event: Callable[[str, dict[str, Any]], None] | None = None,
                      ) -> AsyncIterator[dict[str, dict[str, Any]]]:
     """The objects matching `label_selector`, keyed `namespace/name`: once after the list, then after every change.
 
@@ -601,7 +613,8 @@ async def list_watch(kube: KubeApi, res: Resource, namespace: str | None, *, lab
     included, without listing again; only a version the server no longer keeps (`WatchExpired`, 410) lists again.
     Other errors reach the caller, whose retry starts over with a list. Each snapshot is a new dict (the caller may
     keep it); the objects in it are shared between snapshots and must not be changed. `transform` is applied to
-    every object before it is kept (a cache drops what it never reads).
+    every object before it is kept (a cache drops what it never reads). `on_event` is told of every change after
+    the first list, as (ADDED | MODIFIED | DELETED, the kept object), a list again after a 410 included.
     """
     shape = transform or (lambda obj: obj)
 
@@ -620,11 +633,17 @@ async def list_watch(kube: KubeApi, res: Resource, namespace: str | None, *, lab
                 if event.type == "BOOKMARK":
                     continue
                 if event.type == "DELETED":
-                    objects.pop(key(event.object), None)
+                    gone = objects.pop(key(event.object), None)
+                    if on_event is not None:
+                        on_event("DELETED", gone if gone is not None else shape(event.object))
                 else:
-                    objects[key(event.object)] = shape(event.object)
+                    kept = objects[key(event.object)] = shape(event.object)
+                    if on_event is not None:
+                        on_event(event.type, kept)
                 yield dict(objects)
         except WatchExpired:
             items, version = await kube.list_versioned(res, namespace, label_selector)
-            objects = {key(item): shape(item) for item in items}
+            before, objects = objects, {key(item): shape(item) for item in items}
+            if on_event is not None:
+                changes(before, objects, on_event)
             yield dict(objects)

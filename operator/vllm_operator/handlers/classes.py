@@ -29,7 +29,7 @@ import asyncio
 import copy
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -293,14 +293,10 @@ def depends_on(obj: Mapping[str, Any], names: set[str], default_changed: bool) -
     return named in names if named else default_changed
 
 
-async def dependents(kube: KubeApi, namespaces: Sequence[str], names: set[str], default_changed: bool,
-                     ) -> list[dict[str, Any]]:
-    """The VLLMDeployments the class edit concerns, in a stable order (namespace, name)."""
-    found: list[dict[str, Any]] = []
-    scopes: list[str | None] = list(namespaces) if namespaces else [None]
-    for ns in scopes:
-        found += [o for o in await kube.list(VLLM_DEPLOYMENTS, ns)
-                  if not o["metadata"].get("deletionTimestamp") and depends_on(o, names, default_changed)]
+def dependents(watched: Iterable[Mapping[str, Any]], names: set[str], default_changed: bool,
+               ) -> list[Mapping[str, Any]]:
+    """The VLLMDeployments the class edit concerns, among the watched ones, in a stable order (namespace, name)."""
+    found = [o for o in watched if not o["metadata"].get("deletionTimestamp") and depends_on(o, names, default_changed)]
     return sorted(found, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
 
 

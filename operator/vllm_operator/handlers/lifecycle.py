@@ -1,50 +1,46 @@
 """Lifecycle handlers: create, update and resume all run the same reconcile; owned Deployments update status.
 
-Thin on purpose — the work is in `reconcile.py`; owned-Deployment changes are coalesced into one status refresh
-per VLLMDeployment (`refresh.py`) that reads kopf's in-memory indexes rather than the API. kopf's retry semantics:
-a refused spec is handled, not an error (no retry until the spec changes; SpecValid=False and a Warning event say
-why, and the operator's log has one WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay.
-There is no on.delete handler, no timer and no daemon: children go by ownerReference garbage collection, and the
-health loop is an operator-level scheduler (`health.py`), so nothing asks kopf for a finalizer and a VLLMDeployment
-is deleted at once, with or without a running operator. Releases up to 2d3eb9d ran the health loop as a kopf timer,
-which put `vllm-operator.dev/finalizer` on every object; `configure_settings` keeps that name as kopf's finalizer so
-that kopf, which takes its finalizer off objects no handler needs it for, removes it from them on its first sight.
+Thin on purpose — the work is in `reconcile.py`. kopf's retry semantics: a refused spec is handled, not an error
+(no retry until the spec changes; SpecValid=False and a Warning event say why, and the operator's log has one
+WARNING line, not kopf's ERROR); API trouble is a TemporaryError with a delay. There is no on.delete handler, no
+timer and no daemon: children go by ownerReference garbage collection, and the health checks are work-queue
+requests (`health.py`), so nothing asks kopf for a finalizer and a VLLMDeployment is deleted at once, with or
+without a running operator. Releases up to 2d3eb9d ran the health loop as a kopf timer, which put
+`vllm-operator.dev/finalizer` on every object; `configure_settings` keeps that name as kopf's finalizer so that
+kopf, which takes its finalizer off objects no handler needs it for, removes it from them on its first sight.
 
-Reconciles pass through `ReconcileSlots`, a few at a time in arrival order. kopf starts one handler per object at
-once, and every reconcile's ~26 requests share the API client's few worker threads: with 500 VLLMDeployments
-applied together all 500 reconciles started, each got 1/500 of the requests, and none had finished (none had
-status) after 240 s on the real API server, although the children of every one of them were half written. With the
-slots the first finishes after a few seconds and the rest follow steadily; the total work is the same.
+Everything goes through the one work queue (`queue.WorkQueue`): kopf's reconciles take a slot; a change of an owned
+Deployment, seen by the operator's one Deployment watch (`watched.WatchedChildren`), requests its owner's coalesced
+status refresh, or its reconcile when the Deployment was deleted. Both read the owner as kopf's watch last delivered
+it (`watched.Parents`) and the Deployments from the watch: the refresh's only request is its status write.
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import functools
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from vllm_operator import constants, names
-from vllm_operator.handlers import classes, refresh
+from vllm_operator import constants
+from vllm_operator.handlers import classes
 from vllm_operator.handlers.childplan import is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
+from vllm_operator.handlers.queue import WorkQueue
 from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
+from vllm_operator.handlers.watched import ChangeListener, Key, key_of
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.k8s import KubeApi, KubeError
+from vllm_operator.k8s import DEPLOYMENTS, KubeApi, KubeError
+
+log = logging.getLogger(__name__)
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
-CHILD_EVENT_ID = "owned-deployment-changed"
-PARENT_INDEX = "vllm_deployment_index"
-"""kopf index (handler kwarg) of VLLMDeployment bodies by (namespace, child label value)."""
-DEPLOYMENT_INDEX = "pool_deployment_index"
-"""kopf index (handler kwarg) of owned Deployments' counts by (namespace, owner label value)."""
+WATCH_ID = "watched-vllmdeployment"
+"""The `on.event` handler that keeps `watched.Parents` (every VLLMDeployment event runs it)."""
 
 
 def configure_settings(settings: kopf.OperatorSettings) -> None:
@@ -63,43 +59,15 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.execution.max_workers = 8
 
 
-class ReconcileSlots:
-    """At most `limit` reconciles in flight; the others wait first come, first served (asyncio.Semaphore is fair).
-
-    One per operator run, in kopf's memo (shared by reference by every object's copy of the memo). `waiting` and
-    `running` feed the operator's metrics.
-    """
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"max concurrent reconciles must be at least 1, got {limit}")
-        self.limit = limit
-        self._semaphore = asyncio.Semaphore(limit)
-        self.waiting = 0
-        self.running = 0
-
-    async def __aenter__(self) -> ReconcileSlots:
-        self.waiting += 1
-        try:
-            await self._semaphore.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        self.running -= 1
-        self._semaphore.release()
-
-
 async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                        slots: ReconcileSlots | None = None, prometheus_url: str | None = None) -> bool:
-    """Reconcile one VLLMDeployment for a handler (through `slots` when given); True when children were written.
-    `prometheus_url`: the operator's --prometheus-url, which the ScaledObjects of autoscaled pools query."""
-    if slots is not None:
+                        queue: WorkQueue | None = None, prometheus_url: str | None = None) -> bool:
+    """Reconcile one VLLMDeployment for a handler (in a slot of `queue` when given; None: the caller holds one);
+    True when children were written. `prometheus_url`: the operator's --prometheus-url, which the ScaledObjects of
+    autoscaled pools query."""
+    if queue is not None:
         queued = time.monotonic()
-        async with slots:
+        async with queue.slot():
             metrics.reconcile_wait.observe(time.monotonic() - queued)
             return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url)
     try:
@@ -122,8 +90,8 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    """Attach the lifecycle handlers to `registry` (the memo must carry `kube`, `metrics`, a `refresher` and
-    `slots`)."""
+    """Attach the lifecycle handlers to `registry` (the memo must carry `kube`, `metrics`, `queue`, `parents` and
+    `classes`)."""
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -133,52 +101,54 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.slots,
+        await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.queue,
                             config.prometheus_url)
+
+    @kopf.on.event(*RESOURCE, id=WATCH_ID, registry=registry)
+    async def _watched(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        # async: kopf runs a sync handler in a thread, beside the readers of `parents` on the loop
+        memo.parents.observe(event.get("type"), body)
 
     if config.workload_classes:
         register_classes(registry, config)
 
-    deployment_labels: dict[str, Any] = {constants.LABEL_NAME: constants.APP_NAME,
-                                         constants.LABEL_DEPLOYMENT: kopf.PRESENT}
-
-    # In-memory indexes fed by the watch streams kopf keeps anyway (an informer cache): the coalesced status
-    # refresh reads the parent and its Deployments from here instead of GET + LIST per event.
-    @kopf.index(*RESOURCE, id=PARENT_INDEX, registry=registry)
-    def vllm_deployment_index(body: kopf.Body, **_: Any) -> dict[refresh.Key, Any]:
-        meta = body["metadata"]
-        return {(meta["namespace"], names.dns_label(meta["name"])): copy.deepcopy(dict(body))}
-
-    @kopf.index("apps", "v1", "deployments", labels=deployment_labels, id=DEPLOYMENT_INDEX, registry=registry)
-    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict[refresh.Key, Any]:
-        meta = body["metadata"]
-        return {(meta["namespace"], meta["labels"][constants.LABEL_DEPLOYMENT]): deployment_counts_view(body)}
-
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
-        await memo.refresher.close()
+        await memo.queue.close()
         await memo.classes.close()
 
-    @kopf.on.event("apps", "v1", "deployments", labels=deployment_labels, id=CHILD_EVENT_ID, registry=registry)
-    async def _child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: Any,
-                             **kwargs: Any) -> None:
-        parents: kopf.Index[refresh.Key, Any] = kwargs[PARENT_INDEX]
-        deployments: kopf.Index[refresh.Key, Any] = kwargs[DEPLOYMENT_INDEX]
-        owner = body.get("metadata", {}).get("labels", {}).get(constants.LABEL_DEPLOYMENT)
-        namespace = body.get("metadata", {}).get("namespace")
-        if not owner or not namespace:
-            return
-        key = (namespace, owner)
-        if event.get("type") == "DELETED":
-            for parent in list(parents.get(key, ())):
-                if is_owned_by(body, parent["metadata"]["uid"]) and not parent["metadata"].get("deletionTimestamp"):
-                    logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
-                                body["metadata"]["name"])
-                    await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
-                                        memo.slots, config.prometheus_url)
-            return
-        memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments,
-                                                      config.images, memo.classes))
+
+def child_listener(memo: Any, config: OperatorConfig) -> ChangeListener:
+    """What a change of an owned Deployment (from the operator's one Deployment watch) asks of the queue: its owner's
+    coalesced status refresh, or, when it was deleted, its owner's reconcile (which puts it back)."""
+
+    def changed(event_type: str, deployment: dict[str, Any]) -> None:
+        parent = memo.parents.owner(deployment)
+        if parent is not None:
+            what = "reconcile" if event_type == "DELETED" else "status refresh"
+            if event_type == "DELETED":
+                log.info("Deployment %s/%s of VLLMDeployment %s was deleted; queued its reconcile",
+                         *key_of(deployment), parent["metadata"]["name"])
+            memo.queue.request((what, *key_of(parent)), functools.partial(_queued, memo, config, what,
+                                                                           key_of(parent)))
+
+    return changed
+
+
+async def _queued(memo: Any, config: OperatorConfig, what: str, key: Key) -> None:
+    """A requested reconcile or status refresh (in its queue slot) of the VLLMDeployment as last watched; the
+    refresh counts its Deployments as watched."""
+    parent = memo.parents.objects.get(key)
+    if parent is None or parent["metadata"].get("deletionTimestamp"):
+        return
+    if what == "reconcile":
+        await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
+                            prometheus_url=config.prometheus_url)
+        return
+    meta = parent["metadata"]
+    found = await memo.children.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
+    await refresh_status(memo.kube, parent, deployments=[d for d in found if is_owned_by(d, meta["uid"])],
+                         images=config.images, classes=memo.classes)
 
 
 CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)
@@ -201,7 +171,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         if old is not None and new is not None and (old.generation, old.default) == (new.generation, new.default):
             return  # a resync or a metadata-only change: nothing to re-plan
         default_changed = bool((old and old.default) or (new and new.default))
-        targets = await classes.dependents(memo.kube, config.namespaces, {name}, default_changed)
+        targets = classes.dependents(memo.parents.objects.values(), {name}, default_changed)
         if not targets:
             return
         what = "deleted" if event.get("type") == "DELETED" else (
@@ -238,30 +208,6 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
 
 
 def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
-    """A class roll-out's reconcile of one dependent: through the slots, like every other."""
-
-    async def changed(obj: Mapping[str, Any]) -> bool:
-        return await run_reconcile(memo.kube, memo.metrics, obj, config.images, memo.classes, memo.slots,
-                                   config.prometheus_url)
-
-    return changed
-
-
-def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a Deployment that status is computed from (kept per Deployment in memory, so kept small)."""
-    meta = body.get("metadata", {})
-    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
-                         "ownerReferences": [{"uid": r.get("uid")} for r in meta.get("ownerReferences") or []]},
-            "spec": {"replicas": (body.get("spec") or {}).get("replicas", 1)},
-            "status": copy.deepcopy(dict(body.get("status") or {}))}
-
-
-async def _refresh_from_indexes(kube: KubeApi, key: refresh.Key, parents: Mapping[refresh.Key, Any],
-                                deployments: Mapping[refresh.Key, Any], images: ImageDefaults,
-                                classes: ClassIndex | None = None) -> None:
-    for parent in list(parents.get(key, ())):
-        meta = parent["metadata"]
-        if meta.get("deletionTimestamp"):
-            continue
-        owned = [d for d in deployments.get(key, ()) if is_owned_by(d, meta["uid"])]
-        await refresh_status(kube, parent, deployments=owned, images=images, classes=classes)
+    """A class roll-out's reconcile of one dependent: through the queue, like every other."""
+    return functools.partial(run_reconcile, memo.kube, memo.metrics, images=config.images, classes=memo.classes,
+                             queue=memo.queue, prometheus_url=config.prometheus_url)

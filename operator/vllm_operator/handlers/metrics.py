@@ -38,13 +38,13 @@ class OperatorMetrics:
                                      DEPLOYMENT_LABELS, registry=self.registry)
 
         self.watches_current = Gauge(
-            "vllm_operator_watches_current", "Watches of the health loop's cache (pods, Deployments, PDBs per scope) "
-            "that are listed and current.", registry=self.registry)
-        self.watches_wanted = Gauge("vllm_operator_watches_wanted", "Watches the health loop's cache keeps.",
+            "vllm_operator_watches_current", "The operator's watches of its children (engine pods, Deployments, "
+            "PDBs per scope) that are listed and current.", registry=self.registry)
+        self.watches_wanted = Gauge("vllm_operator_watches_wanted", "Watches of its children the operator keeps.",
                                     registry=self.registry)
         self.health_api_lists = Counter(
-            "vllm_operator_health_api_lists", "LISTs the health loop sent to the API server because no current "
-            "watch covered them.", registry=self.registry)
+            "vllm_operator_health_api_lists", "LISTs of children sent to the API server because no current watch "
+            "covered them.", registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

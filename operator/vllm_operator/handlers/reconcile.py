@@ -411,7 +411,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
                          images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
-    `obj` and `deployments` may come from the operator's watch caches (handlers/refresh.py), so that the only
+    `obj` and `deployments` may come from the operator's watches (handlers/watched.py), so that the only
     request is the status PATCH; without `deployments` they are listed. The write goes through the one status
     writer: a 409 (someone wrote since, or the cache lagged) re-reads the object and computes again.
     """

@@ -26,10 +26,9 @@ from vllm_operator import certs
 from vllm_operator.handlers import admission, health, lifecycle
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.lifecycle import ReconcileSlots
 from vllm_operator.handlers.metrics import OperatorMetrics
-from vllm_operator.handlers.refresh import Coalescer
-from vllm_operator.handlers.watched import WATCHED, WatchedChildren
+from vllm_operator.handlers.queue import WorkQueue
+from vllm_operator.handlers.watched import OWNED_DEPLOYMENTS, WATCHED, Parents, WatchedChildren, watch_count
 from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import (
     DEFAULT_IMAGES,
@@ -40,7 +39,7 @@ from vllm_operator.images import (
     add_image_repository_argument,
     with_pull_secrets,
 )
-from vllm_operator.k8s import ClientKubeApi, Connection, CredentialsError, KubeApi
+from vllm_operator.k8s import DEPLOYMENTS, ClientKubeApi, Connection, CredentialsError, KubeApi
 from vllm_operator.listen import listen_failure
 
 PROG = "vllm-operator run"
@@ -48,16 +47,15 @@ log = logging.getLogger(__name__)
 
 
 class RoutineSuccessFilter(logging.Filter):
-    """Drops kopf's INFO line for every successful event of the health scheduler and owned-Deployment handlers.
+    """Drops kopf's INFO line for every successful run of the handler that keeps the watched VLLMDeployments.
 
-    kopf logs "<handler> succeeded." after each run; for these two handlers that is one line per VLLMDeployment
-    event and one per Deployment status change (the health timer this scheduler replaced and the Deployment events
-    made 6,905 of the 16,100 lines of a 500-VLLMDeployment benchmark run), saying nothing. Failures, retries and the
-    lifecycle handlers' lines stay, as do our own logs of what was done.
+    kopf logs "<handler> succeeded." after each run; for that handler it is one line per VLLMDeployment event (the
+    health timer it replaced and kopf's Deployment events made 6,905 of the 16,100 lines of a 500-VLLMDeployment
+    benchmark run), saying nothing. Failures, retries and the lifecycle handlers' lines stay, as do our own logs of
+    what was done.
     """
 
-    QUIET = frozenset({f"Handler {health.HANDLER_ID!r} succeeded.",
-                       f"Handler {lifecycle.CHILD_EVENT_ID!r} succeeded."})
+    QUIET = frozenset({f"Handler {lifecycle.WATCH_ID!r} succeeded."})
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.getMessage() in self.QUIET)
@@ -151,7 +149,7 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
     """Run until `stop_flag` is set (or forever). `kube` defaults to the environment's kubeconfig/in-cluster.
 
     kopf cancels every task created in its event loop after it started when it exits, so anything else that must
-    keep running (a test's own servers and clients) belongs in another thread: see `OperatorThread`.
+    keep running (a test's own servers and clients) belongs in another thread (tests/support/inprocess.py).
     """
     quiet_routine_successes()
     own_kube = kube is None
@@ -164,22 +162,24 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             flag.set()
         forwarder = asyncio.create_task(_signal_ready(ready_flag))
     runner: web.AppRunner | None = None
-    slots = ReconcileSlots(config.max_concurrent_reconciles)
-    metrics.reconciles_waiting.set_function(lambda: slots.waiting)
-    metrics.reconciles_running.set_function(lambda: slots.running)
+    queue = WorkQueue(config.max_concurrent_reconciles, delay=config.status_refresh_delay)
+    metrics.reconciles_waiting.set_function(lambda: queue.waiting)
+    metrics.reconciles_running.set_function(lambda: queue.running)
+    # The health loop reads engine pods, Deployments and PDBs; without it only the Deployments are watched.
+    watched = WATCHED if config.health_enabled else OWNED_DEPLOYMENTS
     watcher: KubeApi = kube_api
     if isinstance(kube_api, ClientKubeApi):
-        watcher = kube_api.sibling(max_connections=len(WATCHED) * max(1, len(config.namespaces)))
-    children = WatchedChildren(kube_api, watcher, config.namespaces, on_api_list=metrics.health_api_lists.inc)
+        watcher = kube_api.sibling(max_connections=watch_count(config.namespaces, watched))
+    children = WatchedChildren(kube_api, watcher, config.namespaces, watched=watched,
+                               on_api_list=metrics.health_api_lists.inc)
     metrics.watches_current.set_function(lambda: children.current_watches)
-    metrics.watches_wanted.set_function(lambda: children.watches if config.health_enabled else 0)
-    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config,
-                     refresher=Coalescer(delay=config.status_refresh_delay),
-                     classes=ClassIndex(enabled=config.workload_classes),
-                     slots=slots, children=children)
+    metrics.watches_wanted.set_function(lambda: watch_count(config.namespaces, watched))
+    memo = kopf.Memo(kube=kube_api, metrics=metrics, config=config, queue=queue, parents=Parents(),
+                     classes=ClassIndex(enabled=config.workload_classes), children=children)
+    children.on_change(DEPLOYMENTS, lifecycle.child_listener(memo, config))
     login = kube_api.connection if isinstance(kube_api, ClientKubeApi) else None
     # Started before kopf, which cancels on exit only the tasks made after it started; cancelled below.
-    watching = asyncio.create_task(children.run()) if config.health_enabled else None
+    watching = asyncio.create_task(children.run())
     try:
         if config.http_port:
             runner = await serve_http(config, metrics, ready)
@@ -193,9 +193,8 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             ready_flag=ready,
         )
     finally:
-        if watching is not None:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
         if watcher is not kube_api and isinstance(watcher, ClientKubeApi):
             await watcher.close()
         if ready_flag is not None:
@@ -204,50 +203,6 @@ async def run_operator(config: OperatorConfig, kube: KubeApi | None = None, *,
             await runner.cleanup()
         if own_kube and isinstance(kube_api, ClientKubeApi):
             await kube_api.close()
-
-
-class OperatorThread:
-    """The operator in a thread of its own with its own event loop (tests and benchmarks).
-
-    kopf owns its loop: on exit it cancels every task created after it started. Running it in a thread keeps a
-    test's own tasks safe, and looks to the API server exactly like a separate process.
-    """
-
-    def __init__(self, config: OperatorConfig, kube_factory: Callable[[], Awaitable[KubeApi]]) -> None:
-        self.config = config
-        self._kube_factory = kube_factory
-        self._stop = threading.Event()
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="vllm-operator", daemon=True)
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(self._run())
-        except BaseException as err:  # surfaced to the caller by stop()
-            self.error = err
-
-    async def _run(self) -> None:
-        kube = await self._kube_factory()  # in this thread's loop: a client's connections belong to one loop
-        try:
-            await run_operator(self.config, kube, stop_flag=self._stop, ready_flag=self.ready)
-        finally:
-            if isinstance(kube, ClientKubeApi):
-                await kube.close()
-
-    def start(self, timeout: float = 30.0) -> None:
-        self._thread.start()
-        if not self.ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"the operator was not ready within {timeout}s (error: {self.error!r})")
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"the operator did not stop within {timeout}s")
-        if self.error is not None and not isinstance(self.error, asyncio.CancelledError | KeyboardInterrupt):
-            raise RuntimeError(f"the operator failed: {self.error!r}") from self.error
 
 
 def _images_from_environment(parser: argparse.ArgumentParser) -> ImageDefaults:
@@ -324,8 +279,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                         metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
                         "one status write (default %(default)s)")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=OperatorConfig.max_concurrent_reconciles,
-                        metavar="N", help="reconciles in flight at once; the others wait in arrival order "
-                        "(default %(default)s)")
+                        metavar="N", help="reconciles, status refreshes and health checks in flight at once; "
+                        "the others wait in arrival order (default %(default)s)")
     add_image_repository_argument(parser, default=_images_from_environment(parser))
     add_image_pull_secret_argument(parser, default=[n.strip() for n in os.environ.get(ENV_PULL_SECRETS, "").split(",")
                                                     if n.strip()])

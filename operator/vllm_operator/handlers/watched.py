@@ -1,10 +1,17 @@
-"""The operator's children the health loop reads (engine pods, Deployments, PodDisruptionBudgets), kept current by
-list + watch: an informer cache.
+"""The operator's informers: one watch per resource kind, shared by every reader (docs/architecture.md, Conventions).
 
-Why: every health check listed its engine pods, its pools' Deployments and their PDBs, three of the four requests
-it sent. At 500 VLLMDeployments on the default 30 s interval that was ~50 LISTs/s in a converged cluster
-(benchmarks/scale), on the 8 connections the reconciles wait for. Here each resource is listed once and the API
-server sends only changes; a check reads memory.
+- VLLMDeployments: kopf's own watch (kopf stays the framework: its create/update/resume handlers come from it). One
+  `on.event` handler keeps the objects as last delivered in `Parents`, which the health checks, the coalesced
+  status refresh and the deleted-child reconcile read.
+- Engine pods, Deployments and PodDisruptionBudgets: `WatchedChildren`, list + watch. The health checks read them
+  from here, and a Deployment's change (`on_change`) requests its owner's coalesced status refresh, or its
+  reconcile when it was deleted. Up to this change kopf watched Deployments too (for that refresh), unfiltered on
+  the server: every Deployment of the cluster came to the operator twice.
+
+Why a cache at all: every health check listed its engine pods, its pools' Deployments and their PDBs, three of the
+four requests it sent. At 500 VLLMDeployments on the default 30 s interval that was ~50 LISTs/s in a converged
+cluster (benchmarks/scale), on the 8 connections the reconciles wait for. Here each resource is listed once and the
+API server sends only changes; a check reads memory.
 
 - The watches select by label on the server (only the operator's children are sent; kopf's own watches filter on
   the operator's side), per watched namespace, or one cluster-wide when the operator watches every namespace.
@@ -12,9 +19,10 @@ server sends only changes; a check reads memory.
   not hold one of the few that requests share.
 - A resource whose watch is not current (not listed yet, or failed and retrying) is read from the API as before:
   a check never acts on a cache that may have missed changes.
-- Each kept object is a view of what the health loop reads (`health/snapshot.pod_facts`, `health/source.read_pools`):
-  metadata without managedFields, a pod's status but not its spec, a Deployment's `spec.replicas`, a PDB's
-  `spec.maxUnavailable`. Whole objects cost 18 MiB more peak RSS at 100 VLLMDeployments (benchmarks/scale).
+- Each kept object is a view of what its readers read (`health/snapshot.pod_facts`, `health/source.read_pools`,
+  the status refresh's counts): metadata without managedFields, a pod's status but not its spec, a Deployment's
+  `spec.replicas` and status, a PDB's `spec.maxUnavailable`. Whole objects cost 18 MiB more peak RSS at 100
+  VLLMDeployments (benchmarks/scale).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vllm_operator import constants
-from vllm_operator.k8s import DEPLOYMENTS, PDBS, PODS, KubeApi, Resource, list_watch
+from vllm_operator.k8s import DEPLOYMENTS, PDBS, PODS, KubeApi, Resource, changes, list_watch
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +46,14 @@ def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in meta.items() if k != "managedFields"} if isinstance(meta, Mapping) else {}
 
 
-def _spec_field(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _spec_field(name: str, *, status: bool = False) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def view(obj: dict[str, Any]) -> dict[str, Any]:
         spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-        return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": _metadata(obj),
-                "spec": {name: spec[name]} if isinstance(spec, Mapping) and name in spec else {}}
+        out = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": _metadata(obj),
+               "spec": {name: spec[name]} if isinstance(spec, Mapping) and name in spec else {}}
+        if status:
+            out["status"] = obj.get("status") or {}
+        return out
     return view
 
 
@@ -52,15 +63,71 @@ def pod_view(obj: dict[str, Any]) -> dict[str, Any]:
             "status": obj.get("status") or {}}
 
 
-deployment_view = _spec_field("replicas")
+deployment_view = _spec_field("replicas", status=True)
 pdb_view = _spec_field("maxUnavailable")
 
-WATCHED: tuple[tuple[Resource, Mapping[str, str], Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
+Watched = tuple[Resource, Mapping[str, str], Callable[[dict[str, Any]], dict[str, Any]]]
+WATCHED: tuple[Watched, ...] = (
     (PODS, {**OWNED, constants.LABEL_COMPONENT: constants.COMPONENT_ENGINE}, pod_view),
     (DEPLOYMENTS, OWNED, deployment_view),
     (PDBS, OWNED, pdb_view),
 )
-"""What the health loop reads: the labels each watch selects, and the view of each object it keeps."""
+"""What the operator reads of its children: the labels each watch selects, and the view of each object it keeps."""
+
+Key = tuple[str, str]
+"""(namespace, name) of a VLLMDeployment."""
+ChangeListener = Callable[[str, dict[str, Any]], None]
+"""Told of every watch event of one resource: (ADDED | MODIFIED | DELETED, the object's view)."""
+
+
+OWNED_DEPLOYMENTS = tuple(w for w in WATCHED if w[0] is DEPLOYMENTS)
+"""What an operator without its health loop watches: the Deployments, for the status refresh."""
+
+
+def watch_count(namespaces: Sequence[str], watched: Sequence[Watched] = WATCHED) -> int:
+    """Watches `WatchedChildren` keeps: one per resource and scope (each watched namespace, or the cluster)."""
+    return len(watched) * max(1, len(namespaces))
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
+
+
+class Parents:
+    """The VLLMDeployments as kopf's watch last delivered them (the one watch of the kind), by (namespace, name).
+
+    Fed by one kopf `on.event` handler; read by the health checks (which objects to check, and the object a check
+    reads), the coalesced status refresh and the deleted-child reconcile. Kept by reference: kopf parses each event
+    afresh, so nothing is copied.
+    """
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, Mapping[str, Any]] = {}
+        self.listeners: list[Callable[[Key], None]] = []
+        """Told the key of every object observed (the health checks start an object's schedule from here)."""
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = key_of(body)
+        if event_type == "DELETED":
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = dict(body)
+        for listener in self.listeners:
+            listener(key)
+
+    def owner(self, child: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The watched VLLMDeployment that owns `child` (by its ownerReference's name and uid), unless it is being
+        deleted (then its children go by garbage collection and nothing is refreshed)."""
+        meta = child.get("metadata") or {}
+        for ref in meta.get("ownerReferences") or ():
+            if ref.get("kind") != constants.KIND:
+                continue
+            parent = self.objects.get((str(meta.get("namespace")), str(ref.get("name"))))
+            if parent is not None and parent["metadata"].get("uid") == ref.get("uid") \
+                    and not parent["metadata"].get("deletionTimestamp"):
+                return parent
+        return None
 
 
 def selector_text(labels: Mapping[str, str]) -> str:
@@ -90,7 +157,7 @@ class WatchedChildren:
     """
 
     def __init__(self, kube: KubeApi, watcher: KubeApi, namespaces: Sequence[str] = (), *,
-                 retry_seconds: float = 2.0, max_retry_seconds: float = 30.0,
+                 watched: Sequence[Watched] = WATCHED, retry_seconds: float = 2.0, max_retry_seconds: float = 30.0,
                  on_api_list: Callable[[], None] = lambda: None) -> None:
         self._kube = kube
         self._watcher = watcher
@@ -98,14 +165,16 @@ class WatchedChildren:
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
         self._current: dict[tuple[str, str | None], dict[str, dict[str, Any]]] = {}
-        self._labels = {res.plural: labels for res, labels, _ in WATCHED}
+        self._watched = tuple(watched)
+        self._labels = {res.plural: labels for res, labels, _ in self._watched}
         self._on_api_list = on_api_list
-        self.api_lists = 0
-        """LISTs this cache sent to the API server for a reader (a watch was not current, or did not cover it)."""
+        """Called for each LIST sent to the API server for a reader (a watch was not current, or did not cover it)."""
+        self._listeners: dict[str, list[ChangeListener]] = {}
 
-    @property
-    def watches(self) -> int:
-        return len(WATCHED) * len(self._scopes)
+    def on_change(self, res: Resource, listener: ChangeListener) -> None:
+        """Tell `listener` of every change of `res` the watches see (not of the first list: what exists at start is
+        what kopf's resume reconciles anyway)."""
+        self._listeners.setdefault(res.plural, []).append(listener)
 
     @property
     def current_watches(self) -> int:
@@ -126,7 +195,6 @@ class WatchedChildren:
         labels = self._labels.get(res.plural)
         objects = self._entry(res, namespace)
         if objects is None or wanted is None or labels is None or any(wanted.get(k) != v for k, v in labels.items()):
-            self.api_lists += 1
             self._on_api_list()
             return await self._kube.list(res, namespace, label_selector)
         out = []
@@ -140,7 +208,7 @@ class WatchedChildren:
 
     async def run(self) -> None:
         """Every watch until cancelled; each retries on its own."""
-        await asyncio.gather(*(self._keep(res, labels, view, scope) for res, labels, view in WATCHED
+        await asyncio.gather(*(self._keep(res, labels, view, scope) for res, labels, view in self._watched
                                for scope in self._scopes))
 
     async def _keep(self, res: Resource, labels: Mapping[str, str], view: Callable[[dict[str, Any]], dict[str, Any]],
@@ -148,26 +216,33 @@ class WatchedChildren:
         key = (res.plural, scope)
         where = f"namespace {scope}" if scope else "all namespaces"
         delay = self._retry
+        listeners = self._listeners.setdefault(res.plural, [])  # the list on_change adds to, also later
+
+        def changed(event_type: str, obj: dict[str, Any]) -> None:
+            for listener in listeners:
+                listener(event_type, obj)
+
+        known: dict[str, dict[str, Any]] | None = None  # what the last watch had seen: a relist tells the difference
         while True:
             try:
-                async for objects in list_watch(self._watcher, res, scope, label_selector=selector_text(labels),
-                                                transform=view):
-                    if key not in self._current:
-                        log.info("Listed %d %s in %s; the health loop reads them from the watch", len(objects),
-                                 res.plural, where)
-                    self._current[key] = objects
-                    delay = self._retry
-                self._current.pop(key, None)
-            except asyncio.CancelledError:
-                self._current.pop(key, None)
-                raise
+                try:
+                    async for objects in list_watch(self._watcher, res, scope, label_selector=selector_text(labels),
+                                                    transform=view, on_event=changed):
+                        if key not in self._current:
+                            log.info("Listed %d %s in %s; the operator reads them from the watch", len(objects),
+                                     res.plural, where)
+                            if known is not None and listeners:
+                                changes(known, objects, changed)
+                        self._current[key] = known = objects
+                        delay = self._retry
+                finally:
+                    self._current.pop(key, None)
             except Exception as err:
-                self._current.pop(key, None)
                 log.warning("The watch of %s in %s failed (%s); the health loop lists them from the API until it "
                             "is back (retried in %.0f s)", res.plural, where, err, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._max_retry)
 
 
-__all__ = ["WATCHED", "WatchedChildren", "deployment_view", "equality_selector", "pdb_view", "pod_view",
-           "selector_text"]
+__all__ = ["OWNED_DEPLOYMENTS", "WATCHED", "Parents", "WatchedChildren", "deployment_view", "equality_selector",
+           "pdb_view", "pod_view", "selector_text", "watch_count"]

@@ -704,7 +704,7 @@ WAKE_POD_START_S = 30
 WAKE_ENGINE_START_S = {True: 240, False: 90}
 
 
-def wake_budget(gpu: bool, total_seconds: float, polling_s: float = constants.KEDA_POLLING_INTERVAL_S) -> float:
+def wake_budget(gpu: bool, total_seconds: float, polling_s: float) -> float:
     """How long the router holds a request for a sleeping pool: the whole wake chain, within the request's own
     total timeout (less 10 % for the answer itself)."""
     chain = WAKE_SCRAPE_S + polling_s + WAKE_HPA_SYNC_S + WAKE_POD_START_S \

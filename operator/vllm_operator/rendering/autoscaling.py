@@ -25,9 +25,6 @@ from vllm_operator.rendering import common
 
 API_VERSION = "keda.sh/v1alpha1"
 KIND = "ScaledObject"
-POLLING_INTERVAL_S = constants.KEDA_POLLING_INTERVAL_S
-"""How often KEDA evaluates activation (0 <-> 1) unless the pool sets `pollingIntervalSeconds`; scaling between 1
-and N follows the HPA's own sync period."""
 
 _METRICS = {
     "num-requests-waiting": "num_requests_waiting",
@@ -91,4 +88,4 @@ def scaled_object(plan: Plan, pool: PoolPlan, prometheus_url: str) -> common.Man
     }
 
 
-__all__ = ["API_VERSION", "KIND", "POLLING_INTERVAL_S", "busy_query", "load_query", "scaled_object"]
+__all__ = ["API_VERSION", "KIND", "busy_query", "load_query", "scaled_object"]

@@ -96,7 +96,7 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
     index.observe(agent(1))
     before, objects = index.snapshot(), index.objects()
     index.observe(agent(2, 8192))
-    targets = await dependents(api, ["ml"], {"agent"}, False)
+    targets = dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
     assert [t["metadata"]["name"] for t in targets] == ["a", "b"]
     started = asyncio.Event()
 
@@ -175,7 +175,7 @@ async def test_a_dependent_that_did_not_resolve_before_plans_at_once_and_still_g
     index._loaded = True
     before, objects = index.snapshot(), index.objects()
     index.observe(agent(1))
-    targets = await dependents(api, ["ml"], {"agent"}, False)
+    targets = dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
     done = asyncio.Event()
     planned: list[str] = []
 

@@ -1,20 +1,23 @@
-"""The health scheduler: which VLLMDeployments are due, one check per object at a time, through the reconcile
-slots."""
+"""The health checks' schedule: each watched VLLMDeployment checked once reconciled, then once per its interval,
+one check per object at a time, each a request to the work queue."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 
 from vllm_operator.handlers.config import OperatorConfig
-from vllm_operator.handlers.health import HANDLER_ID, HealthScheduler, reconciled_once
-from vllm_operator.handlers.lifecycle import ReconcileSlots
+from vllm_operator.handlers.health import HealthChecks, reconciled_once
+from vllm_operator.handlers.lifecycle import WATCH_ID
+from vllm_operator.handlers.queue import WorkQueue
 from vllm_operator.handlers.run import build_registry
+from vllm_operator.handlers.watched import Parents
 
 
-def body(name: str, *, interval: int | None = None, reconciled: bool = True, deleting: bool = False
+def body(name: str, *, interval: float | None = None, reconciled: bool = True, deleting: bool = False
          ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": "ml"}
     if deleting:
@@ -31,55 +34,65 @@ def test_only_a_reconciled_object_is_checked() -> None:
     assert reconciled_once({"metadata": {"name": "a", "generation": 3}, "status": {"observedGeneration": 2}})
 
 
-def test_due_by_each_objects_own_interval() -> None:
-    async def scenario() -> None:
-        async def check(_: tuple[str, str], __: Any) -> None:
-            return None
-
-        s = HealthScheduler(check, ReconcileSlots(4), tick=5.0)
-        s.observe(body("a", interval=10))
-        s.observe(body("b", interval=60))
-        s.observe(body("new", reconciled=False))
-        s.observe(body("going", deleting=True))
-        assert sorted(s.due(100.0)) == [("ml", "a"), ("ml", "b")], "first check at once, once reconciled"
-        s._entries[("ml", "a")].last = s._entries[("ml", "b")].last = 100.0
-        assert s.due(107.0) == [], "within the interval, less half a tick"
-        assert s.due(108.0) == [("ml", "a")]
-        assert sorted(s.due(158.0)) == [("ml", "a"), ("ml", "b")]
-        s.forget(("ml", "a"))
-        s.observe(body("new"))
-        assert sorted(s.due(158.0)) == [("ml", "b"), ("ml", "new")]
-
-    asyncio.run(scenario())
-
-
-def test_checks_wait_for_a_reconcile_slot_and_run_once_per_object_at_a_time() -> None:
-    async def scenario() -> None:
-        slots = ReconcileSlots(1)
-        started: list[tuple[str, str]] = []
-        release = asyncio.Event()
-
-        async def check(key: tuple[str, str], seen: Any) -> None:
-            assert seen["metadata"]["name"] == key[1], "the check gets the object as watched"
-            started.append(key)
-            await release.wait()
-
-        s = HealthScheduler(check, slots, tick=5.0, interval_override=1.0)
-        s.observe(body("a"))
-        s.observe(body("b"))
-        async with slots:  # a reconcile holds the only slot
-            assert s.start_due() == 2
-            await asyncio.sleep(0.01)
-            assert started == [] and slots.waiting == 2, "no check runs beside the slot limit"
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
         await asyncio.sleep(0.01)
-        assert started == [("ml", "a")] and slots.running == 1 and slots.waiting == 1
-        for entry in s._entries.values():
-            entry.last = -1e9  # due again, but still in flight: not started twice
-        assert s.start_due() == 0
-        s.forget(("ml", "b"))  # deleted while it waited: its turn does nothing
+
+
+def schedule(queue: WorkQueue, *, interval_override: float | None = None
+             ) -> tuple[Parents, list[str], asyncio.Event]:
+    """Parents with the health checks listening; the names checked, in order; set the event to let checks end."""
+    parents, checked, release = Parents(), [], asyncio.Event()
+    release.set()
+
+    async def check(key: tuple[str, str], seen: Any) -> None:
+        assert seen["metadata"]["name"] == key[1], "the check gets the object as watched"
+        checked.append(key[1])
+        await release.wait()
+
+    parents.listeners.append(HealthChecks(check, queue, parents, interval_override=interval_override).observe)
+    return parents, checked, release
+
+
+def test_first_check_once_reconciled_then_each_by_its_own_interval() -> None:
+    async def scenario() -> list[str]:
+        parents, checked, _ = schedule(WorkQueue(4))
+        parents.observe("ADDED", body("fast", interval=0.2))
+        parents.observe("ADDED", body("slow", interval=60))
+        parents.observe("ADDED", body("new", reconciled=False))
+        parents.observe("MODIFIED", body("going", deleting=True))
+        parents.observe("MODIFIED", body("fast", interval=0.2))  # a later event does not schedule twice
+        await asyncio.sleep(0.05)
+        assert sorted(checked) == ["fast", "slow"], "first check at once, once reconciled"
+        parents.observe("MODIFIED", body("new"))
+        await until(lambda: checked.count("fast") >= 3 and "new" in checked)
+        return checked
+
+    checked = asyncio.run(scenario())
+    assert checked.count("slow") == 1 and checked.count("new") == 1, "a 60 s interval has not come round again"
+
+
+def test_checks_wait_for_a_queue_slot_and_run_once_per_object_at_a_time() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue(1)
+        parents, checked, release = schedule(queue, interval_override=0.01)
+        release.clear()
+        async with queue.slot():  # a reconcile holds the only slot
+            parents.observe("ADDED", body("a"))
+            parents.observe("ADDED", body("b"))
+            await asyncio.sleep(0.05)
+            assert checked == [] and queue.waiting == 2, "no check runs beside the slot limit"
+        await asyncio.sleep(0.05)
+        assert checked == ["a"] and queue.running == 1 and queue.waiting == 1
+        parents.observe("DELETED", body("b"))  # deleted while it waited: its turn does nothing
+        await asyncio.sleep(0.05)
+        assert checked == ["a"], "still running: not started twice, and b's turn did nothing"
         release.set()
-        await asyncio.sleep(0.01)
-        assert started == [("ml", "a")] and s.checks == 1 and slots.running == slots.waiting == 0
+        await until(lambda: len(checked) >= 3)
+        assert set(checked) == {"a"}, "a goes on, b left the schedule"
+        await queue.close()
 
     asyncio.run(scenario())
 
@@ -93,12 +106,11 @@ def test_a_failing_check_is_logged_and_the_next_interval_tries_again(caplog: Any
             calls += 1
             raise RuntimeError("boom")
 
-        s = HealthScheduler(check, ReconcileSlots(1), tick=0.01, interval_override=0.01)
-        s.observe(body("a"))
-        task = asyncio.create_task(s.run())
-        await asyncio.sleep(0.1)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        queue, parents = WorkQueue(1), Parents()
+        parents.listeners.append(HealthChecks(check, queue, parents, interval_override=0.01).observe)
+        parents.observe("ADDED", body("a"))
+        await until(lambda: calls >= 2)
+        await queue.close()
         return calls
 
     assert asyncio.run(scenario()) >= 2
@@ -112,4 +124,4 @@ def test_no_handler_asks_kopf_for_a_finalizer() -> None:
     assert registry._spawning.get_all_handlers() == [], "timers and daemons make kopf finalize every object"
     deletion = [h for h in registry._changing.get_all_handlers() if h.reason == kopf.Reason.DELETE]
     assert deletion == [], deletion
-    assert any(h.id == HANDLER_ID for h in registry._watching.get_all_handlers())
+    assert any(h.id == WATCH_ID for h in registry._watching.get_all_handlers())

@@ -1,4 +1,4 @@
-"""kopf's "<handler> succeeded." lines for the health scheduler's and owned-Deployment events are dropped; others
+"""kopf's "<handler> succeeded." lines of the handler that keeps the watched VLLMDeployments are dropped; others
 stay."""
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ def kopf_success_lines() -> dict[str, str]:
 def test_the_routine_successes_of_our_handlers_are_dropped() -> None:
     lines = kopf_success_lines()
     quiet = RoutineSuccessFilter()
-    assert not quiet.filter(record(lines["health-schedule"]))
-    assert not quiet.filter(record(lines["owned-deployment-changed"]))
-    routine = ("health-schedule", "owned-deployment-changed")
+    assert not quiet.filter(record(lines["watched-vllmdeployment"]))
+    routine = ("watched-vllmdeployment",)
     kept = [line for handler_id, line in lines.items() if handler_id not in routine]
     assert kept, "the lifecycle handlers' lines exist and stay"
     assert all(quiet.filter(record(line)) for line in kept)
@@ -34,8 +33,8 @@ def test_the_routine_successes_of_our_handlers_are_dropped() -> None:
 
 def test_failures_of_the_same_handlers_stay() -> None:
     quiet = RoutineSuccessFilter()
-    assert quiet.filter(record("Handler 'health-schedule' failed temporarily: boom", logging.ERROR))
-    assert quiet.filter(record("Handler 'health-schedule' succeeded.", logging.WARNING))
+    assert quiet.filter(record("Handler 'watched-vllmdeployment' failed temporarily: boom", logging.ERROR))
+    assert quiet.filter(record("Handler 'watched-vllmdeployment' succeeded.", logging.WARNING))
 
 
 def test_a_retried_request_is_a_warning_and_the_one_that_gives_up_stays_an_error() -> None:

@@ -10,6 +10,7 @@ test_children_ssa's Recording wrapper).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -17,10 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.fakekube import FakeKubeApi
+from tests.support.fakekube import WRITE_VERBS, FakeKubeApi
 from tests.support.paths import EXAMPLES
 from vllm_operator.handlers import childplan
 from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
+from vllm_operator.health import loop
 from vllm_operator.k8s import CHILD_RESOURCES, DEPLOYMENTS, VLLM_DEPLOYMENTS, KubeError
 
 NS = "ml"
@@ -122,3 +124,23 @@ async def test_disabling_a_pool_removes_its_status() -> None:
     assert after["longReplicas"] == "-" and "short" in after["pools"]
     await refresh_status(api, await fresh(api))
     assert "long" not in (await fresh(api))["status"]["pools"]
+
+
+async def test_a_health_check_that_finds_what_status_says_writes_nothing_and_posts_no_event() -> None:
+    """A settled operator sends nothing: the first check's conditions are news (a status write, and an event for the
+    MetricsAvailable=False that no Prometheus means); the next check, finding the same, neither writes nor posts."""
+    api = FakeKubeApi()
+    await reconcile(api, await create(api, chat()))
+
+    async def check_once() -> dict[str, int]:
+        obj = await fresh(api)
+        result = await loop.check(api, None, obj)
+        assert result is not None
+        before = Counter(api.calls)
+        await loop.execute(api, obj, result, reconcile=reconcile, recheck=functools.partial(loop.check, api, None))
+        return {verb: n - before[verb] for verb, n in api.calls.items()
+                if n > before[verb] and (verb in WRITE_VERBS or verb == "emit_event")}
+
+    assert await check_once() == {"patch_status": 1, "emit_event": 1}
+    assert await check_once() == {}
+    assert await check_once() == {}

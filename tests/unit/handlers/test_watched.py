@@ -39,7 +39,8 @@ def scenario(body: Callable[[FakeKubeApi, FakeKubeApi, WatchedChildren], Awaitab
     async def main() -> None:
         cluster = FakeCluster(max_watch_seconds=0.2)  # watches end and resume often, as the server's do
         kube, watcher = FakeKubeApi(cluster), FakeKubeApi(cluster)
-        children = WatchedChildren(kube, watcher, namespaces, retry_seconds=0.05)
+        children = WatchedChildren(kube, watcher, namespaces, retry_seconds=0.05,
+                                   on_api_list=lambda: kube.calls.update(["api_list"]))
         task = asyncio.create_task(children.run())
         try:
             await body(kube, watcher, children)
@@ -62,7 +63,7 @@ def test_a_current_watch_answers_from_memory_and_follows_changes() -> None:
         await kube.delete(PODS, "ml", "chat-short-a")
         await until(lambda: len(children._current[("pods", None)]) == 2)
         assert [p.name for p in await read_pods(children, "ml", "chat")] == ["chat-short-b"]
-        assert kube.calls["list"] == 0 and children.api_lists == 0, "every read came from memory"
+        assert kube.calls["list"] == 0 and kube.calls["api_list"] == 0, "every read came from memory"
     scenario(body)
 
 
@@ -111,14 +112,14 @@ def test_reads_the_watch_does_not_cover_go_to_the_api() -> None:
         assert [p["metadata"]["name"] for p in await children.list(PODS, "ml", f"{constants.LABEL_NAME}=vllm-operator")
                 ] == ["chat-router-a"]
         await children.list(PODS, "ml", f"{constants.LABEL_NAME} in (vllm-operator)")
-        assert kube.calls["list"] == 2 and children.api_lists == 2
+        assert kube.calls["list"] == 2 and kube.calls["api_list"] == 2
     scenario(body)
 
 
 def test_namespaced_watches_cover_only_their_namespaces() -> None:
     async def body(kube: FakeKubeApi, watcher: FakeKubeApi, children: WatchedChildren) -> None:
-        await until(lambda: children.current(PODS, "ml"))
-        assert children.watches == 6 and not children.current(PODS, "other") and not children.current(PODS, None)
+        await until(lambda: children.current_watches == 6)  # 3 resources x 2 namespaces
+        assert not children.current(PODS, "other") and not children.current(PODS, None)
         await children.list(PODS, "other", engine_selector("chat"))
         await children.list(PODS, "ml", engine_selector("chat"))
         assert kube.calls["list"] == 1
@@ -141,6 +142,40 @@ def test_before_its_first_list_and_while_its_watch_fails_a_resource_is_read_from
         assert kube.calls["list"] == 2
         assert children.current(DEPLOYMENTS, "ml"), "the other watches are unaffected"
     scenario(body)
+
+
+def test_listeners_hear_every_change_of_their_resource_also_across_a_failed_watch() -> None:
+    """The refresh and the deleted-child reconcile hear of Deployments from this one watch: every change after the
+    first list, and what a relist after a failure found changed meanwhile."""
+    heard: list[tuple[str, str]] = []
+    labels = {constants.LABEL_NAME: constants.APP_NAME, constants.LABEL_DEPLOYMENT: "chat"}
+
+    def deployment(name: str, replicas: int = 1) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": labels}, "spec": {"replicas": replicas}}
+
+    async def body(kube: FakeKubeApi, watcher: FakeKubeApi, children: WatchedChildren) -> None:
+        await kube.create(DEPLOYMENTS, "ml", deployment("chat-short"))
+        await until(lambda: children.current(DEPLOYMENTS, "ml"))
+        assert heard == [], "the first list is not news"
+        await kube.create(DEPLOYMENTS, "ml", deployment("chat-long"))
+        await kube.patch_status(DEPLOYMENTS, "ml", "chat-short", {"status": {"readyReplicas": 1}})
+        await kube.create(PODS, "ml", pod("chat-short-a"))  # another resource: not heard
+        await until(lambda: len(heard) == 2)
+        assert heard == [("ADDED", "chat-long"), ("MODIFIED", "chat-short")]
+        owned = f"{constants.LABEL_NAME}={constants.APP_NAME}"
+        [short] = [d for d in await children.list(DEPLOYMENTS, "ml", owned) if d["metadata"]["name"] == "chat-short"]
+        assert short["status"] == {"readyReplicas": 1} and kube.calls["list"] == 0, \
+            "the refresh counts pods off the view, from memory"
+        watcher.fail("watch", KubeError(0, "ClientConnectorError", "connection reset"), times=1, res=DEPLOYMENTS)
+        await kube.delete(DEPLOYMENTS, "ml", "chat-long")
+        await until(lambda: len(heard) == 3)
+        assert heard[2] == ("DELETED", "chat-long")
+
+    def scenario_with_listener(kube: FakeKubeApi, watcher: FakeKubeApi, children: WatchedChildren) -> Awaitable[None]:
+        children.on_change(DEPLOYMENTS, lambda kind, obj: heard.append((kind, obj["metadata"]["name"])))
+        return body(kube, watcher, children)
+
+    scenario(scenario_with_listener)
 
 
 @pytest.mark.parametrize(("text", "parsed"), [
