@@ -14,6 +14,7 @@ Layout under the cache root (`--cache-root`):
     .locks/<org>--<name>--<commit>.lock   flock'ed by the pod that fetches; a second pod on the node waits on it, then
                                        finds the entry complete and fetches nothing
     .leases/<org>--<name>--<commit>/<pod-uid>   which pods last used an entry (the last-use time is its mtime)
+    .trash/                            entries being deleted by eviction (renamed there first)
 
 The key is the commit the revision resolves to, never the branch name: a branch that moves gets a new entry.
 
@@ -21,11 +22,12 @@ Steps, every start:
 1. Resolve the revision with the pod's own token (`HF_TOKEN`) — one metadata call (`model_info`). This is also the
    tenancy check: a gated or private model cached by a pod of another namespace is used only when this pod's token
    may read it too, so the cache never hands weights to a pod that could not fetch them itself.
-2. Complete entry present: link it and exit (nothing fetched).
-3. Otherwise, under the lock: fetch every file into the staging directory (resumable, `hub_downloader`), verify each
-   file's size and, for LFS files, its SHA-256 against the Hub's metadata, write `.complete`, rename the staging
-   directory into place (one rename on one file system: a reader sees the whole entry or none). A corrupt staging file
-   is deleted and fetched again once; then the fetch fails.
+2. Complete entry present: under its lock, lease it, link it and exit (nothing fetched).
+3. Otherwise, under the lock: make room under `--max-bytes` by evicting least-recently-used entries no engine uses
+   (`eviction.py`; CacheDiskFull when what is in use leaves no room), fetch every file into the staging directory
+   (resumable, `hub_downloader`), verify each file's size and, for LFS files, its SHA-256 against the Hub's metadata,
+   write `.complete`, rename the staging directory into place (one rename on one file system: a reader sees the
+   whole entry or none), lease it. A corrupt staging file is deleted and fetched again once; then the fetch fails.
 4. Link `--link` (in the pod's own emptyDir) to the entry: the engine's model argument.
 
 Progress goes to a JSON file next to the link (`--progress-file`: files and bytes done of total, rate, ETA) and to the
@@ -55,13 +57,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_operator import constants
+from vllm_operator.engine import eviction
+from vllm_operator.engine.eviction import COMPLETE_MARKER, LEASES, LOCKS, STAGING
 
 log = logging.getLogger("vllm_operator.fetch")
 
-COMPLETE_MARKER = ".complete"
-STAGING = ".staging"
-LOCKS = ".locks"
-LEASES = ".leases"
+__all__ = ["COMPLETE_MARKER", "LEASES", "LOCKS", "STAGING", "fetch", "main"]
 HASH_CHUNK = 8 << 20
 WRITE_CHUNK = 1 << 20
 PART_SUFFIX = ".part"
@@ -341,14 +342,15 @@ def _fetch_into(staging: Path, resolved: Resolved, token: str | None, download: 
 
 
 def fetch(root: Path, resolved: Resolved, token: str | None, *, download: Downloader = hub_downloader,
-          progress: Progress | None = None) -> tuple[Path, int]:
-    """The complete entry of `resolved` under `root` and the bytes this call fetched (0 when it was there)."""
+          progress: Progress | None = None, pod_uid: str | None = None,
+          max_bytes: int | None = None) -> tuple[Path, int]:
+    """The complete entry of `resolved` under `root` and the bytes this call fetched (0 when it was there); the
+    entry is leased to `pod_uid` under its lock, so eviction cannot take it between this and the engine's start."""
     entry = entry_dir(root, resolved.repo, resolved.commit)
-    if is_complete(entry):
-        return entry, 0
     progress = progress or Progress(len(resolved.files), resolved.total_bytes)
     with locked(root, resolved.repo, resolved.commit):
-        if is_complete(entry):  # another pod fetched it while this one waited
+        if is_complete(entry):  # cached, or another pod fetched it while this one waited
+            lease(root, resolved, pod_uid)
             return entry, 0
         staging = root / STAGING / repo_key(resolved.repo) / resolved.commit
         staging.mkdir(parents=True, exist_ok=True)
@@ -356,6 +358,11 @@ def fetch(root: Path, resolved: Resolved, token: str | None, *, download: Downlo
         if resumed:
             log.info("resumed the fetch of %s@%s with %d bytes already staged", resolved.repo, resolved.commit,
                      resumed)
+        if max_bytes is not None:
+            need = max(resolved.total_bytes - resumed, 0)
+            _evicted, why = eviction.make_room(root, need, max_bytes, keep=entry)
+            if why is not None:
+                raise FetchError(constants.REASON_CACHE_DISK_FULL, f"{resolved.repo}@{resolved.commit} {why}")
         try:
             _fetch_into(staging, resolved, token, download, progress)
         except OSError as err:
@@ -375,6 +382,7 @@ def fetch(root: Path, resolved: Resolved, token: str | None, *, download: Downlo
             shutil.rmtree(entry)
         os.rename(staging, entry)
         _fsync_dir(entry.parent)
+        lease(root, resolved, pod_uid)
         return entry, progress.fetched_bytes
 
 
@@ -458,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-seconds", type=float,
                    default=constants.STARTUP_PHASE_LIMITS_S[constants.StartupPhase.DOWNLOADING],
                    help="stop a fetch whose bytes have not moved for this long (StartupStalled)")
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="the cache's size limit: least-recently-used entries no engine uses are evicted to fit")
     p.add_argument("--termination-message-path", default="/dev/termination-log")
     return p
 
@@ -481,9 +491,9 @@ def main(argv: Sequence[str]) -> int:
         watcher = threading.Thread(target=_watch_stall, args=(progress, staging, args.stall_seconds, stop, stalled),
                                    daemon=True)
         watcher.start()
-        entry, fetched = fetch(root, resolved, token, progress=progress)
+        entry, fetched = fetch(root, resolved, token, progress=progress, pod_uid=args.pod_uid,
+                               max_bytes=args.max_bytes)
         stop.set()
-        lease(root, resolved, args.pod_uid)
         link(link_path, entry)
         progress.update(resolved.total_bytes)
         progress.files_done = len(resolved.files)
