@@ -353,16 +353,16 @@ def fetch(root: Path, resolved: Resolved, token: str | None, *, download: Downlo
             lease(root, resolved, pod_uid)
             return entry, 0
         staging = root / STAGING / repo_key(resolved.repo) / resolved.commit
-        staging.mkdir(parents=True, exist_ok=True)
         resumed = _bytes_on_disk(staging)
-        if resumed:
-            log.info("resumed the fetch of %s@%s with %d bytes already staged", resolved.repo, resolved.commit,
-                     resumed)
         if max_bytes is not None:
             need = max(resolved.total_bytes - resumed, 0)
             _evicted, why = eviction.make_room(root, need, max_bytes, keep=entry)
             if why is not None:
                 raise FetchError(constants.REASON_CACHE_DISK_FULL, f"{resolved.repo}@{resolved.commit} {why}")
+        staging.mkdir(parents=True, exist_ok=True)
+        if resumed:
+            log.info("resumed the fetch of %s@%s with %d bytes already staged", resolved.repo, resolved.commit,
+                     resumed)
         try:
             _fetch_into(staging, resolved, token, download, progress)
         except OSError as err:

@@ -38,6 +38,7 @@ from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
+from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 
 RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 CHILD_EVENT_ID = "owned-deployment-changed"
@@ -94,16 +95,19 @@ class ReconcileSlots:
 
 async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                        slots: ReconcileSlots | None = None, prometheus_url: str | None = None) -> bool:
+                        slots: ReconcileSlots | None = None, prometheus_url: str | None = None,
+                        node_cache: NodeCache = DEFAULT_NODE_CACHE) -> bool:
     """Reconcile one VLLMDeployment for a handler (through `slots` when given); True when children were written.
     `prometheus_url`: the operator's --prometheus-url, which the ScaledObjects of autoscaled pools query."""
     if slots is not None:
         queued = time.monotonic()
         async with slots:
             metrics.reconcile_wait.observe(time.monotonic() - queued)
-            return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url)
+            return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url,
+                                       node_cache=node_cache)
     try:
-        outcome = await reconcile(kube, body, images=images, classes=classes, prometheus_url=prometheus_url)
+        outcome = await reconcile(kube, body, images=images, classes=classes, prometheus_url=prometheus_url,
+                                  node_cache=node_cache)
     except KubeError as err:
         metrics.reconcile_errors.inc()
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
@@ -134,7 +138,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.slots,
-                            config.prometheus_url)
+                            config.prometheus_url, config.node_cache)
 
     if config.workload_classes:
         register_classes(registry, config)
@@ -175,10 +179,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     logger.info("Deployment %s/%s was deleted; reconciled its VLLMDeployment", namespace,
                                 body["metadata"]["name"])
                     await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
-                                        memo.slots, config.prometheus_url)
+                                        memo.slots, config.prometheus_url, config.node_cache)
             return
         memo.refresher.request(key, functools.partial(_refresh_from_indexes, memo.kube, key, parents, deployments,
-                                                      config.images, memo.classes))
+                                                      config.images, memo.classes, config.node_cache))
 
 
 CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)
@@ -242,7 +246,7 @@ def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
 
     async def changed(obj: Mapping[str, Any]) -> bool:
         return await run_reconcile(memo.kube, memo.metrics, obj, config.images, memo.classes, memo.slots,
-                                   config.prometheus_url)
+                                   config.prometheus_url, config.node_cache)
 
     return changed
 
@@ -258,10 +262,12 @@ def deployment_counts_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 async def _refresh_from_indexes(kube: KubeApi, key: refresh.Key, parents: Mapping[refresh.Key, Any],
                                 deployments: Mapping[refresh.Key, Any], images: ImageDefaults,
-                                classes: ClassIndex | None = None) -> None:
+                                classes: ClassIndex | None = None,
+                                node_cache: NodeCache = DEFAULT_NODE_CACHE) -> None:
     for parent in list(parents.get(key, ())):
         meta = parent["metadata"]
         if meta.get("deletionTimestamp"):
             continue
         owned = [d for d in deployments.get(key, ()) if is_owned_by(d, meta["uid"])]
-        await refresh_status(kube, parent, deployments=owned, images=images, classes=classes)
+        await refresh_status(kube, parent, deployments=owned, images=images, classes=classes,
+                             node_cache=node_cache)

@@ -15,6 +15,7 @@ Pure: the operator-wide settings arrive as `NodeCache` in the PlanContext.
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 
@@ -92,3 +93,32 @@ def plan(spec: VLLMDeploymentSpec, name: str, node: NodeCache) -> tuple[WeightsC
     if node.host_path is None:
         return None, None
     return WeightsCachePlan(host_path=node.host_path, repo=repo, revision=revision, max_bytes=node.max_bytes), None
+
+
+def node_cache_argument_problem(path: str, size: str) -> tuple[NodeCache | None, str | None]:
+    """(the NodeCache of `--weights-cache-host-path`/`--weights-cache-max-size`, None) or (None, what is wrong);
+    an empty path turns the node cache off."""
+    try:
+        max_bytes = quantity_bytes(size)
+        return NodeCache(host_path=path or None, max_bytes=max_bytes), None
+    except ValueError as err:
+        return None, str(err)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--weights-cache-host-path and --weights-cache-max-size, the same on `run`, `plan` and `render`."""
+    parser.add_argument("--weights-cache-host-path", default=constants.DEFAULT_WEIGHTS_CACHE_HOST_PATH,
+                        metavar="DIR", help="node directory Hub weights are cached in, shared by the engine pods of "
+                                            "a node (chart value weightsCache.hostPath; '' turns the node cache "
+                                            "off; default %(default)s)")
+    parser.add_argument("--weights-cache-max-size", default=f"{constants.DEFAULT_WEIGHTS_CACHE_MAX_BYTES >> 30}Gi",
+                        metavar="QUANTITY", help="per-node limit of that cache; least-recently-used models no engine "
+                                                 "uses are evicted to fit a new one (default %(default)s)")
+
+
+def from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> NodeCache:
+    """The NodeCache of the parsed flags; exits through `parser.error` naming the flag when one is wrong."""
+    cache, problem = node_cache_argument_problem(args.weights_cache_host_path, args.weights_cache_max_size)
+    if cache is None:
+        parser.error(f"--weights-cache-host-path/--weights-cache-max-size: {problem}")
+    return cache

@@ -180,3 +180,53 @@ def test_a_full_disk_is_reported_and_the_partial_fetch_removed(hub: HubServer, t
         assert not (small / "test-org--tiny").exists()
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def hold_like_an_engine(link: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The engine container's wrapper with --hold-weights, as rendered (its child a stand-in for vLLM)."""
+    return subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "engine", "--preflight=off", "--status-port=0",
+                             f"--hold-weights={link}/{fetch.COMPLETE_MARKER}",
+                             f"--termination-message-path={log.parent / 'engine-termination'}", "--",
+                             sys.executable, "-c", "import time; time.sleep(120)"],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def test_filling_the_cache_while_a_model_is_in_use_evicts_only_what_no_engine_uses(tmp_path: Path) -> None:
+    """Limit for one model: a second model is refused (CacheDiskFull naming the model in use) while an engine holds
+    the first, and fetched, evicting the first, once that engine is gone and its lease is old."""
+    other, commit_b = "test-org/other", "fedcba9876543210fedcba9876543210fedcba98"
+    other_files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(6 << 20)}
+    state = HubState(repos={REPO: Repo(dict(FILES)), other: Repo(dict(other_files), commit=commit_b)})
+    root, size = tmp_path / "cache", sum(len(b) for b in FILES.values())
+    limit = ("--max-bytes", str(int(size * 1.5)))
+    with HubServer(state) as hub:
+        code, out = finish(start(hub.url, root, tmp_path / "pod-a", extra=limit))
+        assert code == 0, out
+        a = entry(root)
+        lease = root / fetch.LEASES / f"test-org--tiny--{COMMIT}" / "pod-a"
+        os.utime(lease, (time.time() - 2 * constants.WEIGHTS_LEASE_GRACE_S,) * 2)  # long after pod-a started
+        engine = hold_like_an_engine(tmp_path / "pod-a" / "model", tmp_path / "pod-a" / "engine.log")
+        try:
+            deadline = time.monotonic() + 30
+            while b"Holding the weights cache entry" not in (tmp_path / "pod-a" / "engine.log").read_bytes():
+                assert engine.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "pod-a" / "engine.log").read_text()
+                time.sleep(0.1)
+            hub.state.reset_counts()
+            code, out = finish(start(hub.url, root, tmp_path / "pod-b", repo=other, extra=limit))
+            assert code == constants.EXIT_CACHE_DISK_FULL, out
+            body = message(tmp_path / "pod-b")
+            assert body["reason"] == constants.REASON_CACHE_DISK_FULL
+            assert f"test-org--tiny--{COMMIT} ({size} bytes, an engine holds it)" in str(body["detail"]), body
+            assert a.is_dir() and (tmp_path / "pod-a" / "model" / "model.safetensors").read_bytes() == WEIGHTS
+            assert hub.state.bytes_sent == 0, "refused before fetching a byte"
+            assert not fetch.entry_dir(root, other, commit_b).exists()
+            assert not (root / fetch.STAGING / "test-org--other").exists(), "nothing half-written left"
+        finally:
+            engine.terminate()
+            engine.wait(timeout=30)
+        code, out = finish(start(hub.url, root, tmp_path / "pod-c", repo=other, extra=limit))
+        assert code == 0, out
+        assert f"evicted test-org--tiny--{COMMIT}" in out
+        assert not a.exists() and fetch.entry_dir(root, other, commit_b).is_dir()
+        assert hub.state.bytes_sent == sum(len(b) for b in other_files.values())
