@@ -356,8 +356,8 @@ async def operator_scenario(setup: Setup, client: ClientKubeApi) -> None:
     async def stale_gone() -> bool:
         # Deleted, or deleting: a claim stays until kube-controller-manager's pvc-protection controller drops its
         # kubernetes.io/pvc-protection finalizer
-        left[:] = [f"{res.kind}/{n}" for res, n in stale
-                   if (got := await client.get(res, ns, n)) is not None and not got["metadata"].get("deletionTimestamp")]
+        left[:] = [f"{res.kind}/{n}" for res, n in stale if (got := await client.get(res, ns, n)) is not None
+                   and not got["metadata"].get("deletionTimestamp")]
         return not left
 
     try:
