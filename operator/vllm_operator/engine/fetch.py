@@ -30,10 +30,13 @@ Steps, every start:
    whole entry or none), lease it. A corrupt staging file is deleted and fetched again once; then the fetch fails.
 4. Link `--link` (in the pod's own emptyDir) to the entry: the engine's model argument.
 
-Progress goes to a JSON file next to the link (`--progress-file`: files and bytes done of total, rate, ETA) and to the
-log; failures exit with a distinct code and one JSON line in the termination message, as the engine wrapper's do
-(`constants.py`: HubUnreachable, ModelAccessDenied, CacheDiskFull, FetchFailed), so the health loop can say why.
-A fetch whose bytes stop moving for `--stall-seconds` is stopped with StartupStalled (phase downloading).
+Progress goes to a JSON file next to the link (`--progress-file`: files and bytes done of total, rate, ETA), to the log,
+and to the pod's status port (`--status-port`, the engine wrapper's port, free while init containers run) as the
+wrapper's start-up metrics in phase Downloading (bytes done and total), which the PodMonitor scrapes and the health loop
+turns into the pool's `startupPhase`/`startupProgress` as for a download the engine makes itself; failures exit with a
+distinct code and one JSON line in the termination message, as the engine wrapper's do (`constants.py`: HubUnreachable,
+ModelAccessDenied, CacheDiskFull, FetchFailed), so the health loop can say why. A fetch whose bytes stop moving for
+`--stall-seconds` is stopped with StartupStalled (phase downloading).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_operator import constants
-from vllm_operator.engine import eviction
+from vllm_operator.engine import eviction, phases, status
 from vllm_operator.engine.eviction import COMPLETE_MARKER, LEASES, LOCKS, STAGING
 
 log = logging.getLogger("vllm_operator.fetch")
@@ -428,13 +431,16 @@ def link(link_path: Path, entry: Path) -> None:
 
 
 def _watch_stall(progress: Progress, staging: Path, stall_s: float, stop: threading.Event,
-                 stalled: threading.Event) -> None:
-    """Samples the staged bytes for the progress file; a fetch that does not move for `stall_s` is stalled."""
+                 stalled: threading.Event, monitor: status.Monitor | None = None) -> None:
+    """Samples the staged bytes for the progress file and the status port; a fetch that does not move for
+    `stall_s` is stalled."""
     base = progress.bytes_done
     while not stop.wait(PROGRESS_INTERVAL_S):
         progress.update(max(base, _bytes_on_disk(staging)))
         progress.write()
         view = progress.view()
+        if monitor is not None:
+            monitor.observe_download(view["bytesDone"], total=view["bytesTotal"])
         log.info("fetched %d of %d bytes (%d of %d files), ETA %s s", view["bytesDone"], view["bytesTotal"],
                  view["filesDone"], view["filesTotal"], view["etaSeconds"])
         if view["secondsSinceProgress"] >= stall_s:
@@ -468,8 +474,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop a fetch whose bytes have not moved for this long (StartupStalled)")
     p.add_argument("--max-bytes", type=int, default=None,
                    help="the cache's size limit: least-recently-used entries no engine uses are evicted to fit")
+    p.add_argument("--status-host", default=os.environ.get("POD_IP", ""),
+                   help="address of the start-up status endpoint (default: env POD_IP, else all addresses)")
+    p.add_argument("--status-port", type=int, default=constants.ENGINE_STATUS_PORT,
+                   help="port of the start-up status endpoint (the engine's, free until it starts; 0 turns it off)")
     p.add_argument("--termination-message-path", default="/dev/termination-log")
     return p
+
+
+def _serve_status(host: str, port: int) -> status.Monitor | None:
+    """The wrapper's start-up endpoint in phase Downloading (module docstring); None when off or the port is
+    taken (the fetch goes on without it)."""
+    if not port:
+        return None
+    monitor = status.Monitor(phases.Tracker(started_at=time.time(), phase=phases.Phase.DOWNLOADING))
+    try:
+        status.serve(monitor, host, port)
+    except OSError as err:
+        log.warning("could not serve the fetch's progress on port %d (%s); fetching without it", port, err)
+        return None
+    return monitor
 
 
 def main(argv: Sequence[str]) -> int:
@@ -482,14 +506,17 @@ def main(argv: Sequence[str]) -> int:
     stop, stalled = threading.Event(), threading.Event()
     progress: Progress | None = None
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    monitor = _serve_status(args.status_host, args.status_port)
     try:
         resolved = resolve(args.repo, args.revision, token)
         log.info("resolved %s@%s to commit %s (%d files, %d bytes)", args.repo, args.revision or "main",
                  resolved.commit, len(resolved.files), resolved.total_bytes)
         progress = Progress(len(resolved.files), resolved.total_bytes, path=progress_path)
         staging = root / STAGING / repo_key(resolved.repo) / resolved.commit
-        watcher = threading.Thread(target=_watch_stall, args=(progress, staging, args.stall_seconds, stop, stalled),
-                                   daemon=True)
+        if monitor is not None:
+            monitor.observe_download(_bytes_on_disk(staging), total=resolved.total_bytes)
+        watcher = threading.Thread(target=_watch_stall, args=(progress, staging, args.stall_seconds, stop, stalled,
+                                                              monitor), daemon=True)
         watcher.start()
         entry, fetched = fetch(root, resolved, token, progress=progress, pod_uid=args.pod_uid,
                                max_bytes=args.max_bytes)

@@ -357,6 +357,11 @@ def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, no
             if startup.stalled:
                 return out(State.STARTUP_STALLED, f"pod {pod.name}: start stuck in {where}")
             return out(State.STARTING, f"pod {pod.name} is starting ({where})")
+        if pod.container_name == constants.FETCH_CONTAINER:
+            running = f"running for {now - pod.started_at:.0f}s" if pod.started_at is not None else \
+                (pod.waiting_reason or "waiting")
+            return out(State.STARTING,
+                       f"pod {pod.name} is fetching its weights ({constants.FETCH_CONTAINER} {running})")
         detail = pod.waiting_reason or ("not ready" if pod.phase == "Running" else pod.phase)
         return out(State.STARTING, f"pod {pod.name} is starting ({detail})")
     if not metrics_on:

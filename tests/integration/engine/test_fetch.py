@@ -48,7 +48,9 @@ def start(hub_url: str, root: Path, pod: Path, *, token: str | None = None, repo
     pod.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "fetch", f"--cache-root={root}",
                              f"--repo={repo}", f"--link={pod / 'model'}", f"--pod-uid={pod.name}",
-                             f"--termination-message-path={pod / 'termination'}", *extra], env=env,
+                             f"--termination-message-path={pod / 'termination'}",
+                             *(() if any(e.startswith("--status-port") for e in extra) else ("--status-port=0",)),
+                             *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -230,3 +232,35 @@ def test_filling_the_cache_while_a_model_is_in_use_evicts_only_what_no_engine_us
         assert f"evicted test-org--tiny--{COMMIT}" in out
         assert not a.exists() and fetch.entry_dir(root, other, commit_b).is_dir()
         assert hub.state.bytes_sent == sum(len(b) for b in other_files.values())
+
+
+def test_a_fetch_shows_its_progress_as_the_wrappers_startup_metrics(hub: HubServer, tmp_path: Path) -> None:
+    """On the pod's status port, in phase Downloading with bytes done and total: what the PodMonitor scrapes and the
+    health loop reads as the pool's startupPhase and startupProgress."""
+    import urllib.request
+
+    port = free_port()
+    hub.state.throttle_bytes_per_s = 2 << 20
+    proc = start(hub.url, tmp_path / "cache", tmp_path / "pod-a",
+                 extra=(f"--status-port={port}", "--status-host=127.0.0.1"))
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and not 0 < seen.get("done", 0) < seen.get("total", 0):
+            time.sleep(0.2)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith('vllm_operator_engine_startup_phase{phase="Downloading"}'):
+                    seen["downloading"] = float(line.split()[-1])
+                elif line.startswith(constants.METRIC_STARTUP_DOWNLOAD_TOTAL + " "):
+                    seen["total"] = float(line.split()[-1])
+                elif line.startswith(constants.METRIC_STARTUP_DOWNLOAD + " "):
+                    seen["done"] = float(line.split()[-1])
+    finally:
+        code, out = finish(proc)
+    assert code == 0, out
+    assert seen.get("downloading") == 1.0, seen
+    assert seen["total"] == sum(len(b) for b in FILES.values()) and 0 < seen["done"] < seen["total"], seen

@@ -259,3 +259,10 @@ def test_a_failed_fetch_names_its_reason_and_container() -> None:
                                  "gated: the token's account has not been granted access (waiting: "
                                  "CrashLoopBackOff)")
     assert d.terminations[0].key == f"uid-a/{constants.FETCH_CONTAINER}/3"
+
+
+def test_a_pod_fetching_its_weights_says_so() -> None:
+    """Without the fetch's metrics (Prometheus off or not scraped yet), the message still names the fetch."""
+    d = diagnose(snapshot([fetching("a")], prometheus=False), S).pools["short"]
+    assert d.pods[0].state is State.STARTING
+    assert d.pods[0].message == f"pod a is fetching its weights ({constants.FETCH_CONTAINER} running for 10s)"
