@@ -95,3 +95,14 @@ def test_the_wake_budget_of_a_hub_model_stays_cold() -> None:
     capped = make_plan(pools=SLEEPING_LONG).router.pools.long.wake_seconds
     assert capped == 540.0, "within the default 600 s total timeout, less 10 %"
     assert WAKE_ENGINE_START_S[True] == 240
+
+
+def test_the_plan_table_says_where_the_weights_are_cached() -> None:
+    from vllm_operator.planning.cli import format_table
+
+    text = format_table(make_plan(model={"source": {"huggingFace": {"revision": "v1"}}}))
+    assert (f"  weights  meta-llama/Llama-3.1-8B-Instruct@v1 fetched once into the node cache "
+            f"{constants.DEFAULT_WEIGHTS_CACHE_HOST_PATH} (limit 500.00 GiB)") in text
+    claim = format_table(make_plan(model={"cache": {"claim": {"size": "100Gi"}}}))
+    assert "fetched once into the claim demo-weights (limit 95.00 GiB)" in claim
+    assert "  weights  " not in format_table(make_plan(model={"cache": {"enabled": False}}))
