@@ -97,6 +97,26 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 # Engine pods: where things are mounted.
 MODELS_MOUNT: Final = "/models"
 ENGINE_PORT: Final = 8000
+WEIGHTS_CACHE_MOUNT: Final = "/weights-cache"
+"""Where engine pods mount the weights cache (a node's hostPath or the deployment's claim): read-write in the fetch
+init container, read-only in the engine; the same path in both, so the link the init container writes resolves."""
+WEIGHTS_LINK_DIR: Final = "/run/vllm-operator/weights"
+"""An emptyDir of the pod: the fetch init container writes the link to the cached model (`model`) and its progress
+file there; the engine's model argument is the link."""
+WEIGHTS_LINK: Final = f"{WEIGHTS_LINK_DIR}/model"
+FETCH_CONTAINER: Final = "fetch-weights"
+"""The init container that puts a Hub model into the weights cache (`vllm-operator fetch`)."""
+CACHE_OWNER_CONTAINER: Final = "weights-cache-owner"
+"""The init container that hands the cache's top directory to the engine's uid (a hostPath is created root-owned)."""
+DEFAULT_WEIGHTS_CACHE_HOST_PATH: Final = "/var/lib/vllm-operator/models"
+DEFAULT_WEIGHTS_CACHE_MAX_BYTES: Final = 500 * 2**30
+"""The per-node cache limit when the chart sets none: a few 70B checkpoints."""
+WEIGHTS_DOWNLOAD_BYTES_PER_S: Final = 10 * 2**20
+"""A slow Hub link: the cold budgets (the startup backstop of an engine that downloads itself, the Deployment's
+progress deadline, the wake budget of a Hub-sourced pool) count a download at this rate."""
+WEIGHTS_LEASE_GRACE_S: Final = 900
+"""A cache entry whose lease a fetch touched this recently is in use even before its engine holds the lock (the
+engine starts after the init container ends; image pull and start-up can take minutes)."""
 ENGINE_STATUS_PORT: Final = 8001
 ENV_RUNTIME_LORA_UPDATING: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 """vLLM's switch for its runtime LoRA endpoints (`True`/`1`); the engine wrapper loads adapters through them."""

@@ -77,6 +77,7 @@ POD_MONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonito
 PROMETHEUS_RULES = Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule")
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
+PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")  # the weights cache's claim form
 SECRETS = Resource("", "v1", "secrets", "Secret")  # the webhook CA's Secret only (handlers/webhook.py)
 VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                                "ValidatingWebhookConfiguration", namespaced=False)
@@ -87,7 +88,7 @@ CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "Cust
 CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
     for r in (DEPLOYMENTS, SERVICES, CONFIGMAPS, SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PDBS, NETWORK_POLICIES,
-              POD_MONITORS, PROMETHEUS_RULES, SCALED_OBJECTS)
+              POD_MONITORS, PROMETHEUS_RULES, SCALED_OBJECTS, PVCS)
 }
 
 

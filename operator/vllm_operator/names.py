@@ -43,3 +43,8 @@ def monitoring(deployment: str) -> str:
 def adapters(deployment: str) -> str:
     """The adapters ConfigMap the engine wrappers follow (one key per pool)."""
     return dns_label(deployment, "adapters")
+
+
+def weights_claim(deployment: str) -> str:
+    """The weights cache's PersistentVolumeClaim of the claim form (model.cache.claim)."""
+    return dns_label(deployment, "weights")

@@ -73,7 +73,7 @@ README section "RBAC" explains every line.
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "configmaps", "serviceaccounts"]
+  resources: ["services", "configmaps", "serviceaccounts", "persistentvolumeclaims"]
   verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

@@ -67,6 +67,28 @@ class AutoscalingPlan(ApiModel):
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
 
+class WeightsCachePlan(ApiModel):
+    """The weights cache an engine pod's fetch init container fills and its engine reads (docs/weights-cache.md)."""
+
+    host_path: Text | None = Field(default=None, description="The node's cache directory (hostPath form).")
+    claim_name: Text | None = Field(default=None, description="The deployment's cache claim (claim form).")
+    repo: Text = Field(description="Hub repository fetched.")
+    revision: Text | None = Field(default=None, description="Branch, tag or commit (resolved to a commit by the "
+                                                            "fetch; the cache is keyed by the commit).")
+    max_bytes: int = Field(ge=1, description="The cache's limit: least-recently-used entries no engine uses are "
+                                             "evicted to fit a new model.")
+
+
+class WeightsClaimPlan(ApiModel):
+    """The PersistentVolumeClaim the operator creates for the claim form of the weights cache."""
+
+    name: Text = Field(description="Claim name (<deployment>-weights).")
+    storage_class_name: Text | None = Field(default=None, description="StorageClass (\"\": static binding).")
+    size: Text = Field(description="Requested size.")
+    access_mode: Text = Field(description="Access mode.")
+    volume_name: Text | None = Field(default=None, description="PersistentVolume to bind.")
+
+
 class PoolPlan(ApiModel):
     """One pool's plan."""
 
@@ -109,7 +131,11 @@ class PoolPlan(ApiModel):
                                   "image the spec names, which keeps its own user.")
     model_claim: Text | None = Field(
         default=None, description="PersistentVolumeClaim holding the model, mounted read-only at /models; none: "
-                                  "/models is an emptyDir the engine downloads the model into.")
+                                  "/models is an emptyDir the engine downloads the model into (or the weights "
+                                  "cache holds it).")
+    weights_cache: WeightsCachePlan | None = Field(
+        default=None, description="The weights cache the fetch init container fills (Hub sources with the cache "
+                                  "on); the engine's model is then the link it writes.")
     kv: KVPlan = Field(description="KV cache plan.")
     attention_backend: Text | None = Field(
         default=None, description="--attention-backend the pool's extraArgs name (None: vLLM picks).")
@@ -185,6 +211,8 @@ class Plan(ApiModel):
     router: RouterConfig = Field(description="The router's configuration (router.json).")
     router_pod: RouterPod = Field(description="The router Deployment.")
     adapters: list[AdapterPlan] = Field(default_factory=list, description="LoRA adapter sources, by name.")
+    weights_claim: WeightsClaimPlan | None = Field(
+        default=None, description="The weights cache's claim the operator creates (model.cache.claim).")
     monitoring: MonitoringPlan = Field(default_factory=MonitoringPlan, description="Monitoring objects.")
     warnings: list[Text] = Field(default_factory=list, description="Deployment-wide warnings.")
     thresholds: RemediationThresholds | None = Field(

@@ -193,6 +193,44 @@ class ModelSource(ApiModel):
         return self
 
 
+class CacheClaimSpec(ApiModel):
+    """A PersistentVolumeClaim the operator creates for this VLLMDeployment's weights cache (`<name>-weights`), shared
+    by the engine pods of both pools: the form that needs no hostPath (baseline/restricted Pod Security)."""
+
+    storage_class_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        default=None, description="StorageClass of the claim; \"\" binds a static PersistentVolume (no "
+                                  "provisioner); unset: the cluster's default class.")
+    size: Quantity = Field(description="Requested size; also the cache's limit (least-recently-used entries no pod "
+                                       "uses are evicted to fit a new model).")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        default="ReadWriteMany", description="ReadWriteMany lets pods on every node share it; ReadWriteOnce keeps "
+                                             "all engine pods on the node that mounted it first.")
+    volume_name: Name | None = Field(default=None, description="Bind this PersistentVolume (static provisioning).")
+
+
+class WeightsCacheSpec(ApiModel):
+    """Where Hugging Face weights are cached between pod starts (docs/weights-cache.md). Unset: the operator's node
+    cache (a hostPath on every node, chart value weightsCache.hostPath)."""
+
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        ("!(has(self.claim) && has(self.enabled) && !self.enabled)",
+         "cache.claim is set but cache.enabled is false: drop one"),
+    ))
+
+    enabled: bool | None = Field(
+        default=None, description="false: each engine pod downloads into its own emptyDir, as without a cache "
+                                  "(every pod start downloads again).")
+    claim: CacheClaimSpec | None = Field(
+        default=None, description="Cache on a PersistentVolumeClaim of this deployment instead of the node's "
+                                  "directory.")
+
+    @model_validator(mode="after")
+    def _claim_or_off(self) -> Self:
+        if self.claim is not None and self.enabled is False:
+            raise ValueError("cache.claim is set but cache.enabled is false: drop one")
+        return self
+
+
 class TokenizerSource(ApiModel):
     """Where the router loads the tokenizer it counts prompt tokens with."""
 
@@ -215,14 +253,28 @@ class TokenizerSource(ApiModel):
 class ModelSpec(ApiModel):
     """The model to serve."""
 
+    model_config = ConfigDict(json_schema_extra=x_validations(
+        ("!(has(self.cache) && has(self.source) && has(self.source.pvc))",
+         "model.cache is for Hugging Face sources; source.pvc is read from its own claim"),
+    ))
+
     name: ShortText = Field(description="Hugging Face id (matched case-insensitively against the built-in catalog).")
     served_model_name: ShortText | None = Field(
         default=None, description="Name clients use in requests; defaults to name.")
     facts: ModelFacts | None = Field(default=None, description="Architecture facts for a model outside the catalog.")
     quantization: Quantization | None = Field(default=None, description="Weight quantization of the checkpoint.")
     source: ModelSource | None = Field(default=None, description="Where the weights come from (default: the Hub).")
+    cache: WeightsCacheSpec | None = Field(
+        default=None, description="Where Hub weights are cached, shared by both pools (default: the node cache). "
+                                  "Not for source.pvc, which is already a volume the engines read.")
     tokenizer: TokenizerSource | None = Field(
         default=None, description="Tokenizer source for the router (default: the model's Hub repo).")
+
+    @model_validator(mode="after")
+    def _cache_for_hub(self) -> Self:
+        if self.cache is not None and self.source is not None and self.source.pvc is not None:
+            raise ValueError("model.cache is for Hugging Face sources; source.pvc is read from its own claim")
+        return self
 
 
 class AcceleratorSpec(ApiModel):

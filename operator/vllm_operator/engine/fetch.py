@@ -14,6 +14,7 @@ Layout under the cache root (`--cache-root`):
     .locks/<org>--<name>--<commit>.lock   flock'ed by the pod that fetches; a second pod on the node waits on it, then
                                        finds the entry complete and fetches nothing
     .leases/<org>--<name>--<commit>/<pod-uid>   which pods last used an entry (the last-use time is its mtime)
+    .trash/                            entries being deleted by eviction (renamed there first)
 
 The key is the commit the revision resolves to, never the branch name: a branch that moves gets a new entry.
 
@@ -21,17 +22,21 @@ Steps, every start:
 1. Resolve the revision with the pod's own token (`HF_TOKEN`) — one metadata call (`model_info`). This is also the
    tenancy check: a gated or private model cached by a pod of another namespace is used only when this pod's token
    may read it too, so the cache never hands weights to a pod that could not fetch them itself.
-2. Complete entry present: link it and exit (nothing fetched).
-3. Otherwise, under the lock: fetch every file into the staging directory (resumable, `hub_downloader`), verify each
-   file's size and, for LFS files, its SHA-256 against the Hub's metadata, write `.complete`, rename the staging
-   directory into place (one rename on one file system: a reader sees the whole entry or none). A corrupt staging file
-   is deleted and fetched again once; then the fetch fails.
+2. Complete entry present: under its lock, lease it, link it and exit (nothing fetched).
+3. Otherwise, under the lock: make room under `--max-bytes` by evicting least-recently-used entries no engine uses
+   (`eviction.py`; CacheDiskFull when what is in use leaves no room), fetch every file into the staging directory
+   (resumable, `hub_downloader`), verify each file's size and, for LFS files, its SHA-256 against the Hub's metadata,
+   write `.complete`, rename the staging directory into place (one rename on one file system: a reader sees the
+   whole entry or none), lease it. A corrupt staging file is deleted and fetched again once; then the fetch fails.
 4. Link `--link` (in the pod's own emptyDir) to the entry: the engine's model argument.
 
-Progress goes to a JSON file next to the link (`--progress-file`: files and bytes done of total, rate, ETA) and to the
-log; failures exit with a distinct code and one JSON line in the termination message, as the engine wrapper's do
-(`constants.py`: HubUnreachable, ModelAccessDenied, CacheDiskFull, FetchFailed), so the health loop can say why.
-A fetch whose bytes stop moving for `--stall-seconds` is stopped with StartupStalled (phase downloading).
+Progress goes to a JSON file next to the link (`--progress-file`: files and bytes done of total, rate, ETA), to the log,
+and to the pod's status port (`--status-port`, the engine wrapper's port, free while init containers run) as the
+wrapper's start-up metrics in phase Downloading (bytes done and total), which the PodMonitor scrapes and the health loop
+turns into the pool's `startupPhase`/`startupProgress` as for a download the engine makes itself; failures exit with a
+distinct code and one JSON line in the termination message, as the engine wrapper's do (`constants.py`: HubUnreachable,
+ModelAccessDenied, CacheDiskFull, FetchFailed), so the health loop can say why. A fetch whose bytes stop moving for
+`--stall-seconds` is stopped with StartupStalled (phase downloading).
 """
 
 from __future__ import annotations
@@ -55,13 +60,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_operator import constants
+from vllm_operator.engine import eviction, phases, status
+from vllm_operator.engine.eviction import COMPLETE_MARKER, LEASES, LOCKS, STAGING
 
 log = logging.getLogger("vllm_operator.fetch")
 
-COMPLETE_MARKER = ".complete"
-STAGING = ".staging"
-LOCKS = ".locks"
-LEASES = ".leases"
+__all__ = ["COMPLETE_MARKER", "LEASES", "LOCKS", "STAGING", "fetch", "main"]
 HASH_CHUNK = 8 << 20
 WRITE_CHUNK = 1 << 20
 PART_SUFFIX = ".part"
@@ -341,18 +345,24 @@ def _fetch_into(staging: Path, resolved: Resolved, token: str | None, download: 
 
 
 def fetch(root: Path, resolved: Resolved, token: str | None, *, download: Downloader = hub_downloader,
-          progress: Progress | None = None) -> tuple[Path, int]:
-    """The complete entry of `resolved` under `root` and the bytes this call fetched (0 when it was there)."""
+          progress: Progress | None = None, pod_uid: str | None = None,
+          max_bytes: int | None = None) -> tuple[Path, int]:
+    """The complete entry of `resolved` under `root` and the bytes this call fetched (0 when it was there); the
+    entry is leased to `pod_uid` under its lock, so eviction cannot take it between this and the engine's start."""
     entry = entry_dir(root, resolved.repo, resolved.commit)
-    if is_complete(entry):
-        return entry, 0
     progress = progress or Progress(len(resolved.files), resolved.total_bytes)
     with locked(root, resolved.repo, resolved.commit):
-        if is_complete(entry):  # another pod fetched it while this one waited
+        if is_complete(entry):  # cached, or another pod fetched it while this one waited
+            lease(root, resolved, pod_uid)
             return entry, 0
         staging = root / STAGING / repo_key(resolved.repo) / resolved.commit
-        staging.mkdir(parents=True, exist_ok=True)
         resumed = _bytes_on_disk(staging)
+        if max_bytes is not None:
+            need = max(resolved.total_bytes - resumed, 0)
+            _evicted, why = eviction.make_room(root, need, max_bytes, keep=entry)
+            if why is not None:
+                raise FetchError(constants.REASON_CACHE_DISK_FULL, f"{resolved.repo}@{resolved.commit} {why}")
+        staging.mkdir(parents=True, exist_ok=True)
         if resumed:
             log.info("resumed the fetch of %s@%s with %d bytes already staged", resolved.repo, resolved.commit,
                      resumed)
@@ -375,6 +385,7 @@ def fetch(root: Path, resolved: Resolved, token: str | None, *, download: Downlo
             shutil.rmtree(entry)
         os.rename(staging, entry)
         _fsync_dir(entry.parent)
+        lease(root, resolved, pod_uid)
         return entry, progress.fetched_bytes
 
 
@@ -420,13 +431,16 @@ def link(link_path: Path, entry: Path) -> None:
 
 
 def _watch_stall(progress: Progress, staging: Path, stall_s: float, stop: threading.Event,
-                 stalled: threading.Event) -> None:
-    """Samples the staged bytes for the progress file; a fetch that does not move for `stall_s` is stalled."""
+                 stalled: threading.Event, monitor: status.Monitor | None = None) -> None:
+    """Samples the staged bytes for the progress file and the status port; a fetch that does not move for
+    `stall_s` is stalled."""
     base = progress.bytes_done
     while not stop.wait(PROGRESS_INTERVAL_S):
         progress.update(max(base, _bytes_on_disk(staging)))
         progress.write()
         view = progress.view()
+        if monitor is not None:
+            monitor.observe_download(view["bytesDone"], total=view["bytesTotal"])
         log.info("fetched %d of %d bytes (%d of %d files), ETA %s s", view["bytesDone"], view["bytesTotal"],
                  view["filesDone"], view["filesTotal"], view["etaSeconds"])
         if view["secondsSinceProgress"] >= stall_s:
@@ -458,8 +472,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-seconds", type=float,
                    default=constants.STARTUP_PHASE_LIMITS_S[constants.StartupPhase.DOWNLOADING],
                    help="stop a fetch whose bytes have not moved for this long (StartupStalled)")
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="the cache's size limit: least-recently-used entries no engine uses are evicted to fit")
+    p.add_argument("--status-host", default=os.environ.get("POD_IP", ""),
+                   help="address of the start-up status endpoint (default: env POD_IP, else all addresses)")
+    p.add_argument("--status-port", type=int, default=constants.ENGINE_STATUS_PORT,
+                   help="port of the start-up status endpoint (the engine's, free until it starts; 0 turns it off)")
     p.add_argument("--termination-message-path", default="/dev/termination-log")
     return p
+
+
+def _serve_status(host: str, port: int) -> status.Monitor | None:
+    """The wrapper's start-up endpoint in phase Downloading (module docstring); None when off or the port is
+    taken (the fetch goes on without it)."""
+    if not port:
+        return None
+    monitor = status.Monitor(phases.Tracker(started_at=time.time(), phase=phases.Phase.DOWNLOADING))
+    try:
+        status.serve(monitor, host, port)
+    except OSError as err:
+        log.warning("could not serve the fetch's progress on port %d (%s); fetching without it", port, err)
+        return None
+    return monitor
 
 
 def main(argv: Sequence[str]) -> int:
@@ -472,18 +506,21 @@ def main(argv: Sequence[str]) -> int:
     stop, stalled = threading.Event(), threading.Event()
     progress: Progress | None = None
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    monitor = _serve_status(args.status_host, args.status_port)
     try:
         resolved = resolve(args.repo, args.revision, token)
         log.info("resolved %s@%s to commit %s (%d files, %d bytes)", args.repo, args.revision or "main",
                  resolved.commit, len(resolved.files), resolved.total_bytes)
         progress = Progress(len(resolved.files), resolved.total_bytes, path=progress_path)
         staging = root / STAGING / repo_key(resolved.repo) / resolved.commit
-        watcher = threading.Thread(target=_watch_stall, args=(progress, staging, args.stall_seconds, stop, stalled),
-                                   daemon=True)
+        if monitor is not None:
+            monitor.observe_download(_bytes_on_disk(staging), total=resolved.total_bytes)
+        watcher = threading.Thread(target=_watch_stall, args=(progress, staging, args.stall_seconds, stop, stalled,
+                                                              monitor), daemon=True)
         watcher.start()
-        entry, fetched = fetch(root, resolved, token, progress=progress)
+        entry, fetched = fetch(root, resolved, token, progress=progress, pod_uid=args.pod_uid,
+                               max_bytes=args.max_bytes)
         stop.set()
-        lease(root, resolved, args.pod_uid)
         link(link_path, entry)
         progress.update(resolved.total_bytes)
         progress.files_done = len(resolved.files)

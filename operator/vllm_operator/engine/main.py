@@ -52,11 +52,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import adapters, amx, cgroup, downloads, idleprobe, phases, preflight, status
+from vllm_operator.engine import adapters, amx, cgroup, downloads, eviction, idleprobe, phases, preflight, status
 
 log = logging.getLogger("vllm_operator.engine")
 
@@ -424,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "VLLM_OPERATOR_IDLE_PROBE_FAILURES)")
     p.add_argument("--idle-probe-tick", type=float, default=idleprobe.TICK_S, metavar="SECONDS",
                    help=f"how often vLLM's /metrics is read to tell an idle engine (default {idleprobe.TICK_S:g})")
+    p.add_argument("--hold-weights", default=None, metavar="MARKER",
+                   help="the weights cache entry's .complete marker: held under a shared lock while the wrapper "
+                        "runs, so the cache does not evict a model in use (engine/eviction.py)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -466,6 +470,18 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:
         print(f"vllm-operator engine: {err}", file=sys.stderr)
         return 2
+    if args.hold_weights:
+        try:
+            eviction.hold(Path(args.hold_weights))
+        except OSError as err:
+            detail = (f"the cached model's marker {args.hold_weights} cannot be read ({err.strerror}): the weights "
+                      "cache entry is gone or incomplete; the pod's fetch-weights init container runs again when the "
+                      "pod is replaced")
+            result = Outcome(constants.EXIT_FETCH_FAILED, constants.REASON_FETCH_FAILED, detail, {})
+            write_termination_message(args.termination_message_path, termination_message(result, -1))
+            log.error("%s", detail)
+            return result.exit_code
+        log.info("Holding the weights cache entry %s while the engine runs", args.hold_weights)
     if problems:
         detail = "; ".join(problems)
         result = Outcome(constants.EXIT_PREFLIGHT_FAILED, constants.REASON_PREFLIGHT_FAILED, detail, {})

@@ -76,10 +76,10 @@ class Monitor:
             log.info("Entered start-up phase %s (from %s)", after.value, before.value)
         return advanced
 
-    def observe_download(self, bytes_done: int, now: float | None = None) -> bool:
+    def observe_download(self, bytes_done: int, now: float | None = None, total: int | None = None) -> bool:
         with self._lock:
             before = self._tracker.phase
-            grew = self._tracker.observe_download(bytes_done, time.time() if now is None else now)
+            grew = self._tracker.observe_download(bytes_done, time.time() if now is None else now, total)
             after = self._tracker.phase
         if after is not before:
             log.info("Entered start-up phase %s (from %s): bytes are arriving in the Hub cache", after.value,

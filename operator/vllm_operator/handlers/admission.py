@@ -33,6 +33,7 @@ from vllm_operator.handlers.reconcile import plan_context
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
 from vllm_operator.planning import plan_for
+from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ def _spec_unchanged(operation: str, obj: Mapping[str, Any], old: Mapping[str, An
 
 
 async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None,
-                 images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> Verdict:
+                 images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
+                 node_cache: NodeCache = DEFAULT_NODE_CACHE) -> Verdict:
     """Plan the object as reconcile would and say whether the API server may store it. A workload class that
     cannot be resolved now is not a refusal: classes are separate objects that may be applied after (or with) the
     VLLMDeployment, and the dependent says so in its SpecValid condition until they exist."""
@@ -67,7 +69,7 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
     except SpecError as err:
         return Verdict(False, str(err))
     try:
-        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes))
+        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache))
     except SpecError as err:
         if err.field == "spec.workloadClass":
             return Verdict(True, warnings=[f"{err}; not judged at admission: the operator plans it once the class "
@@ -115,7 +117,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         operation: str = kwargs["operation"]
         old = kwargs.get("old")
         verdict = await review(memo.kube, operation, dict(body), dict(old) if old is not None else None,
-                               config.images, memo.classes)
+                               config.images, memo.classes, config.node_cache)
         warnings.extend(verdict.warnings)
         if not verdict.allowed:
             meta = body.get("metadata", {})

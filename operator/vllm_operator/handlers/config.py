@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
+from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class OperatorConfig:
     health_interval_override: float | None = None  # seconds; tests shorten every deployment's interval
     status_refresh_delay: float = 2.0  # seconds a Deployment change waits for others to join its status write
     images: ImageDefaults = DEFAULT_IMAGES  # where default engine/router images come from (--image-repository)
+    node_cache: NodeCache = DEFAULT_NODE_CACHE  # the node weights cache (--weights-cache-host-path, -max-size)
     webhook: WebhookConfig | None = None  # serve the validating admission webhook (--webhook-port)
     workload_classes: bool = True  # read VLLMWorkloadClasses (False: --no-workload-classes, built-ins only)
     class_rollout_timeout: float = 600.0  # seconds a class roll-out waits for one dependent before the next

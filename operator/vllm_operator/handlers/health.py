@@ -115,10 +115,11 @@ async def check_one(memo: Any, config: OperatorConfig, source: PrometheusSource 
     memo.metrics.health_checks.inc()
     check = functools.partial(loop.check, kube, source, interval_override=config.health_interval_override,
                               context=functools.partial(plan_context, kube, images=config.images,
-                                                        classes=memo.classes),
+                                                        classes=memo.classes, node_cache=config.node_cache),
                               children=memo.children)
     result = await check(body)
     if result is not None:
         await loop.execute(kube, body, result, counters=memo.metrics, recheck=check,
                            reconcile=functools.partial(reconcile, images=config.images, classes=memo.classes,
-                                                       prometheus_url=config.prometheus_url))
+                                                       prometheus_url=config.prometheus_url,
+                                                       node_cache=config.node_cache))

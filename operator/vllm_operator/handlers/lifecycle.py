@@ -35,6 +35,7 @@ from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_
 from vllm_operator.handlers.watched import ChangeListener, Key, key_of
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import DEPLOYMENTS, KubeApi, KubeError
+from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,8 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
 
 async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                        queue: WorkQueue | None = None, prometheus_url: str | None = None) -> bool:
+                        queue: WorkQueue | None = None, prometheus_url: str | None = None,
+                        node_cache: NodeCache = DEFAULT_NODE_CACHE) -> bool:
     """Reconcile one VLLMDeployment for a handler (in a slot of `queue` when given; None: the caller holds one);
     True when children were written. `prometheus_url`: the operator's --prometheus-url, which the ScaledObjects of
     autoscaled pools query."""
@@ -69,9 +71,11 @@ async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
         queued = time.monotonic()
         async with queue.slot():
             metrics.reconcile_wait.observe(time.monotonic() - queued)
-            return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url)
+            return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url,
+                                       node_cache=node_cache)
     try:
-        outcome = await reconcile(kube, body, images=images, classes=classes, prometheus_url=prometheus_url)
+        outcome = await reconcile(kube, body, images=images, classes=classes, prometheus_url=prometheus_url,
+                                  node_cache=node_cache)
     except KubeError as err:
         metrics.reconcile_errors.inc()
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
@@ -102,7 +106,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.queue,
-                            config.prometheus_url)
+                            config.prometheus_url, config.node_cache)
 
     @kopf.on.event(*RESOURCE, id=WATCH_ID, registry=registry)
     async def _watched(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -143,12 +147,12 @@ async def _queued(memo: Any, config: OperatorConfig, what: str, key: Key) -> Non
         return
     if what == "reconcile":
         await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
-                            prometheus_url=config.prometheus_url)
+                            prometheus_url=config.prometheus_url, node_cache=config.node_cache)
         return
     meta = parent["metadata"]
     found = await memo.children.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
     await refresh_status(memo.kube, parent, deployments=[d for d in found if is_owned_by(d, meta["uid"])],
-                         images=config.images, classes=memo.classes)
+                         images=config.images, classes=memo.classes, node_cache=config.node_cache)
 
 
 CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)
@@ -210,4 +214,4 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
 def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
     """A class roll-out's reconcile of one dependent: through the queue, like every other."""
     return functools.partial(run_reconcile, memo.kube, memo.metrics, images=config.images, classes=memo.classes,
-                             queue=memo.queue, prometheus_url=config.prometheus_url)
+                             queue=memo.queue, prometheus_url=config.prometheus_url, node_cache=config.node_cache)

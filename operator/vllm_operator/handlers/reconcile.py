@@ -51,6 +51,7 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.planning import PlanContext, plan_for
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
+from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 from vllm_operator.rendering import RenderOptions, render
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
 
 
 async def plan_context(kube: KubeApi, resource: VLLMDeployment, images: ImageDefaults = DEFAULT_IMAGES,
-                       classes: ClassIndex | None = None) -> PlanContext:
+                       classes: ClassIndex | None = None, node_cache: NodeCache = DEFAULT_NODE_CACHE) -> PlanContext:
     """What the operator plans a VLLMDeployment with (`planning.plan_for`): `auto` resolved from the nodes, with
     its explanation; its class from `classes` (None: the built-in table); the operator's --image-repository. Every
     reader — reconcile, the status refresh, the health loop, admission — plans with this, so they plan the same
@@ -169,7 +170,8 @@ async def plan_context(kube: KubeApi, resource: VLLMDeployment, images: ImageDef
     accelerator, note = await resolve_accelerator(kube, resource.spec)
     meta = resource.metadata
     klass = await classes.resolve(kube, (meta.namespace, meta.name), resource.spec) if classes else None
-    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=images)
+    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=images,
+                       node_cache=node_cache)
 
 
 EVENT_MESSAGE_LIMIT = 1024
@@ -297,7 +299,8 @@ async def _post_wake_events(kube: KubeApi, obj: Mapping[str, Any], events: Seque
 
 async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
                     images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                    prometheus_url: str | None = None) -> ReconcileOutcome:
+                    prometheus_url: str | None = None, node_cache: NodeCache = DEFAULT_NODE_CACHE,
+                    ) -> ReconcileOutcome:
     """Bring one VLLMDeployment's children and status in line with its spec (see module docstring); `images`: the
     operator's --image-repository; `classes`: the cluster's VLLMWorkloadClasses (None: the built-in table);
     `prometheus_url`: the Prometheus the autoscaling triggers query (the operator's --prometheus-url)."""
@@ -319,7 +322,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
 
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
-        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes), base_status)
+        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache), base_status)
     except SpecError as err:
         outcome.spec_error = refusal = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
@@ -408,7 +411,8 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
                          deployments: Sequence[Mapping[str, Any]] | None = None,
-                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None) -> bool:
+                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
+                         node_cache: NodeCache = DEFAULT_NODE_CACHE) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
     `obj` and `deployments` may come from the operator's watches (handlers/watched.py), so that the only
@@ -422,7 +426,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
         prev = VLLMDeploymentStatus.of(current)
         try:
             resource = parse_resource(dict(current))
-            the_plan = plan_for(resource, await plan_context(kube, resource, images, classes), prev)
+            the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache), prev)
         except SpecError:
             return None  # the spec is refused; the lifecycle handler owns that status
         found = deployments if deployments is not None else await kube.list(

@@ -41,6 +41,7 @@ from vllm_operator.images import (
 )
 from vllm_operator.k8s import DEPLOYMENTS, ClientKubeApi, Connection, CredentialsError, KubeApi
 from vllm_operator.listen import listen_failure
+from vllm_operator.planning import weights_cache
 
 PROG = "vllm-operator run"
 log = logging.getLogger(__name__)
@@ -285,6 +286,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     add_image_pull_secret_argument(parser, default=[n.strip() for n in os.environ.get(ENV_PULL_SECRETS, "").split(",")
                                                     if n.strip()])
     add_webhook_arguments(parser)
+    weights_cache.add_arguments(parser)
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(list(argv))
     if args.all_namespaces and args.namespace:
@@ -300,6 +302,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     return OperatorConfig(namespaces=tuple(args.namespace), prometheus_url=args.prometheus_url,
                           health_enabled=not args.no_health, http_port=args.port,
                           status_refresh_delay=args.status_refresh_delay, images=images,
+                          node_cache=weights_cache.from_arguments(parser, args),
                           webhook=webhook_config(parser, args),
                           workload_classes=not args.no_workload_classes,
                           max_concurrent_reconciles=args.max_concurrent_reconciles)

@@ -38,6 +38,10 @@ class State(enum.StrEnum):
     RUNAWAY_GENERATION = "RunawayGeneration"
     KV_PRESSURE = "KVPressure"
     UNSCHEDULABLE = "Unschedulable"
+    HUB_UNREACHABLE = "HubUnreachable"
+    MODEL_ACCESS_DENIED = "ModelAccessDenied"
+    CACHE_DISK_FULL = "CacheDiskFull"
+    FETCH_FAILED = "FetchFailed"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
 
     @property
@@ -94,6 +98,19 @@ DESCRIPTIONS: Mapping[State, str] = {
     State.KV_PRESSURE: "Mean KV cache usage over the window is at or above the pressure level (default 95 %); "
                        "preemptions likely. Condition and event only.",
     State.UNSCHEDULABLE: "The scheduler cannot place the pod (PodScheduled=False, reason Unschedulable).",
+    State.HUB_UNREACHABLE: "The pod's fetch-weights init container got no answer from the Hugging Face Hub "
+                           "(connection refused, DNS, timeout, HTTP 5xx; exit code 78). The kubelet retries it "
+                           "with back-off; staged bytes are kept and resumed. Nothing is stepped down or deleted.",
+    State.MODEL_ACCESS_DENIED: "The Hub refused the pod's own token for the model (gated without access, private, "
+                               "unknown repository or revision, HTTP 401/403; exit code 79) — also what a pod gets "
+                               "whose token may not read a model another namespace's pod cached. Fix the token "
+                               "Secret or the repository/revision; retries cannot help.",
+    State.CACHE_DISK_FULL: "The weights cache cannot hold the model (exit code 80): its limit or its file system is "
+                           "full with entries in use (the message names them). The partial fetch was removed; "
+                           "raise the cache's size or free the disk.",
+    State.FETCH_FAILED: "The weights fetch failed otherwise (a file still corrupt after a second fetch, an "
+                        "unexpected error; exit code 81), or the engine found its cache entry gone. No "
+                        "half-written model is served: only complete, verified entries are linked.",
     State.METRICS_UNAVAILABLE: "No fresh samples for the pod or pool: Prometheus not configured, unreachable, the "
                                "scrape target down, or samples older than the staleness limit. No destructive "
                                "action is taken on a pod in this state.",
@@ -108,6 +125,10 @@ SEVERITY: tuple[State, ...] = (
     State.STARTUP_STALLED,
     State.STALLED,
     State.ENGINE_UNRESPONSIVE,
+    State.MODEL_ACCESS_DENIED,
+    State.CACHE_DISK_FULL,
+    State.FETCH_FAILED,
+    State.HUB_UNREACHABLE,
     State.CRASH_LOOPING,
     State.UNSCHEDULABLE,
     State.RUNAWAY_GENERATION,
@@ -120,9 +141,15 @@ SEVERITY: tuple[State, ...] = (
 
 FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
                             State.STARTUP_STALLED, State.STARTUP_FAILED, State.STALLED, State.ENGINE_UNRESPONSIVE,
-                            State.CRASH_LOOPING, State.UNSCHEDULABLE})
+                            State.CRASH_LOOPING, State.UNSCHEDULABLE, State.HUB_UNREACHABLE, State.MODEL_ACCESS_DENIED,
+                            State.CACHE_DISK_FULL, State.FETCH_FAILED})
 REPLACED_STATES = frozenset({State.STALLED, State.ENGINE_UNRESPONSIVE})
 """Serving pods that nothing else restarts: the operator deletes them (policy.py), within the restart budget."""
+FETCH_STATES: Mapping[str, State] = {constants.REASON_HUB_UNREACHABLE: State.HUB_UNREACHABLE,
+                                     constants.REASON_MODEL_ACCESS_DENIED: State.MODEL_ACCESS_DENIED,
+                                     constants.REASON_CACHE_DISK_FULL: State.CACHE_DISK_FULL,
+                                     constants.REASON_FETCH_FAILED: State.FETCH_FAILED}
+"""The weights fetch's termination reasons (engine/fetch.py)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +252,8 @@ def classify(term: Termination) -> State | None:
         return State.STARTUP_STALLED
     if term.wrapper_reason == constants.REASON_STARTUP_FAILED:
         return State.STARTUP_FAILED
+    if term.wrapper_reason is not None and term.wrapper_reason in FETCH_STATES:
+        return FETCH_STATES[term.wrapper_reason]
     if term.exit_code not in (None, 0):
         return State.CRASH_LOOPING
     return None
@@ -346,6 +375,11 @@ def diagnose_pod(pod: PodFacts, metrics: PodMetrics | None, metrics_on: bool, no
             if startup.stalled:
                 return out(State.STARTUP_STALLED, f"pod {pod.name}: start stuck in {where}")
             return out(State.STARTING, f"pod {pod.name} is starting ({where})")
+        if pod.container_name == constants.FETCH_CONTAINER:
+            running = f"running for {now - pod.started_at:.0f}s" if pod.started_at is not None else \
+                (pod.waiting_reason or "waiting")
+            return out(State.STARTING,
+                       f"pod {pod.name} is fetching its weights ({constants.FETCH_CONTAINER} {running})")
         detail = pod.waiting_reason or ("not ready" if pod.phase == "Running" else pod.phase)
         return out(State.STARTING, f"pod {pod.name} is starting ({detail})")
     if not metrics_on:

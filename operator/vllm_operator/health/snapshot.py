@@ -17,6 +17,7 @@ from typing import Any
 from vllm_operator import constants
 
 ENGINE_CONTAINER = "engine"
+FETCH_CONTAINER = constants.FETCH_CONTAINER
 
 
 def parse_time(value: object) -> float | None:
@@ -190,6 +191,18 @@ def _termination(raw: Mapping[str, Any] | None, restart_count: int) -> Terminati
                        wrapper_reason=wrapper_reason, detail=detail)
 
 
+def _unfinished_fetch(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The weights fetch init container's status while it has not finished (None once it exited 0, or without one).
+    Its terminations carry the fetch's reasons (HubUnreachable, ModelAccessDenied, CacheDiskFull, FetchFailed,
+    StartupStalled) in the termination message, as the engine wrapper's do."""
+    inits = [c for c in status.get("initContainerStatuses", []) or [] if isinstance(c, Mapping)]
+    fetch = next((c for c in inits if c.get("name") == FETCH_CONTAINER), None)
+    if fetch is None:
+        return None
+    done = ((fetch.get("state", {}) or {}).get("terminated") or {})
+    return None if isinstance(done, Mapping) and done.get("exitCode") == 0 else fetch
+
+
 def pod_facts(pod: Mapping[str, Any], container: str = ENGINE_CONTAINER) -> PodFacts:
     """Read the facts the diagnosis needs off a Pod object (as the API returns it)."""
     meta = pod.get("metadata", {}) or {}
@@ -202,6 +215,9 @@ def pod_facts(pod: Mapping[str, Any], container: str = ENGINE_CONTAINER) -> PodF
         unschedulable = str(scheduled.get("message") or "no node fits the pod")
     statuses = [c for c in status.get("containerStatuses", []) or [] if isinstance(c, Mapping)]
     chosen = next((c for c in statuses if c.get("name") == container), statuses[0] if statuses else None)
+    fetching = _unfinished_fetch(status)
+    if fetching is not None:  # the engine cannot start before the weights are in place: the fetch is the pod's state
+        chosen = fetching
     facts: dict[str, Any] = {}
     if chosen is not None:
         restarts = int(chosen.get("restartCount") or 0)

@@ -41,6 +41,14 @@ def _gib(n: float) -> str:
     return f"{n / catalog.GIB:.2f}"
 
 
+def _cache_line(pool: PoolPlan) -> str:
+    """Where the pool's Hub weights are cached (docs/weights-cache.md)."""
+    c = pool.weights_cache
+    assert c is not None
+    where = f"node cache {c.host_path}" if c.host_path else f"claim {c.claim_name}"
+    return f"{c.repo}@{c.revision or 'main'} fetched once into the {where} (limit {_gib(c.max_bytes)} GiB)"
+
+
 def _pool_lines(pool: PoolPlan, acc: AcceleratorFacts) -> list[str]:
     state = "enabled" if pool.enabled else "disabled"
     lo, hi = pool.prompt_range
@@ -48,6 +56,7 @@ def _pool_lines(pool: PoolPlan, acc: AcceleratorFacts) -> list[str]:
              f"{' (external autoscaler)' if pool.external_autoscaler else ''}, prompts [{lo}, {hi}) tokens, "
              f"maxModelLen {pool.max_model_len}, maxTokens {pool.max_tokens}",
              f"  model  {pool.model}",
+             *([f"  weights  {_cache_line(pool)}"] if pool.weights_cache is not None else []),
              f"  image  {pool.image}",
              "  args"]
     lines += [f"    {arg}" for arg in pool.engine_args]

@@ -32,7 +32,7 @@ from vllm_operator.images import (
     add_image_repository_argument,
     with_pull_secrets,
 )
-from vllm_operator.planning import catalog, classfile, profiles
+from vllm_operator.planning import catalog, classfile, profiles, weights_cache
 from vllm_operator.planning.planner import PlanContext, plan_for, resolve_class
 
 STDIN = "-"
@@ -67,11 +67,12 @@ def add_input_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                              "(repeatable; classes inside the -f file count too; built-ins need none)")
     add_image_repository_argument(parser)
     add_image_pull_secret_argument(parser)
+    weights_cache.add_arguments(parser)
 
 
 def input_file(args: argparse.Namespace) -> str:
-    """The one input file of `-f FILE` / the positional path (and --image-pull-secret folded into args.images);
-    UsageError when none or two different ones."""
+    """The one input file of `-f FILE` / the positional path (and --image-pull-secret folded into args.images, the
+    --weights-cache-* flags into args.node_cache); UsageError when none or two different ones, or a flag is wrong."""
     if args.file and args.path and args.file != args.path:
         raise UsageError(f"two files given ({args.file}, {args.path}); give one -f FILE at a time")
     path: str | None = args.file or args.path
@@ -83,6 +84,11 @@ def input_file(args: argparse.Namespace) -> str:
         args.images = with_pull_secrets(args)  # the plan names every image and pull secret the pods get
     except ValueError as err:
         raise UsageError(f"--image-pull-secret: {err}") from None
+    cache, problem = weights_cache.node_cache_argument_problem(args.weights_cache_host_path,
+                                                                args.weights_cache_max_size)
+    if cache is None:
+        raise UsageError(f"--weights-cache-host-path/--weights-cache-max-size: {problem}")
+    args.node_cache = cache
     return path
 
 
@@ -188,7 +194,8 @@ def _inline_classes(docs: Sequence[Any]) -> dict[str, profiles.NamedClass]:
 
 def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_version: str | None = None,
                    facts: ModelFacts | None = None, images: ImageDefaults = DEFAULT_IMAGES,
-                   classes: Mapping[str, profiles.NamedClass] | None = None) -> list[Planned]:
+                   classes: Mapping[str, profiles.NamedClass] | None = None,
+                   node_cache: weights_cache.NodeCache = weights_cache.DEFAULT_NODE_CACHE) -> list[Planned]:
     """Plan every VLLMDeployment document (`facts`: --model-config's, in place of the spec's; `classes`: the
     --class files' VLLMWorkloadClasses, joined by those among `docs`); SpecError for the first refused."""
     out: list[Planned] = []
@@ -202,7 +209,8 @@ def plan_documents(docs: Sequence[Any], *, gpu: str | None = None, engine_versio
         if facts is not None:
             spec = spec.model_copy(update={"model": spec.model.model_copy(update={"facts": facts})})
         context = PlanContext(accelerator=accelerator_for_gpu(resource, gpu), images=images,
-                              engine_version=engine_version, workload_class=resolve_class(spec, known))
+                              engine_version=engine_version, workload_class=resolve_class(spec, known),
+                              node_cache=node_cache)
         the_plan = plan_for(resource.model_copy(update={"spec": spec}), context)
         out.append(Planned(resource, spec, the_plan))
     return out
@@ -213,7 +221,7 @@ def plan_input(path: str, args: argparse.Namespace) -> list[Planned]:
     facts = model_facts(args.model_config, args.weights_gib) if args.model_config else None
     classes = classfile.load_classes(Path(p) for p in args.class_files)
     return plan_documents(load_documents(path), gpu=args.gpu, engine_version=args.engine_version, facts=facts,
-                          images=args.images, classes=classes)
+                          images=args.images, classes=classes, node_cache=args.node_cache)
 
 
 def facts_block(facts: ModelFacts) -> str:

@@ -36,6 +36,7 @@ from vllm_operator.api.plan import (
     Plan,
     PoolPlan,
     Resources,
+    WeightsCachePlan,
 )
 from vllm_operator.api.remediation import merge_thresholds
 from vllm_operator.api.resource import VLLMDeployment
@@ -63,7 +64,17 @@ from vllm_operator.api.spec import (
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.api.workload_class import ClassAutoscaling, ClassPool, KVCachePolicy
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.planning import catalog, engine_args, host_resources, kvcache, ladder, lora, pods, profiles
+from vllm_operator.planning import (
+    catalog,
+    engine_args,
+    host_resources,
+    kvcache,
+    ladder,
+    lora,
+    pods,
+    profiles,
+    weights_cache,
+)
 from vllm_operator.planning.catalog import GIB, MIB, ModelInfo
 
 API_KEYS_DIR = "/etc/vllm-operator/api-keys"
@@ -407,7 +418,8 @@ def _model_dtype(version: engine_args.EngineVersion, acc: AcceleratorFacts, back
 
 def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, acc: AcceleratorFacts,
                version: engine_args.EngineVersion, version_text: str, remedy: PoolRemediation,
-               short_len: int | None, images: ImageDefaults, pool_lora: lora.PoolLora | None = None) -> PoolPlan:
+               short_len: int | None, images: ImageDefaults, pool_lora: lora.PoolLora | None = None,
+               cache: WeightsCachePlan | None = None) -> PoolPlan:
     ps, prof, name = draft.spec, draft.profile, draft.name
     path = f"spec.pools.{name}"
     warnings = list(draft.warnings)
@@ -492,7 +504,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
         kv_cache_memory_bytes=kv_memory_bytes, tensor_parallel_size=tp,
         quantization=spec.model.quantization.value if spec.model.quantization else None,
-        revision=hf.revision if hf is not None else None, port=constants.ENGINE_PORT,
+        revision=hf.revision if hf is not None and cache is None else None, port=constants.ENGINE_PORT,
         max_loras=pool_lora.max_loras if pool_lora else None, max_lora_rank=pool_lora.max_rank if pool_lora else None,
         dtype=model_dtype)
     args = engine_args.build_args(values, version, extra)
@@ -503,19 +515,20 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
     image = runtime.image if runtime and runtime.image else images.engine(gpu=acc.is_gpu, version=version_text)
     scaling = _autoscaling(ps, draft.class_autoscaling, draft.class_name, name)
     start = max(scaling.min_replicas, 1) if scaling is not None else (ps.replicas if ps.replicas is not None else 1)
-    env, secret_env = pods.engine_env(spec, ps, acc, name, lora_on=pool_lora is not None)
+    env, secret_env = pods.engine_env(spec, ps, acc, name, lora_on=pool_lora is not None, cached=cache is not None)
     return PoolPlan(
         name=name, enabled=draft.enabled, replicas=start, autoscaling=scaling,
         external_autoscaler=bool(ps.external_autoscaler), max_model_len=s.max_model_len, max_tokens=s.max_tokens,
         max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
         kv_cache_dtype=s.kv_cache_dtype, gpu_memory_utilization=s.gpu_memory_utilization,
-        prompt_range=(0, s.max_model_len), model=_model_path(spec), served_model_name=served, engine_args=args,
+        prompt_range=(0, s.max_model_len), model=constants.WEIGHTS_LINK if cache is not None else _model_path(spec),
+        served_model_name=served, engine_args=args,
         env=env, secret_env=secret_env, resources=_resources(ps, acc, spec, weights),
         node_selector=dict(sorted(node_selector.items())), gpu_products=products,
         tolerations=pods.tolerations(ps, acc), image=image,
         image_pull_policy=spec.engine.image_pull_policy if spec.engine is not None else None,
         image_pull_secrets=pods.pull_secrets(spec, images), run_as_user=pods.run_as_user(spec, acc),
-        model_claim=pods.model_claim(spec),
+        model_claim=pods.model_claim(spec), weights_cache=cache,
         kv=KVPlan(bytes_per_token=per_token, budget_bytes=max(budget, 0), planned_tokens=tokens,
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
@@ -686,7 +699,7 @@ its replicas, so a scale step never rewrites router.json)."""
                      strategy=_strategy(spec, pool.name, klass),
                      prefix=PrefixRouting(block_tokens=block, index_blocks=index),
                      wake_seconds=wake_budget(acc.is_gpu, _timeouts(spec).total_seconds,
-                                              pool.autoscaling.polling_interval_seconds)
+                                              pool.autoscaling.polling_interval_seconds, cold_download_s(pool, acc))
                      if sleeps and pool.autoscaling is not None else None)
 
 
@@ -704,11 +717,22 @@ WAKE_POD_START_S = 30
 WAKE_ENGINE_START_S = {True: 240, False: 90}
 
 
-def wake_budget(gpu: bool, total_seconds: float, polling_s: float) -> float:
-    """How long the router holds a request for a sleeping pool: the whole wake chain, within the request's own
-    total timeout (less 10 % for the answer itself)."""
+def cold_download_s(pool: PoolPlan, acc: AcceleratorFacts) -> float:
+    """The download a start of this pool may have to make first, at a slow link's rate: none when the weights are
+    on a claim the user filled (source.pvc); the whole checkpoint for a Hub source, cached or not. The plan cannot
+    know the node a woken pod lands on, and a node cache holds a model only on the nodes that fetched it (and
+    evicts it when none uses it), so the budget stays cold (docs/weights-cache.md, "What the planner knows")."""
+    if pool.model_claim is not None:
+        return 0.0
+    return pool.kv.breakdown.weights_bytes * (acc.count if acc.is_gpu else 1) / constants.WEIGHTS_DOWNLOAD_BYTES_PER_S
+
+
+def wake_budget(gpu: bool, total_seconds: float, polling_s: float, download_s: float = 0.0) -> float:
+    """How long the router holds a request for a sleeping pool: the whole wake chain, with the weights' download
+    when they may not be on the node (`cold_download_s`), within the request's own total timeout (less 10 % for the
+    answer itself)."""
     chain = WAKE_SCRAPE_S + polling_s + WAKE_HPA_SYNC_S + WAKE_POD_START_S \
-        + WAKE_ENGINE_START_S[gpu]
+        + WAKE_ENGINE_START_S[gpu] + download_s
     return float(min(chain, total_seconds * 0.9))
 
 
@@ -777,6 +801,8 @@ class PlanContext:
     images: ImageDefaults = DEFAULT_IMAGES
     engine_version: str | None = None
     """The CLI's --engine-version (None: the spec's, else the default)."""
+    node_cache: weights_cache.NodeCache = weights_cache.DEFAULT_NODE_CACHE
+    """The operator's node weights cache (--weights-cache-host-path, --weights-cache-max-size)."""
 
 
 def plan_for(resource: VLLMDeployment, context: PlanContext, status: VLLMDeploymentStatus | None = None) -> Plan:
@@ -786,7 +812,7 @@ def plan_for(resource: VLLMDeployment, context: PlanContext, status: VLLMDeploym
     state = RemediationState.from_status(status if status is not None else resource.status)
     the_plan = plan(resource.spec, context.accelerator, state, name=meta.name, namespace=meta.namespace,
                     engine_version=context.engine_version, images=context.images,
-                    workload_class=context.workload_class)
+                    workload_class=context.workload_class, node_cache=context.node_cache)
     if context.accelerator_note:
         the_plan = the_plan.model_copy(update={"warnings": [*the_plan.warnings, context.accelerator_note]})
     return the_plan
@@ -794,7 +820,8 @@ def plan_for(resource: VLLMDeployment, context: PlanContext, status: VLLMDeploym
 
 def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
          name: str, namespace: str, engine_version: str | None = None,
-         images: ImageDefaults = DEFAULT_IMAGES, workload_class: profiles.NamedClass | None = None) -> Plan:
+         images: ImageDefaults = DEFAULT_IMAGES, workload_class: profiles.NamedClass | None = None,
+         node_cache: weights_cache.NodeCache = weights_cache.DEFAULT_NODE_CACHE) -> Plan:
     """Plan a VLLMDeployment (see the module docstring); raises SpecError. `images`: where default engine images
     come from (the operator's --image-repository); `workload_class`: the class resolved by `resolve_class` (default:
     resolved among the built-ins). A spec whose KV cache does not fit is
@@ -803,7 +830,7 @@ def plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedia
     klass = workload_class if workload_class is not None else resolve_class(spec)
     try:
         return _plan(spec, accelerator, remediation, name=name, namespace=namespace, engine_version=engine_version,
-                     images=images, klass=klass)
+                     images=images, klass=klass, node_cache=node_cache)
     except _NoFit as err:
         options = _fitting_lora(spec, accelerator, remediation, name, namespace, engine_version, err, klass)
         options += [err.lengths] if err.lengths else []
@@ -877,7 +904,8 @@ def _plans(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remed
 
 def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remediation: RemediationState, *,
           name: str, namespace: str, engine_version: str | None, klass: profiles.NamedClass,
-          images: ImageDefaults = DEFAULT_IMAGES) -> Plan:
+          images: ImageDefaults = DEFAULT_IMAGES,
+          node_cache: weights_cache.NodeCache = weights_cache.DEFAULT_NODE_CACHE) -> Plan:
     check_name(name)
     model = resolve_model(spec)
     acc = resolve_accelerator(spec, accelerator)
@@ -899,11 +927,12 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
     enabled = tuple(d.name for d in (short_d, long_d) if d.enabled)
     lora.check_adapters(spec, spec.model.served_model_name or spec.model.name, enabled)
     tp = acc.count if acc.is_gpu else 1
+    cache, claim = weights_cache.plan(spec, name, node_cache)
     short = _plan_pool(spec, short_d, model, acc, version, version_text, remediation.pool(constants.POOL_SHORT),
-                       None, images, lora.pool_lora(spec, constants.POOL_SHORT, enabled, model, tp))
+                       None, images, lora.pool_lora(spec, constants.POOL_SHORT, enabled, model, tp), cache)
     long = _plan_pool(spec, long_d, model, acc, version, version_text, remediation.pool(constants.POOL_LONG),
                       short.max_model_len if short.enabled else None, images,
-                      lora.pool_lora(spec, constants.POOL_LONG, enabled, model, tp))
+                      lora.pool_lora(spec, constants.POOL_LONG, enabled, model, tp), cache)
     if long.enabled and long.autoscaling is not None and long.autoscaling.min_replicas == 0 and (
             not short.enabled or (short.autoscaling is None and short.replicas < 1)):
         raise SpecError("spec.pools.long.autoscaling.minReplicas",
@@ -950,7 +979,7 @@ def _plan(spec: VLLMDeploymentSpec, accelerator: AcceleratorFacts | None, remedi
                   engine_version=version_text, accelerator=acc, pools={"short": short, "long": long},
                   router=router, router_pod=pods.router_pod(spec, images),
                   adapters=pods.adapters(spec, [a for p in (short, long) if p.enabled for a in p.adapters]),
-                  monitoring=pods.monitoring(spec), warnings=warnings, hash="",
+                  monitoring=pods.monitoring(spec), warnings=warnings, hash="", weights_claim=claim,
                   thresholds=merge_thresholds(spec.remediation.thresholds if spec.remediation else None,
                                               klass.spec.remediation_thresholds))
     return result.model_copy(update={"hash": plan_hash(result)})

@@ -37,8 +37,10 @@ def model_claim(spec: VLLMDeploymentSpec) -> str | None:
 
 
 def engine_env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, pool: str, *,
-               lora_on: bool = False) -> tuple[dict[str, str], dict[str, SecretKeyRef]]:
-    """(literal environment, environment from Secret keys) of a pool's engine container (module docstring)."""
+               lora_on: bool = False, cached: bool = False) -> tuple[dict[str, str], dict[str, SecretKeyRef]]:
+    """(literal environment, environment from Secret keys) of a pool's engine container (module docstring).
+    `cached`: the weights cache holds the model (the fetch init container put it there), so vLLM reads a local
+    directory and never asks the Hub (HF_HUB_OFFLINE); the token stays for the init container and Hub adapters."""
     env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     secrets: dict[str, SecretKeyRef] = {}
     if lora_on:  # vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set
@@ -46,7 +48,10 @@ def engine_env(spec: VLLMDeploymentSpec, ps: PoolSpec, acc: AcceleratorFacts, po
     if model_claim(spec) is not None:
         env["HF_HUB_OFFLINE"] = "1"
     else:
-        env["HF_HOME"] = HF_HOME
+        if cached:
+            env["HF_HUB_OFFLINE"] = "1"
+        else:
+            env["HF_HOME"] = HF_HOME
         hub = spec.model.source.hugging_face if spec.model.source is not None else None
         if hub is not None and hub.token_secret_ref is not None:
             secrets["HF_TOKEN"] = hub.token_secret_ref

@@ -1,7 +1,8 @@
 """Rendering: a Plan in, the list of Kubernetes manifests the operator applies out.
 
 Pure (no kopf, no kubernetes client, no I/O) and deterministic: one renderer module per kind group builds plain
-dicts (engine: pool Deployments; services: pool and router Services; router: ConfigMap, RBAC, router Deployment;
+dicts (engine: pool Deployments and the weights cache's claim; services: pool and router Services; router:
+ConfigMap, RBAC, router Deployment;
 policy: PodDisruptionBudgets, NetworkPolicy; autoscaling: KEDA ScaledObjects; monitoring + alerts: PodMonitor,
 PrometheusRule), and `render` normalises
 key order, stamps every object with the hash of its own content (`constants.ANNOTATION_SPEC_HASH`, computed without
@@ -35,6 +36,9 @@ def render(plan: Plan, *, options: RenderOptions | None = None) -> list[common.M
         objects += [engine.deployment(plan, pool), services.pool_service(plan, pool), policy.pool_pdb(plan, pool)]
         if pool.autoscaling is not None and opts.prometheus_url:
             objects.append(autoscaling.scaled_object(plan, pool, opts.prometheus_url))
+    cache_claim = engine.claim(plan)
+    if cache_claim is not None:
+        objects.append(cache_claim)
     lora = adapters.config_map(plan)
     if lora is not None:
         objects.append(lora)

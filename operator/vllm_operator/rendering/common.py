@@ -22,6 +22,7 @@ Manifest = dict[str, Any]
 # configuration pods read, the network rules and Services they are reached through, disruption budgets, the
 # workloads themselves, and last the monitoring objects whose CRDs may be absent.
 KIND_ORDER: tuple[str, ...] = (
+    "PersistentVolumeClaim",
     "ServiceAccount",
     "Role",
     "RoleBinding",

@@ -57,6 +57,21 @@ set (the plan's `modelClaim`), otherwise an emptyDir holding the Hugging Face ca
 /models then), which a restarted container reuses, so a crash does not mean a second download. The emptyDir has no
 size limit on purpose: exceeding one evicts the pod, and a checkpoint's size on disk is not known exactly before the
 download.
+
+Weights cache (a Hub model with the plan's `weightsCache`; docs/weights-cache.md): the cache — the node's hostPath
+(`DirectoryOrCreate`) or the deployment's claim — is mounted at /weights-cache, read-write in the init containers and
+read-only in the engine. Two init containers of the engine image run first: `weights-cache-owner` hands the cache's
+top directory (only it, not recursively) to the engine's uid when the image runs as one (the kubelet creates a
+hostPath root-owned; it runs as root with CHOWN as its only capability), and `fetch-weights` runs `vllm-operator
+fetch` with the pod's own token: it resolves the revision to a commit, fetches the model once per cache under a lock,
+evicts least-recently-used entries no engine uses to stay under the cache's limit, and links
+/run/vllm-operator/weights/model (a per-pod emptyDir) to the complete entry, which is the engine's model argument
+(vLLM runs with HF_HUB_OFFLINE). The engine wrapper holds a shared lock on the entry's `.complete` marker for its
+lifetime (`--hold-weights`): that is what "in use" means to eviction. The fetch gets the engine container's
+environment (HF_ENDPOINT, proxies, the token) less HF_HUB_OFFLINE, plus its pod's uid for the lease, and the engine's
+resources without accelerators (a pod's effective request is the larger of its init and app containers', so this
+costs no scheduling room). The download happens before the engine starts, so the engine's startup backstop counts
+no download; the Deployment's progress deadline still covers one (a cold node).
 """
 
 from __future__ import annotations
@@ -89,7 +104,9 @@ STARTUP_TIMEOUT_S = 5
 STARTUP_BACKSTOP_S = sum(constants.STARTUP_PHASE_LIMITS_S.values())
 """Every phase at its limit, one after the other: a start longer than that without the wrapper stopping it means the
 wrapper itself is not answering."""
-DOWNLOAD_BYTES_PER_S = 10 * 2**20
+DOWNLOAD_BYTES_PER_S = constants.WEIGHTS_DOWNLOAD_BYTES_PER_S
+CACHE_VOLUME = "weights-cache"
+LINK_VOLUME = "weights-link"
 READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, "successThreshold": 1}
 LIVENESS = {"periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4, "successThreshold": 1}
 PROGRESS_DEADLINE_MARGIN_S = 600
@@ -97,24 +114,45 @@ PROGRESS_DEADLINE_MARGIN_S = 600
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+def download_seconds(plan: Plan, pool: PoolPlan) -> float:
+    """A cold download of the pool's Hub weights at a slow link's rate (0 for a model on the user's claim)."""
+    if pool.model_claim is not None:
+        return 0.0
+    weights = pool.kv.breakdown.weights_bytes * (plan.accelerator.count if plan.accelerator.is_gpu else 1)
+    return weights / DOWNLOAD_BYTES_PER_S
+
+
 def startup_failure_threshold(plan: Plan, pool: PoolPlan) -> int:
-    """The startup probe's backstop in periods (module docstring): all phase limits, plus a slow Hub download."""
+    """The startup probe's backstop in periods (module docstring): all phase limits, plus a slow Hub download when
+    the engine downloads itself (with the weights cache the init container has fetched before the engine starts)."""
     seconds = STARTUP_BACKSTOP_S
-    if pool.model_claim is None:
-        weights = pool.kv.breakdown.weights_bytes * (plan.accelerator.count if plan.accelerator.is_gpu else 1)
-        seconds += weights / DOWNLOAD_BYTES_PER_S
+    if pool.weights_cache is None:
+        seconds += download_seconds(plan, pool)
     return math.ceil(seconds / STARTUP_PERIOD_S)
+
+
+def progress_deadline(plan: Plan, pool: PoolPlan) -> int:
+    """The Deployment's progress deadline: the startup backstop, any download (in the engine or its init
+    container: a cold node), and a margin."""
+    seconds = STARTUP_BACKSTOP_S + download_seconds(plan, pool) + PROGRESS_DEADLINE_MARGIN_S
+    return STARTUP_PERIOD_S * math.ceil(seconds / STARTUP_PERIOD_S)
 
 
 def http_probe(timing: dict[str, int], path: str = HEALTH_PATH, port: str = PORT_NAME) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": port, "scheme": "HTTP"}, **timing}
 
 
+def env_map(pool: PoolPlan) -> dict[str, dict[str, Any]]:
+    """The plan's literals and Secret keys, name -> EnvVar body."""
+    merged: dict[str, dict[str, Any]] = {k: {"value": v} for k, v in pool.env.items()}
+    merged.update({k: {"valueFrom": {"secretKeyRef": ref.to_wire()}} for k, ref in pool.secret_env.items()})
+    return merged
+
+
 def env(pool: PoolPlan) -> list[dict[str, Any]]:
     """The plan's literals and Secret keys; POD_IP always comes from the downward API, first, because
     `--host=$(POD_IP)` depends on it."""
-    merged: dict[str, dict[str, Any]] = {k: {"value": v} for k, v in pool.env.items()}
-    merged.update({k: {"valueFrom": {"secretKeyRef": ref.to_wire()}} for k, ref in pool.secret_env.items()})
+    merged = env_map(pool)
     merged["POD_IP"] = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}
     return common.env_list(merged, first=("POD_IP",))
 
@@ -143,11 +181,13 @@ def adapter_volumes(plan: Plan, pool: PoolPlan) -> tuple[list[dict[str, Any]], l
 
 
 def command(pool: PoolPlan) -> list[str]:
-    """`vllm-operator engine [--adapters-file F] -- vllm serve MODEL`."""
+    """`vllm-operator engine [--adapters-file F] [--hold-weights M] -- vllm serve MODEL`."""
     wrapper, launch = list(ENGINE_COMMAND[:2]), list(ENGINE_COMMAND[2:])
     if adapters.lora_enabled(pool):
         wrapper += [f"--adapters-file={constants.ADAPTERS_MOUNT}/{adapters.file_name(pool.name)}",
                     f"--adapters-hub-cache={constants.ADAPTERS_HUB_CACHE}"]
+    if pool.weights_cache is not None:
+        wrapper.append(f"--hold-weights={constants.WEIGHTS_LINK}/.complete")
     return [*wrapper, *launch, pool.model]
 
 
@@ -160,10 +200,83 @@ def volumes(plan: Plan, pool: PoolPlan) -> tuple[list[dict[str, Any]], list[dict
         vols.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pool.model_claim,
                                                                      "readOnly": True}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT, "readOnly": True})
+    elif pool.weights_cache is not None:
+        vols += cache_volumes(pool)
+        mounts += [{"name": CACHE_VOLUME, "mountPath": constants.WEIGHTS_CACHE_MOUNT, "readOnly": True},
+                   {"name": LINK_VOLUME, "mountPath": constants.WEIGHTS_LINK_DIR, "readOnly": True}]
     else:
         vols.append({"name": MODEL_VOLUME, "emptyDir": {}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT})
     return vols, mounts
+
+
+def cache_volumes(pool: PoolPlan) -> list[dict[str, Any]]:
+    """The weights cache (the node's directory or the deployment's claim) and the pod's link directory."""
+    cache = pool.weights_cache
+    assert cache is not None
+    source: dict[str, Any] = ({"persistentVolumeClaim": {"claimName": cache.claim_name}} if cache.claim_name else
+                              {"hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}})
+    return [{"name": CACHE_VOLUME, **source}, {"name": LINK_VOLUME, "emptyDir": {}}]
+
+
+def init_containers(pool: PoolPlan) -> list[dict[str, Any]]:
+    """The weights cache's init containers (module docstring); none without the cache."""
+    cache = pool.weights_cache
+    if cache is None:
+        return []
+    mounts = [{"name": CACHE_VOLUME, "mountPath": constants.WEIGHTS_CACHE_MOUNT},
+              {"name": LINK_VOLUME, "mountPath": constants.WEIGHTS_LINK_DIR}]
+    base = {k: v for k, v in env_map(pool).items() if k != "HF_HUB_OFFLINE"}
+    base["POD_UID"] = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}}
+    fetch_command = ["vllm-operator", "fetch", f"--cache-root={constants.WEIGHTS_CACHE_MOUNT}", f"--repo={cache.repo}",
+                     f"--link={constants.WEIGHTS_LINK}", f"--max-bytes={cache.max_bytes}"]
+    if cache.revision:
+        fetch_command.append(f"--revision={cache.revision}")
+    own = {k: {r: q for r, q in v.items() if r in ("cpu", "memory", "ephemeral-storage")}
+           for k, v in resources(pool).items()}
+    fetch: dict[str, Any] = {
+        "name": constants.FETCH_CONTAINER,
+        "image": pool.image,
+        "command": fetch_command,
+        "env": common.env_list(base, first=("POD_UID",)),
+        "resources": {k: v for k, v in own.items() if v},
+        "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
+    out = [fetch]
+    if pool.run_as_user is not None:
+        uid = pool.run_as_user
+        out.insert(0, {
+            "name": constants.CACHE_OWNER_CONTAINER,
+            "image": pool.image,
+            "command": ["chown", f"{uid}:{uid}", constants.WEIGHTS_CACHE_MOUNT],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+            "volumeMounts": mounts[:1],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+                                "runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0},
+        })
+    if pool.image_pull_policy is not None:
+        for c in out:
+            c["imagePullPolicy"] = pool.image_pull_policy
+    return out
+
+
+def claim(plan: Plan) -> common.Manifest | None:
+    """The weights cache's PersistentVolumeClaim of the claim form (model.cache.claim)."""
+    c = plan.weights_claim
+    if c is None:
+        return None
+    spec: dict[str, Any] = {"accessModes": [c.access_mode], "resources": {"requests": {"storage": c.size}}}
+    if c.storage_class_name is not None:
+        spec["storageClassName"] = c.storage_class_name
+    if c.volume_name is not None:
+        spec["volumeName"] = c.volume_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": common.metadata(plan, c.name, common.base_labels(plan, constants.COMPONENT_ENGINE)),
+            "spec": spec}
 
 
 def gpu_affinity(pool: PoolPlan) -> dict[str, Any] | None:
@@ -232,6 +345,7 @@ def deployment(plan: Plan, pool: PoolPlan) -> common.Manifest:
         security.update(runAsNonRoot=True, runAsUser=pool.run_as_user, runAsGroup=pool.run_as_user)
     pod_spec: dict[str, Any] = {
         "containers": [container],
+        **({"initContainers": inits} if (inits := init_containers(pool)) else {}),
         "enableServiceLinks": False,
         "securityContext": security,
         "volumes": vols,
@@ -255,7 +369,7 @@ def deployment(plan: Plan, pool: PoolPlan) -> common.Manifest:
         "spec": {
             "replicas": pool.replicas,
             "revisionHistoryLimit": 3,
-            "progressDeadlineSeconds": STARTUP_PERIOD_S * failures + PROGRESS_DEADLINE_MARGIN_S,
+            "progressDeadlineSeconds": progress_deadline(plan, pool),
             "selector": {"matchLabels": common.engine_selector(plan, pool.name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": strategy},
             "template": {

@@ -48,7 +48,9 @@ def start(hub_url: str, root: Path, pod: Path, *, token: str | None = None, repo
     pod.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "fetch", f"--cache-root={root}",
                              f"--repo={repo}", f"--link={pod / 'model'}", f"--pod-uid={pod.name}",
-                             f"--termination-message-path={pod / 'termination'}", *extra], env=env,
+                             f"--termination-message-path={pod / 'termination'}",
+                             *(() if any(e.startswith("--status-port") for e in extra) else ("--status-port=0",)),
+                             *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -180,3 +182,85 @@ def test_a_full_disk_is_reported_and_the_partial_fetch_removed(hub: HubServer, t
         assert not (small / "test-org--tiny").exists()
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def hold_like_an_engine(link: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The engine container's wrapper with --hold-weights, as rendered (its child a stand-in for vLLM)."""
+    return subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "engine", "--preflight=off", "--status-port=0",
+                             f"--hold-weights={link}/{fetch.COMPLETE_MARKER}",
+                             f"--termination-message-path={log.parent / 'engine-termination'}", "--",
+                             sys.executable, "-c", "import time; time.sleep(120)"],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def test_filling_the_cache_while_a_model_is_in_use_evicts_only_what_no_engine_uses(tmp_path: Path) -> None:
+    """Limit for one model: a second model is refused (CacheDiskFull naming the model in use) while an engine holds
+    the first, and fetched, evicting the first, once that engine is gone and its lease is old."""
+    other, commit_b = "test-org/other", "fedcba9876543210fedcba9876543210fedcba98"
+    other_files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(6 << 20)}
+    state = HubState(repos={REPO: Repo(dict(FILES)), other: Repo(dict(other_files), commit=commit_b)})
+    root, size = tmp_path / "cache", sum(len(b) for b in FILES.values())
+    limit = ("--max-bytes", str(int(size * 1.5)))
+    with HubServer(state) as hub:
+        code, out = finish(start(hub.url, root, tmp_path / "pod-a", extra=limit))
+        assert code == 0, out
+        a = entry(root)
+        lease = root / fetch.LEASES / f"test-org--tiny--{COMMIT}" / "pod-a"
+        os.utime(lease, (time.time() - 2 * constants.WEIGHTS_LEASE_GRACE_S,) * 2)  # long after pod-a started
+        engine = hold_like_an_engine(tmp_path / "pod-a" / "model", tmp_path / "pod-a" / "engine.log")
+        try:
+            deadline = time.monotonic() + 30
+            while b"Holding the weights cache entry" not in (tmp_path / "pod-a" / "engine.log").read_bytes():
+                assert engine.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "pod-a" / "engine.log").read_text()
+                time.sleep(0.1)
+            hub.state.reset_counts()
+            code, out = finish(start(hub.url, root, tmp_path / "pod-b", repo=other, extra=limit))
+            assert code == constants.EXIT_CACHE_DISK_FULL, out
+            body = message(tmp_path / "pod-b")
+            assert body["reason"] == constants.REASON_CACHE_DISK_FULL
+            assert f"test-org--tiny--{COMMIT} ({size} bytes, an engine holds it)" in str(body["detail"]), body
+            assert a.is_dir() and (tmp_path / "pod-a" / "model" / "model.safetensors").read_bytes() == WEIGHTS
+            assert hub.state.bytes_sent == 0, "refused before fetching a byte"
+            assert not fetch.entry_dir(root, other, commit_b).exists()
+            assert not (root / fetch.STAGING / "test-org--other").exists(), "nothing half-written left"
+        finally:
+            engine.terminate()
+            engine.wait(timeout=30)
+        code, out = finish(start(hub.url, root, tmp_path / "pod-c", repo=other, extra=limit))
+        assert code == 0, out
+        assert f"evicted test-org--tiny--{COMMIT}" in out
+        assert not a.exists() and fetch.entry_dir(root, other, commit_b).is_dir()
+        assert hub.state.bytes_sent == sum(len(b) for b in other_files.values())
+
+
+def test_a_fetch_shows_its_progress_as_the_wrappers_startup_metrics(hub: HubServer, tmp_path: Path) -> None:
+    """On the pod's status port, in phase Downloading with bytes done and total: what the PodMonitor scrapes and the
+    health loop reads as the pool's startupPhase and startupProgress."""
+    import urllib.request
+
+    port = free_port()
+    hub.state.throttle_bytes_per_s = 2 << 20
+    proc = start(hub.url, tmp_path / "cache", tmp_path / "pod-a",
+                 extra=(f"--status-port={port}", "--status-host=127.0.0.1"))
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and not 0 < seen.get("done", 0) < seen.get("total", 0):
+            time.sleep(0.2)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith('vllm_operator_engine_startup_phase{phase="Downloading"}'):
+                    seen["downloading"] = float(line.split()[-1])
+                elif line.startswith(constants.METRIC_STARTUP_DOWNLOAD_TOTAL + " "):
+                    seen["total"] = float(line.split()[-1])
+                elif line.startswith(constants.METRIC_STARTUP_DOWNLOAD + " "):
+                    seen["done"] = float(line.split()[-1])
+    finally:
+        code, out = finish(proc)
+    assert code == 0, out
+    assert seen.get("downloading") == 1.0, seen
+    assert seen["total"] == sum(len(b) for b in FILES.values()) and 0 < seen["done"] < seen["total"], seen

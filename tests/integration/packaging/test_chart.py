@@ -51,6 +51,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "podLabels": {"team": "platform"},
         "fullnameOverride": "llm-op",
     },
+    "weights-cache-tuned": {"weightsCache": {"hostPath": "/mnt/nvme/models", "maxSize": "2Ti"}},
+    "weights-cache-off": {"weightsCache": {"hostPath": ""}},
     "no-rbac-no-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"},
                       "metrics": {"service": {"enabled": False}}},
 }
@@ -145,6 +147,9 @@ def test_operator_args_are_accepted_by_the_real_cli(rendered: dict[str, list[dic
     assert config.images.repository == (values.get("operator", {}).get("imageRepository") or "ghcr.io/vllm-operator")
     assert config.images.pull_secrets == tuple(values.get("operator", {}).get("workloadImagePullSecrets", []))
     assert config.max_concurrent_reconciles == values.get("operator", {}).get("maxConcurrentReconciles", 4)
+    cache = {"hostPath": "/var/lib/vllm-operator/models", "maxSize": "500Gi", **values.get("weightsCache", {})}
+    assert config.node_cache.host_path == (cache["hostPath"] or None)
+    assert config.node_cache.max_bytes == {"500Gi": 500 << 30, "2Ti": 2 << 40}[cache["maxSize"]]
     assert config.webhook is not None and config.webhook.port == container["ports"][1]["containerPort"] == 9443
     assert config.webhook.service == f"{values.get('fullnameOverride', 'vo-vllm-operator')}-webhook"
 
@@ -355,6 +360,9 @@ TYPOS = {
     "workloadImagePullSecrets as objects": ({"operator": {"workloadImagePullSecrets": [{"name": "x"}]}},
                                             "/operator/workloadImagePullSecrets/0"),
     "maxConcurrentReconciles 0": ({"operator": {"maxConcurrentReconciles": 0}}, "/operator/maxConcurrentReconciles"),
+    "weightsCache.hostPath relative": ({"weightsCache": {"hostPath": "models"}}, "/weightsCache/hostPath"),
+    "weightsCache.maxSize words": ({"weightsCache": {"maxSize": "lots"}}, "/weightsCache/maxSize"),
+    "weightsCache.size": ({"weightsCache": {"size": "1Ti"}}, "'size'"),
 }
 
 

@@ -312,7 +312,17 @@ async def operator_scenario(setup: Setup, client: ClientKubeApi) -> None:
     """Every API path of the operator, driven through the test's own (admin) client."""
     chat = setup.example("chat", remediation=REMEDIATION)
     ns, name = chat["metadata"]["namespace"], chat["metadata"]["name"]
+    # The weights cache's claim form, so a PersistentVolumeClaim is among the children (on a static volume: the
+    # real scheduler places no pod whose claim is unbound).
+    claim = names.weights_claim(name)
+    chat["spec"]["model"]["cache"] = {"claim": {"size": "1Gi", "storageClassName": "", "volumeName": f"{ns}-{claim}",
+                                                "accessMode": "ReadWriteOnce"}}
+    apply(setup.kube, {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-{claim}"},
+                       "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                                "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+                                "hostPath": {"path": f"/weights/{ns}"}, "claimRef": {"namespace": ns, "name": claim}}})
     rendered = offline_children(chat)
+    assert "PersistentVolumeClaim" in {m["kind"] for m in rendered}
     # 1. Same-named orphans (no labels, no owner) of every child kind: the operator's apply takes them over.
     for manifest in rendered:
         orphan = copy.deepcopy(manifest)
@@ -344,7 +354,10 @@ async def operator_scenario(setup: Setup, client: ClientKubeApi) -> None:
     left: list[str] = []
 
     async def stale_gone() -> bool:
-        left[:] = [f"{res.kind}/{n}" for res, n in stale if await client.get(res, ns, n) is not None]
+        # Deleted, or deleting: a claim stays until kube-controller-manager's pvc-protection controller drops its
+        # kubernetes.io/pvc-protection finalizer
+        left[:] = [f"{res.kind}/{n}" for res, n in stale if (got := await client.get(res, ns, n)) is not None
+                   and not got["metadata"].get("deletionTimestamp")]
         return not left
 
     try:

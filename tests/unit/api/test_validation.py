@@ -119,6 +119,16 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "kvLoraRank": 512}}), "cel", "kvLoraRank and qkRopeHeadDim together"),
     ("two-model-sources", with_spec(model={"name": "x/y", "source": {"huggingFace": {}, "pvc": {"claimName": "m"}}}),
      "cel", "only one of huggingFace and pvc"),
+    ("cache-claim-but-off", with_spec(model={"name": "x/y", "cache": {"enabled": False, "claim": {"size": "100Gi"}}}),
+     "cel", "cache.claim is set but cache.enabled is false: drop one"),
+    ("cache-for-pvc-source", with_spec(model={"name": "x/y", "source": {"pvc": {"claimName": "m"}},
+                                              "cache": {"enabled": False}}),
+     "cel", "model.cache is for Hugging Face sources; source.pvc is read from its own claim"),
+    ("cache-claim-bad-size", with_spec(model={"name": "x/y", "cache": {"claim": {"size": "lots"}}}), "schema",
+     "spec.model.cache.claim.size"),
+    ("cache-claim-bad-mode", with_spec(model={"name": "x/y", "cache": {"claim": {"size": "1Gi",
+                                                                                "accessMode": "ReadOnlyMany"}}}),
+     "schema", "accessMode"),
     ("two-tokenizer-sources", with_spec(model={"name": "x/y", "tokenizer": {
         "huggingFace": {}, "configMap": {"name": "t"}}}), "cel", "only one of huggingFace and configMap"),
     ("env-value-and-secret", with_spec(pools__short__env=[{"name": "A", "value": "1", "secretKeyRef": {

@@ -121,3 +121,25 @@ def snapshot(pods: list[dict[str, Any]], metrics: dict[str, PodMetrics] | None =
     return Snapshot(namespace="ns", deployment="d", taken_at=NOW,
                     pools={n: PoolFacts(n, r, max_unavailable) for n, r in wanted.items()},
                     pods=tuple(facts), metrics=m)
+
+
+def fetch_term(reason: str, detail: str, *, ago: float = 30) -> dict[str, Any]:
+    """A termination of the fetch-weights init container, as `vllm-operator fetch` writes it."""
+    return term(constants.EXIT_CODES[reason], wrapper=reason, detail=detail, ago=ago)
+
+
+def fetching(name: str, pool: str = "short", *, last: dict[str, Any] | None = None, waiting: str | None = None,
+             terminated: dict[str, Any] | None = None, restarts: int = 0) -> dict[str, Any]:
+    """An engine pod whose fetch-weights init container has not finished (or just finished: `terminated` exit 0):
+    the engine container waits in PodInitializing, as the kubelet shows it."""
+    obj = pod(name, pool, ready=False, waiting="PodInitializing")
+    state: dict[str, Any] = ({"terminated": terminated} if terminated is not None else
+                             {"waiting": {"reason": waiting}} if waiting is not None else
+                             {"running": {"startedAt": ts(10)}})
+    obj["status"]["phase"] = "Pending"
+    obj["status"]["initContainerStatuses"] = [
+        {"name": constants.CACHE_OWNER_CONTAINER, "ready": True, "restartCount": 0,
+         "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": ts(100)}}},
+        {"name": constants.FETCH_CONTAINER, "ready": False, "restartCount": restarts, "state": state,
+         "lastState": {"terminated": last} if last else {}}]
+    return obj

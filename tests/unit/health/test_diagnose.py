@@ -17,6 +17,8 @@ from tests.unit.health.builders import (
     OOM,
     STARTUP_FAILED,
     busy,
+    fetch_term,
+    fetching,
     pod,
     serving_since,
     snapshot,
@@ -142,6 +144,27 @@ ROWS = {
                                                             State.METRICS_UNAVAILABLE, {"error": "refused"}),
     "unresponsive-not-ready-pod-is-starting": Row([pod("a", ready=False, started_ago=20)], {"a": zombie("a")},
                                                   State.STARTING, State.STARTING),
+    "fetch-running-is-starting": Row([fetching("a")], {}, State.STARTING, State.STARTING),
+    "fetch-hub-unreachable": Row([fetching("a", waiting="CrashLoopBackOff", restarts=2, last=fetch_term(
+        constants.REASON_HUB_UNREACHABLE, "test-org/tiny@main: the Hub did not answer (ConnectError)"))], {},
+        State.HUB_UNREACHABLE, State.HUB_UNREACHABLE),
+    "fetch-access-denied": Row([fetching("a", terminated=fetch_term(
+        constants.REASON_MODEL_ACCESS_DENIED, "test-org/gated@main is gated: no token given"))], {},
+        State.MODEL_ACCESS_DENIED, State.MODEL_ACCESS_DENIED),
+    "fetch-cache-full": Row([fetching("a", waiting="CrashLoopBackOff", restarts=1, last=fetch_term(
+        constants.REASON_CACHE_DISK_FULL, "needs 5000 bytes; in use and not evictable: o--m--c"))], {},
+        State.CACHE_DISK_FULL, State.CACHE_DISK_FULL),
+    "fetch-failed": Row([fetching("a", waiting="CrashLoopBackOff", restarts=1, last=fetch_term(
+        constants.REASON_FETCH_FAILED, "model.safetensors: SHA-256 differs after a second fetch"))], {},
+        State.FETCH_FAILED, State.FETCH_FAILED),
+    "fetch-stalled": Row([fetching("a", waiting="CrashLoopBackOff", restarts=1, last=fetch_term(
+        constants.REASON_STARTUP_STALLED, "no new byte of test-org/tiny for 600 s"))], {},
+        State.STARTUP_STALLED, State.STARTUP_STALLED),
+    "fetch-by-exit-code-alone": Row([fetching("a", waiting="CrashLoopBackOff", restarts=1, last=term(78))], {},
+                                    State.HUB_UNREACHABLE, State.HUB_UNREACHABLE),
+    "fetch-done-engine-is-read": Row([fetching("a", terminated={"exitCode": 0, "reason": "Completed",
+                                                                "finishedAt": "2027-01-15T08:00:00Z"})], {},
+                                     State.STARTING, State.STARTING),
     "oom-outranks-stalled-neighbour": Row([pod("a", ready=False, started_ago=5, restarts=1, last=OOM), pod("b")],
                                           {"b": stalled("b")}, State.ENGINE_OOM, State.ENGINE_OOM),
 }
@@ -248,3 +271,25 @@ def test_an_unresponsive_engine_is_not_available_and_named() -> None:
     assert (a.state, a.available, a.metrics_fresh) == (State.ENGINE_UNRESPONSIVE, False, True)
     assert "probes" in a.message and "/health" in a.message
     assert pool.available == 1 and pool.metrics_fresh
+
+
+def test_a_failed_fetch_names_its_reason_and_container() -> None:
+    """The pod's facts are the fetch container's while it has not finished: its termination keys and message."""
+    obj = fetching("a", waiting="CrashLoopBackOff", restarts=3, last=fetch_term(
+        constants.REASON_MODEL_ACCESS_DENIED, "test-org/gated@main is gated: the token's account has not been "
+                                              "granted access"))
+    facts = pod_facts(obj)
+    assert facts.container_name == constants.FETCH_CONTAINER and facts.restart_count == 3
+    d = diagnose(snapshot([obj]), S).pools["short"]
+    assert d.state is State.MODEL_ACCESS_DENIED
+    assert d.pods[0].message == ("pod a: ModelAccessDenied: exit code 79, reason Error, test-org/gated@main is "
+                                 "gated: the token's account has not been granted access (waiting: "
+                                 "CrashLoopBackOff)")
+    assert d.terminations[0].key == f"uid-a/{constants.FETCH_CONTAINER}/3"
+
+
+def test_a_pod_fetching_its_weights_says_so() -> None:
+    """Without the fetch's metrics (Prometheus off or not scraped yet), the message still names the fetch."""
+    d = diagnose(snapshot([fetching("a")], prometheus=False), S).pools["short"]
+    assert d.pods[0].state is State.STARTING
+    assert d.pods[0].message == f"pod a is fetching its weights ({constants.FETCH_CONTAINER} running for 10s)"

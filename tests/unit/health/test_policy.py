@@ -412,3 +412,20 @@ def test_repeated_startup_failures_never_feed_the_oom_ladder() -> None:
             for n, a in (("a", 30), ("b", 60), ("c", 90))]
     d = run(pods)
     assert d.rung_changes == [] and short(d).restart_budget.oom_events == []
+
+
+# --------------------------------------------------------------------------- a weights fetch that fails
+@pytest.mark.parametrize("reason", [constants.REASON_HUB_UNREACHABLE, constants.REASON_MODEL_ACCESS_DENIED,
+                                    constants.REASON_CACHE_DISK_FULL, constants.REASON_FETCH_FAILED])
+def test_a_failed_fetch_is_a_reason_in_status_and_an_event_and_nothing_is_deleted(reason: str) -> None:
+    from tests.unit.health.builders import fetch_term, fetching
+
+    p = fetching("a", waiting="CrashLoopBackOff", restarts=2, last=fetch_term(reason, "what the fetch said"))
+    d = run([p])
+    assert d.rung_changes == [] and d.deletions == [] and d.actions == []
+    assert short(d).diagnosis == reason
+    assert cond(d, constants.COND_DEGRADED) == ("True", reason)
+    observed = [e for e in d.events if e.reason == f"Observed{reason}"]
+    assert len(observed) == 1 and "what the fetch said" in observed[0].message
+    again = run([p], status=d.status)
+    assert [e for e in again.events if e.reason == f"Observed{reason}"] == [], "one event per termination"

@@ -82,8 +82,12 @@ def test_builtin_classes_state_their_autoscaling() -> None:
     assert profiles.builtin("long-doc").autoscaling("long").metric is AutoscalingMetric.KV_CACHE_USAGE
 
 
+ON_CLAIM = {"source": {"pvc": {"claimName": "models"}}}
+"""Weights on the user's claim: on every node, so the wake chain has no download in it."""
+
+
 def test_router_holds_requests_only_for_a_pool_that_sleeps() -> None:
-    sleeping = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}})
+    sleeping = make_plan(model=ON_CLAIM, pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}})
     assert sleeping.router.pools.long.wake_seconds == 330.0, "scrape 30 + KEDA 15 + HPA 15 + pod 30 + engine 240"
     assert sleeping.router.pools.short.wake_seconds is None
     awake = make_plan(pools={"long": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}})
@@ -95,9 +99,9 @@ def test_router_holds_requests_only_for_a_pool_that_sleeps() -> None:
 
 def test_polling_interval_defaults_to_15_s_and_a_shorter_one_shortens_the_wake_hold() -> None:
     """KEDA's pollingInterval is a link of a sleeping pool's wake chain, so the router's hold for it follows."""
-    default = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}})
-    fast = make_plan(pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2,
-                                                     "pollingIntervalSeconds": 5}}})
+    default = make_plan(model=ON_CLAIM, pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}})
+    fast = make_plan(model=ON_CLAIM, pools={"long": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2,
+                                                                     "pollingIntervalSeconds": 5}}})
     a, b = default.pools["long"].autoscaling, fast.pools["long"].autoscaling
     assert a is not None and b is not None
     assert (a.polling_interval_seconds, b.polling_interval_seconds) == (15, 5)

@@ -233,7 +233,13 @@ def test_router_config_from_spec() -> None:
     assert r.max_body_bytes == 4096 and r.timeouts.first_byte_seconds == 120 and r.timeouts.connect_seconds == 2
     assert (r.tokenizer.hf_repo, r.tokenizer.hf_revision, r.tokenizer.hf_token_file) == (
         "meta-llama/Llama-3.1-8B-Instruct", "abc", "/etc/vllm-operator/hf-token/token")
-    assert arg(p, "short", "--revision") == "abc" and arg(p, "short", "--tokenizer-revision") == "abc"
+    cache = p.pools["short"].weights_cache
+    assert cache is not None and (cache.repo, cache.revision) == ("meta-llama/Llama-3.1-8B-Instruct", "abc"), \
+        "the fetch init container resolves the revision; vLLM reads the cached commit's directory"
+    assert arg(p, "short", "--revision") is None and p.pools["short"].model == constants.WEIGHTS_LINK
+    off = make_plan(model={"source": {"huggingFace": {"revision": "abc"}}, "cache": {"enabled": False}})
+    assert arg(off, "short", "--revision") == "abc" and arg(off, "short", "--tokenizer-revision") == "abc"
+    assert off.pools["short"].model == "meta-llama/Llama-3.1-8B-Instruct" and off.pools["short"].weights_cache is None
 
 
 def test_router_access_log_is_on_unless_the_spec_turns_it_off() -> None:
@@ -260,8 +266,11 @@ def test_gpu_pool_pod_facts() -> None:
     assert short.gpu_products == ["NVIDIA-L4"]
     assert short.resources.limits == {constants.GPU_RESOURCE: "1"}
     assert short.image == "ghcr.io/vllm-operator/engine-gpu:0.33.0" and p.engine_version == "0.33.0"
-    assert short.model == "meta-llama/Llama-3.1-8B-Instruct"
-    assert short.env["HF_HOME"].startswith("/models/") and short.env["FOO"] == "bar" and "S" not in short.env
+    assert short.model == constants.WEIGHTS_LINK and short.weights_cache is not None
+    assert short.weights_cache.repo == "meta-llama/Llama-3.1-8B-Instruct"
+    assert short.weights_cache.host_path == constants.DEFAULT_WEIGHTS_CACHE_HOST_PATH
+    assert short.env["HF_HUB_OFFLINE"] == "1" and "HF_HOME" not in short.env
+    assert short.env["FOO"] == "bar" and "S" not in short.env
     assert short.secret_env == {"S": SecretKeyRef(name="s", key="k")}
     assert short.tolerations == [Toleration(key=constants.GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
     assert short.run_as_user == 2000 and short.model_claim is None and p.pools["long"].tolerations == short.tolerations

@@ -164,7 +164,9 @@ def test_positional_path_stdin_json_and_model_config(tmp_path: Path, capsys: pyt
     assert rc == 0, err
     engine = next(d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "chat-short"
                   and d["kind"] == "Deployment")
-    assert engine["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "acme/small-2b"
+    pod = engine["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"][-1] == "/run/vllm-operator/weights/model", "the cached model's link"
+    assert "--repo=acme/small-2b" in pod["initContainers"][-1]["command"]
     assert "add spec.model.facts" in err and '"weightsGiB": 4.5' in err
 
 
