@@ -145,6 +145,8 @@ class PoolPlan(ApiModel):
     step_down_level: int = Field(ge=0, description="Step-down rung applied.")
     kv_level: int = Field(default=0, ge=0, description="KVCacheTooSmall-path rung applied.")
     warnings: list[Text] = Field(default_factory=list, description="Warnings for this pool.")
+    lora_slots: int = Field(
+        default=0, ge=0, description="LoRA adapter slots the pool's engines allocate (--max-loras); 0: LoRA off.")
     adapters: list[Text] = Field(
         default_factory=list, description="LoRA adapters this pool serves (loaded at run time by the engine wrapper).")
 

@@ -534,7 +534,7 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
         attention_backend=backend.value if backend is not None else None, fp8_kv_allowed=fp8_ok,
         step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings,
-        adapters=list(pool_lora.adapters) if pool_lora else [])
+        lora_slots=pool_lora.max_loras if pool_lora else 0, adapters=list(pool_lora.adapters) if pool_lora else [])
 
 
 def _paused(pool: PoolPlan) -> bool:

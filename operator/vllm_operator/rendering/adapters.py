@@ -23,8 +23,8 @@ from vllm_operator.rendering import common
 
 
 def lora_enabled(pool: PoolPlan) -> bool:
-    """The plan turned LoRA on for this pool (the planner adds --enable-lora exactly then)."""
-    return "--enable-lora" in pool.engine_args
+    """The plan turned LoRA on for this pool: it allocates adapter slots (read from the plan, never from argv)."""
+    return pool.lora_slots > 0
 
 
 def file_name(pool: str) -> str:

@@ -13,6 +13,7 @@ from vllm_operator import constants, names
 from vllm_operator.api.resource import parse_spec
 from vllm_operator.planning import RemediationState, plan
 from vllm_operator.rendering import render
+from vllm_operator.rendering.adapters import lora_enabled
 
 CPU_DEV = yaml.safe_load((EXAMPLES / "cpu-dev.yaml").read_text())["spec"]
 
@@ -92,3 +93,14 @@ def test_an_adapter_on_a_new_claim_is_a_new_volume() -> None:
     one, two = rendered([pvc("a")]), rendered([pvc("a"), pvc("b", "fresh")])
     key = ("Deployment", names.pool("cpu-dev", "short"))
     assert one[key] != two[key]  # documented: a claim not mounted yet rolls the engines
+
+
+def test_lora_is_read_from_the_plan_not_parsed_back_out_of_argv() -> None:
+    """Issue 39's "plan once": the renderer asks the plan whether a pool has adapter slots; an engine argument list
+    without --enable-lora (or with it, on a pool the plan gave none) changes nothing."""
+    spec = parse_spec({**copy.deepcopy(CPU_DEV), "adapters": [pvc("a")]})
+    pool = plan(spec, None, RemediationState(pools={}), name="cpu-dev", namespace="dev").pools["short"]
+    assert pool.lora_slots > 0 and "--enable-lora" in pool.engine_args
+    assert lora_enabled(pool.model_copy(update={"engine_args": [
+        a for a in pool.engine_args if a != "--enable-lora"]}))
+    assert not lora_enabled(pool.model_copy(update={"lora_slots": 0}))
