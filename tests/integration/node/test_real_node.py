@@ -160,6 +160,22 @@ def test_nodes_run_the_real_kubelet_over_containerd(nodes: Nodes) -> None:
     assert {key: Path("/proc/sys", key).read_text() for key in node.KERNEL_TUNABLES} == nodes.kernel
 
 
+def test_nodes_share_one_image_store_by_hard_links(nodes: Nodes) -> None:
+    """Each node's containerd root is a hard-linked copy of one imported store (testcluster.imagestore): an unpacked
+    image file is one inode for both nodes (no disk, one page cache), each node's bolt databases are its own."""
+    def files(n: Node, pattern: str) -> dict[str, os.stat_result]:
+        root = n.directory / "containerd" / "root"
+        return {str(p.relative_to(root)): p.stat() for p in root.glob(pattern)}
+
+    busybox_a = files(nodes.a, "io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs/bin/busybox")
+    busybox_b = files(nodes.b, "io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs/bin/busybox")
+    assert busybox_a and busybox_a.keys() == busybox_b.keys(), (busybox_a, busybox_b)
+    assert all(busybox_a[k].st_ino == busybox_b[k].st_ino and busybox_a[k].st_nlink >= 3 for k in busybox_a)
+    dbs_a, dbs_b = files(nodes.a, "**/*.db"), files(nodes.b, "**/*.db")
+    assert "io.containerd.metadata.v1.bolt/meta.db" in dbs_a and dbs_a.keys() == dbs_b.keys()
+    assert all(dbs_a[k].st_ino != dbs_b[k].st_ino and dbs_a[k].st_nlink == 1 for k in dbs_a)
+
+
 def test_restricted_security_context_is_enforced_and_logs_and_exec_work(nodes: Nodes) -> None:
     kube = nodes.kube
     apply_pod(kube, "restricted", nodes.a, [{
