@@ -416,7 +416,9 @@ def _network(cluster: Cluster, layout: Layout, netns_name: str) -> None:
          "node route to the API server")
     _run(["ip", "-n", netns_name, "route", "add", cluster.netns.pod_cidr, "via", layout.cluster_end],
          "node route to other nodes' pods")
-    _run(["ip", "-n", c, "route", "replace", layout.pod_cidr, "via", layout.node_ip], "cluster route to the pods")
+    # from the API server's address: a pod routes only that one back (webhook calls, Prometheus' scrapes)
+    _run(["ip", "-n", c, "route", "replace", layout.pod_cidr, "via", layout.node_ip, "src", layout.api_address],
+         "cluster route to the pods")
     for ns in (c, netns_name):
         _run(["nsenter", f"--net=/run/netns/{ns}", "--", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"],
              f"forwarding in {ns}")
@@ -491,7 +493,10 @@ def start(cluster: Cluster, name: str, *, index: int, directory: Path,
             log.write(f"containerd root from the image store ({how}) in {time.monotonic() - t0:.1f} s: "
                       f"{', '.join(a.name for a in [pause, *archives])}\n")
         containerd = _spawn(node, "containerd", [binaries.CONTAINERD, f"--config={d / 'containerd.toml'}"])
-        _wait(lambda: _containerd_up(node), containerd, node, "containerd", 30)
+        # CRI answers "server is not initialized yet" until it has recovered its images and containers, later than
+        # containerd's own API: a kubelet started before that exits at once
+        _wait(lambda: _containerd_up(node) and "Start streaming server" in _tail(node.log("containerd"), 200),
+              containerd, node, "containerd", 60)
         node_labels = ",".join(f"{k}={v}" for k, v in (labels or {}).items())
         node_taints = ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in taints)
         kubelet = _spawn(node, "kubelet", [

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import yaml
 
 from testcluster import cluster, images, node
 from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
+from testcluster.netns import entered
 from testcluster.node import Node
 from tests.support import kubelet
 
@@ -334,6 +336,10 @@ def test_pods_on_different_nodes_reach_each_other(nodes: Nodes) -> None:
     get = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server['podIP']} 8080"
     got = wait_for("an answer across nodes", lambda: kexec(kube, "client", "sh", "-c", get, check=False).stdout)
     assert got.startswith("HTTP/1.1 200") and got.endswith("from-a\n"), got
+    # from the cluster's namespace, where the API server (webhook calls), Prometheus (scrapes) and the e2e tier's
+    # clients run: the pod's answer must find its way back (the pod routes only the API server's address)
+    with entered(kube.netns.pin_name), urllib.request.urlopen(f"http://{server['podIP']}:8080/", timeout=5) as resp:
+        assert resp.read() == b"from-a\n"
     # the API server by its own address, nothing outside
     api = kexec(kube, "client", "sh", "-c", f"nc -w 2 {nodes.kube.netns.address} 6443 </dev/null", check=False)
     assert api.returncode == 0, api
