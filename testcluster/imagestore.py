@@ -4,10 +4,10 @@ The engine-cpu image is a 2.7 GB archive that unpacks to 5.2 GB; each node has a
 (testcluster.node), and importing the archive into each of them costs that disk and minutes per node, per stack. So
 the archives are imported once, by a containerd of this module's own with nothing else running, into a containerd
 root cached outside the clone (`${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}/node-stores/<key>/root`, the key over
-the archives' paths, sizes and times and containerd's binary), and each node starts its containerd on a copy of that
-root made of hard links (`cp -al`): no byte of an image is copied, and every node's containers read the same inodes,
-so the page cache holds one copy of torch for all of them (and pinning it, tests/support/vllm_cpu, pins it for every
-node).
+the images' names and OCI indexes, which name their manifests by digest, and containerd's binary), and each node
+starts its containerd on a copy of that root made of hard links (`cp -al`): no byte of an image is copied, and every
+node's containers read the same inodes, so the page cache holds one copy of torch for all of them (and pinning it,
+tests/support/vllm_cpu, pins it for every node).
 
 Why hard links are safe here: containerd never writes into an unpacked layer (overlayfs writes go to a container's own
 upper directory, a new snapshot) nor into a content blob; the only files it changes in place are its bolt databases,
@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,10 +49,21 @@ def key(archives: Sequence[images.Archive]) -> str:
     for binary in (binaries.CONTAINERD, binaries.CTR):
         st = os.stat(binary)
         digest.update(f"{binary} {st.st_size} {st.st_mtime_ns}".encode())
-    for archive in sorted(archives, key=lambda a: str(a.path)):
-        st = archive.path.stat()
-        digest.update(f"{archive.name} {archive.path.resolve()} {st.st_size} {st.st_mtime_ns}".encode())
+    for archive in sorted(archives, key=lambda a: a.name):
+        digest.update(f"{archive.name} ".encode() + _index(archive.path))
     return digest.hexdigest()[:16]
+
+
+def _index(path: Path) -> bytes:
+    """The archive's OCI index.json: it names the manifest by digest, so it is the same for the same image however
+    often the archive is saved again (scripts/build-images.sh re-saves an image's archive when another clone's build
+    of that image name replaced it), and differs for any other image. Found by reading the tar's headers only."""
+    with tarfile.open(path) as tar:
+        member = tar.getmember("index.json")
+        index = tar.extractfile(member)
+        if index is None:
+            raise ImageStoreError(f"{path}: index.json is not a file: not an OCI archive")
+        return index.read()
 
 
 def store(archives: Sequence[images.Archive]) -> Path:
