@@ -92,7 +92,7 @@ IMAGES = ("operator", "router", "engine-cpu")
 """The images `make images` built (scripts/build-images.sh) that the stack's pods run: the chart's operator pod, the
 router, the engines; every node's containerd starts with them (testcluster.imagestore: imported once, shared)."""
 HEARTBEATS = testcluster.PROCESS_NODE_HEARTBEATS
-"""The cluster's node grace and default toleration, and every process node's Lease renewal, alike."""
+"""The cluster's node grace and default toleration, for the stack's real nodes' Lease renewals."""
 PROMETHEUS_SA = "prometheus"
 OPERATOR_NS, OPERATOR_RELEASE = "vllm-system", "vllm-operator"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=vllm-operator"
@@ -754,7 +754,7 @@ def router_metric(stack: Stack, name: str, **labels: str) -> float:
 @dataclass(frozen=True)
 class CoreKill:
     """When a pool's engine core was SIGKILLed and when the two fast reactions to it came (monotonic, like
-    `Traffic`'s answers and the process node's container history)."""
+    `Traffic`'s answers)."""
 
     killed: float
     unhealthy: float
