@@ -62,8 +62,9 @@ KWOK_HEARTBEATS = Heartbeats(lease_s=40, renew_s=10, monitor_grace_s=40, tolerat
 lease/4 = 10 s, and a node is unreachable after 40 s (4 renewals). Eviction from a node that did go away comes
 quicker from the toleration than from a shorter grace."""
 PROCESS_NODE_HEARTBEATS = Heartbeats(lease_s=20, renew_s=4, monitor_grace_s=20, toleration_s=10)
-"""For the few process nodes of the e2e tier (processnode: an agent renews its own node's Lease): NotReady after 5
-missed renewals, evicted 10 s later, so a node failure costs the tier half a minute, not 70 s."""
+"""For the few real nodes of the e2e tier and the real-node tests (testcluster.node: each kubelet renews its Lease
+every 5 s of its 20): NotReady after the 20 s grace, evicted 10 s later, so a node failure costs the tier half a
+minute, not 70 s. (Named for the process node these heartbeats were first set for.)"""
 # Client-side rate limits off, as kwokctl sets them: the two cores are the limit, not a token bucket per component.
 CLIENT_QPS, CLIENT_BURST = 5000, 10000
 

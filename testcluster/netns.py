@@ -27,10 +27,14 @@ had claimed since, the next `create` claimed the free name, and the first cluste
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import ipaddress
 import os
 import secrets
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,3 +271,32 @@ def create() -> Netns:
             raise
         return ns
     raise NetnsError(f"no free network-namespace slot among {PREFIX}0..{SLOTS - 1} (last: {last_error})")
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def entered(name: str) -> Iterator[None]:
+    """This thread in `/run/netns/<name>` (a cluster's pin) until the block exits; threads and processes it starts
+    meanwhile stay in there. Why: pod addresses exist only inside the cluster's network namespace (the host
+    blackholes them), so a test that talks to pods (the e2e tier's clients, Prometheus) runs there. `setns(2)` moves
+    the calling thread only; leaving restores the thread's own namespace."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            yield
+        finally:
+            _setns(own)
+    finally:
+        os.close(target)
+        os.close(own)

@@ -27,7 +27,9 @@ kernel.panic_on_oops=1) are shown to it by read-only bind mounts over their /pro
 into the shared machine's kernel: it runs with `protectKernelDefaults: true`, so a value it wants that is not shown
 fails its start instead of being set.
 
-Images come from OCI archives (testcluster.images) imported into the node's containerd; nothing is pulled.
+Images come from OCI archives (testcluster.images, the built images of scripts/build-images.sh): imported once into
+a shared store (testcluster.imagestore) whose containerd root each node's containerd starts on as a copy made of
+hard links; nothing is pulled, nothing of an image is copied per node.
 
 Stopping signals only what this node started, by PID: the kubelet, kube-proxy and containerd recorded at start, the
 shims whose command line names this node's containerd socket, and the processes in this node's own cgroup tree (its
@@ -49,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from testcluster import binaries, images, pki
+from testcluster import binaries, images, imagestore, pki
 from testcluster.cluster import Cluster, alive, exited, stop_processes, write_kubeconfig
 from testcluster.netns import NetnsError, refuse_routes_out
 
@@ -307,6 +309,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                          "imagefs.available": "1%", "imagefs.inodesFree": "1%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "nodeLeaseDurationSeconds": LEASE_SECONDS, "nodeStatusUpdateFrequency": "4s",
+        # a changed ConfigMap reaches its mounted files on the pod's next sync (the LoRA adapters' list)
+        "syncFrequency": "15s",
         "serializeImagePulls": False, "registerNode": True, "maxPods": 110,
         "shutdownGracePeriod": "0s", "shutdownGracePeriodCriticalPods": "0s",
     }
@@ -412,7 +416,9 @@ def _network(cluster: Cluster, layout: Layout, netns_name: str) -> None:
          "node route to the API server")
     _run(["ip", "-n", netns_name, "route", "add", cluster.netns.pod_cidr, "via", layout.cluster_end],
          "node route to other nodes' pods")
-    _run(["ip", "-n", c, "route", "replace", layout.pod_cidr, "via", layout.node_ip], "cluster route to the pods")
+    # from the API server's address: a pod routes only that one back (webhook calls, Prometheus' scrapes)
+    _run(["ip", "-n", c, "route", "replace", layout.pod_cidr, "via", layout.node_ip, "src", layout.api_address],
+         "cluster route to the pods")
     for ns in (c, netns_name):
         _run(["nsenter", f"--net=/run/netns/{ns}", "--", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"],
              f"forwarding in {ns}")
@@ -454,9 +460,11 @@ def _mount_namespace(state: NodeState) -> None:
 
 def start(cluster: Cluster, name: str, *, index: int, directory: Path,
           archives: Sequence[images.Archive] = (), labels: dict[str, str] | None = None,
-          ready_timeout: float = 180) -> Node:
+          taints: Sequence[dict[str, str]] = (), ready_timeout: float = 180) -> Node:
     """Start node `name` (the `index`th of the cluster, 0..MAX_NODES-1) with `archives` imported, and wait until its
-    Node is Ready. On any failure everything started so far is stopped and `NodeError`/`NetnsError` raised."""
+    Node is Ready. `taints` ({key, value, effect}) are registered with the Node (a node on a shared cluster takes only
+    the pods that tolerate them). On any failure everything started so far is stopped and `NodeError`/`NetnsError`
+    raised."""
     if not 0 <= index < MAX_NODES:
         raise NodeError(f"node index {index} is outside 0..{MAX_NODES - 1} (each node takes one /24 of the "
                         f"cluster's pod range {cluster.netns.pod_cidr})")
@@ -479,14 +487,23 @@ def start(cluster: Cluster, name: str, *, index: int, directory: Path,
         kubeconfig = d / "kubelet.kubeconfig"
         write_kubeconfig(kubeconfig, cluster.server, cluster.ca_file, user=f"system:node:{name}", cert=client)
         config = _write_configs(d, layout, state, cluster, serving)
+        t0 = time.monotonic()
+        how = imagestore.copy(imagestore.store([pause, *archives]), d / "containerd" / "root")
+        with node.log("images").open("a") as log:
+            log.write(f"containerd root from the image store ({how}) in {time.monotonic() - t0:.1f} s: "
+                      f"{', '.join(a.name for a in [pause, *archives])}\n")
         containerd = _spawn(node, "containerd", [binaries.CONTAINERD, f"--config={d / 'containerd.toml'}"])
-        _wait(lambda: _containerd_up(node), containerd, node, "containerd", 30)
-        node.import_images([pause, *archives])
+        # CRI answers "server is not initialized yet" until it has recovered its images and containers, later than
+        # containerd's own API: a kubelet started before that exits at once
+        _wait(lambda: _containerd_up(node) and "Start streaming server" in _tail(node.log("containerd"), 200),
+              containerd, node, "containerd", 60)
         node_labels = ",".join(f"{k}={v}" for k, v in (labels or {}).items())
+        node_taints = ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in taints)
         kubelet = _spawn(node, "kubelet", [
             str(kubelet_dir / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--hostname-override={name}", f"--node-ip={layout.node_ip}", f"--root-dir={d / 'kubelet'}",
-            f"--cert-dir={d / 'kubelet-pki'}", *([f"--node-labels={node_labels}"] if node_labels else []), "--v=1",
+            f"--cert-dir={d / 'kubelet-pki'}", *([f"--node-labels={node_labels}"] if node_labels else []),
+            *([f"--register-with-taints={node_taints}"] if node_taints else []), "--v=1",
         ])
         _wait(lambda: node_ready(cluster, name), kubelet, node, "kubelet", ready_timeout)
         proxy_kubeconfig = d / "kube-proxy.kubeconfig"

@@ -1,11 +1,12 @@
 """Time to first token of a request that wakes the long pool from zero, link by link, against warm requests of the
 same run (issue 22).
 
-Starts the e2e stack with KEDA once (tests/support/e2e_stack.py: the real control plane, a process node running real
-vLLM CPU engines, the real router, Prometheus and KEDA; cpu-dev.yaml with the long pool autoscaled 0..1, idleSeconds
-20 s: tests/support/wake_chain.py, the same wake the e2e test checks), then for each run: waits for the long pool to be
-asleep at 0, sends one long prompt through the router (streamed, official `openai` client) and records the seconds
-from its send to each link of the wake chain, then sends `--warm` requests like it while the pool is awake.
+Starts the e2e stack with KEDA once (tests/support/e2e_stack.py: the real control plane, real nodes running real
+vLLM CPU engines from the engine-cpu image, the real router, Prometheus and KEDA; cpu-dev.yaml with the long pool
+autoscaled 0..1, idleSeconds 20 s: tests/support/wake_chain.py, the same wake the e2e test checks), then for each
+run: waits for the long pool to be asleep at 0, sends one long prompt through the router (streamed, official
+`openai` client) and records the seconds from its send to each link of the wake chain, then sends `--warm` requests
+like it while the pool is awake.
 
     flock /tmp/vllm-e2e.lock .venv/bin/python benchmarks/autoscaling/wake.py [--runs 3] [--warm 5] \\
         [--json benchmarks/autoscaling/results-DATE.json]

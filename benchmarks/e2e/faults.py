@@ -1,9 +1,9 @@
 """Fault -> detection and fault -> serving-again times with real vLLM engines on the real control plane (issue 11).
 
 Starts the e2e stack once (examples/cpu-dev.yaml: two vLLM CPU engines, the router, Prometheus, the operator with its
-health loop, on kube-apiserver and a process node; `tests/support/e2e_stack.py`), then alternates the two faults of
-the e2e tier on the short pool's engine under light traffic through the router, waiting for the system to be Ready
-between runs:
+health loop, on kube-apiserver and two real nodes, kubelet + containerd: `tests/support/e2e_stack.py`), then
+alternates the two faults of the e2e tier on the short pool's engine under light traffic through the router, waiting
+for the system to be Ready between runs:
 
 * kill: SIGKILL of the engine core -> /health 503 (detection by the probe target), router ejection, serving again
   (the first 200 answered by the short pool after the kill);
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -31,9 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from processnode.processes import Container
 from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
+    PodContainer,
     Stack,
     Traffic,
     counter,
@@ -59,14 +60,20 @@ def kill_run(stack: Stack, pool: str) -> dict[str, float]:
             **phases_after(container, t0), "serving_again_s": serving - t0}
 
 
-def phases_after(container: Container, t0: float) -> dict[str, float]:
-    """When the process node started the (re)started container and when its readiness probe first passed, from the
-    runtime's own history (same monotonic clock as t0): what of 'serving again' is vLLM's start, what the rest."""
+def phases_after(container: PodContainer, t0: float) -> dict[str, float]:
+    """When the kubelet started the (re)started container and when its pod went Ready, from the status it wrote
+    (RFC 3339 times to the second, turned to the monotonic clock of t0): what of 'serving again' is vLLM's start,
+    what the rest."""
+    offset = time.time() - time.monotonic()
     out: dict[str, float] = {}
-    for event, key in (("started", "container_started_s"), ("ready", "container_ready_s")):
-        times = [h["t"] for h in container.history if h["event"] == event and h["t"] >= t0]
-        if times:
-            out[key] = min(times) - t0
+    started = ((container.status().get("state") or {}).get("running") or {}).get("startedAt")
+    ready = next((c.get("lastTransitionTime") for c in container.obj()["status"].get("conditions") or []
+                  if c["type"] == "Ready" and c["status"] == "True"), None)
+    for stamp, key in ((started, "container_started_s"), (ready, "container_ready_s")):
+        if stamp:
+            at = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - offset
+            if at >= t0 - 1:
+                out[key] = max(0.0, at - t0)
     return out
 
 
@@ -95,7 +102,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"kill": [], "stall": []}
-    with tempfile.TemporaryDirectory(prefix="e2e-faults-") as tmp, vllm_cpu.pinned_in_page_cache():  # as the tier
+    with tempfile.TemporaryDirectory(prefix="e2e-faults-") as tmp:  # the stack pins the engine image's files
         model = vllm_cpu.make_model("tiny", Path(tmp) / "models" / "tiny-llama")
         with running_stack(Path(tmp) / "stack", model) as stack:
             for i in range(args.runs):

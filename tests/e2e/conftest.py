@@ -1,10 +1,12 @@
 """The e2e tier's shared fixtures.
 
-* vLLM's own files held in the page cache for the whole tier (`tests/support/vllm_cpu.pinned_in_page_cache` says
-  why: these VMs page out what was idle for a minute, and a restarted vLLM re-read torch from a disk the whole tier
-  writes to; a restart once printed nothing for 7 minutes).
-* `cpu_dev`: `examples/cpu-dev.yaml` on the real control plane (tests/support/e2e_stack.py), started once for the
-  session and shared by the modules that need exactly that system (test_operator_vllm, test_router_vllm,
+* `venv_vllm_pinned`: the project venv's vLLM files held in the page cache for a module that runs vLLM from
+  `.venv-vllm` (plain engines, the wrapper tests: `pytestmark` names it). `tests/support/vllm_cpu.pinned_in_page_cache`
+  says why: these VMs page out what was idle for a minute, and a restarted vLLM re-read torch from a disk the whole
+  tier writes to; a restart once printed nothing for 7 minutes. The stacks on real nodes pin the engine image's own
+  copy, which their containers read, instead (tests/support/e2e_stack.py).
+* `cpu_dev`: `examples/cpu-dev.yaml` on the real control plane and real nodes (tests/support/e2e_stack.py), started
+  once for the session and shared by the modules that need exactly that system (test_operator_vllm, test_router_vllm,
   test_self_healing_vllm, whose faults run last by name): each start is two cold vLLM engines, about a minute of the
   tier. Modules with a variant of the example (LoRA, autoscaling) or a node of their own (node failure) start
   their own.
@@ -25,8 +27,8 @@ from tests.support.plain_engine import SharedEngine
 from tests.support.vllm_cpu import pinned_in_page_cache
 
 
-@pytest.fixture(scope="session", autouse=True)
-def vllm_files_in_page_cache() -> Iterator[None]:
+@pytest.fixture(scope="module")
+def venv_vllm_pinned() -> Iterator[None]:
     with pinned_in_page_cache():
         yield
 

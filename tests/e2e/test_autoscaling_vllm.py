@@ -4,10 +4,10 @@ cpu-dev.yaml with the long pool autoscaled 0..1 (idleSeconds 20 s: tests/support
 with KEDA (its operator and metrics server built from its module; kube-controller-manager's HPA controller): the long
 pool starts with one replica and sleeps at 0 once idle. A long prompt sent through the real router with the official
 `openai` client is held by the router; its held-requests gauge, scraped by the real Prometheus, makes KEDA activate
-the ScaledObject and scale the Deployment to 1; kube-scheduler binds the pod to the process node, whose agent runs the
-real vLLM CPU engine; once the pod is Ready the endpointslice controller publishes it, the router discovers it and
-releases the held request, which is answered by the long pool. Then warm requests are answered, and the pool goes
-back to 0 when idle.
+the ScaledObject and scale the Deployment to 1; kube-scheduler binds the pod to a real node, whose kubelet runs the
+real vLLM CPU engine from the engine-cpu image; once the pod is Ready the endpointslice controller publishes it, the
+router discovers it and releases the held request, which is answered by the long pool. Then warm requests are
+answered, and the pool goes back to 0 when idle.
 
 Allowances, each waited on as a condition: the stack Ready (one engine and the router, the long pool asleep) within
 READY_TIMEOUT_S; the held request within the router's own wake budget (the planner's 180 s on CPU: Prometheus, KEDA's

@@ -7,18 +7,15 @@ Then an adapter is added and the first one removed by editing the VLLMDeployment
 ConfigMap, the wrappers load and unload in the running engines — same pods, restart counts unchanged — and the
 removed adapter is gone from `/v1/models` (router and engines) and answered 404 model_not_found.
 
-The one step a real kubelet does that the process node's runtime does not: refresh a mounted ConfigMap's files
-when the ConfigMap changes (the process node writes them once, at container start). `kubelet_sync_adapters` does
-that refresh here: it reads the ConfigMap the operator wrote from the API and replaces each engine pod's projected
-file atomically, as the kubelet's `..data` swap does, with container paths mapped to the host as the runtime maps
-them at start.
+The engines run on real nodes (tests/support/e2e_stack.py): the kubelet refreshes the mounted adapters ConfigMap's
+files itself when the ConfigMap changes (its `..data` swap, on the pod's next sync: testcluster.node sets the
+kubelet's syncFrequency to 15 s), which the process node never did and a helper here used to imitate.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,7 +25,6 @@ from typing import Any
 import openai
 import pytest
 
-from processnode.processes import map_paths
 from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     EXAMPLE,
@@ -112,19 +108,6 @@ def status_adapters(stack: Stack) -> dict[str, list[tuple[str, int]]]:
             for p in constants.POOLS}
 
 
-def kubelet_sync_adapters(stack: Stack) -> None:
-    """Refresh each engine pod's projected adapters files from the ConfigMap (module docstring: why)."""
-    cm = stack.call(lambda k: k.get(CONFIGMAPS, NS, names.adapters(NAME)))
-    assert cm is not None
-    mounts = [(f"{constants.ADAPTERS_PVC_ROOT}/models", stack.model_dir.parent)]
-    for pool in constants.POOLS:
-        volume = stack.engine(pool).root / "volumes" / "adapters"
-        for key, text in (cm.get("data") or {}).items():
-            tmp = volume / f".{key}.tmp"
-            tmp.write_text(map_paths(text, mounts))
-            os.replace(tmp, volume / key)
-
-
 def set_adapters(stack: Stack, adapters: list[dict[str, Any]]) -> None:
     stack.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME, {"spec": {"adapters": adapters}}))
 
@@ -134,7 +117,6 @@ def set_adapters(stack: Stack, adapters: list[dict[str, Any]]) -> None:
         return listed == [[a["name"] for a in adapters]] * 2
 
     stack.wait(configmap_lists, 60, what="the adapters ConfigMap lists " + ", ".join(a["name"] for a in adapters))
-    kubelet_sync_adapters(stack)
 
 
 def test_base_model_and_adapter_are_served_through_the_router(stack: Stack) -> None:

@@ -1,8 +1,9 @@
 """The whole loop with real engines on the real control plane: `examples/cpu-dev.yaml` applied to kube-apiserver
-becomes real vLLM servers (the operator's rendered pods, bound by kube-scheduler to a process node whose agent runs
-each in a network namespace of its own: tests/support/e2e_stack.py), a real router that discovers them through the
-EndpointSlices kube-controller-manager publishes, a real Prometheus that discovers them from the API server, and the
-operator's health loop acting on what it sees.
+becomes real vLLM servers (the operator's rendered pods from the engine-cpu image, bound by kube-scheduler to real
+nodes whose kubelet and containerd run them: tests/support/e2e_stack.py), a real router from the router image that
+discovers them through the EndpointSlices kube-controller-manager publishes, a real Prometheus that discovers them
+from the API server, and the operator's health loop (the chart's pod, from the operator image) acting on what it
+sees.
 
 The system is the session's `cpu_dev` (tests/e2e/conftest.py: two engines and the router, ~1-2 min on 2 cores, shared
 with test_router_vllm and test_self_healing_vllm, whose faults run after both). Tests take it through `healthy`,
@@ -20,7 +21,7 @@ import openai
 import pytest
 import tokenizers
 
-from processnode.processes import descendants, process_argv
+from tests.support import images
 from tests.support.e2e_stack import (
     Stack,
     cond,
@@ -28,10 +29,12 @@ from tests.support.e2e_stack import (
     engine_url,
     metrics_text,
     model_name,
+    process_argv,
     prompt_of,
     the_plan,
 )
 from vllm_operator import constants
+from vllm_operator.rendering import engine as engine_rendering
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # start-up and healing of real engines on 2 cores
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -54,19 +57,27 @@ def tokenizer(tiny_model_dir: Path) -> tokenizers.Tokenizer:
 
 
 def test_engine_processes_run_exactly_the_planned_argv(healthy: Stack) -> None:
+    """In each engine container (its processes read from its cgroup on the real node), one vLLM API server runs
+    exactly the planner's arguments, with the kubelet's $(POD_IP) substitution and the pod's IP in its env."""
     planned = the_plan()
     for pool in ("short", "long"):
         container = healthy.engine(pool)
-        servers = [pid for pid in descendants(container.proc.pid)  # type: ignore[union-attr]
-                   if SERVER_MODULE in process_argv(pid)]
-        assert len(servers) == 1, f"one vLLM API server below the wrapper of {container.pod}"
+        ip = container.ip
+        servers = [pid for pid in container.pids() if SERVER_MODULE in process_argv(pid)]
+        assert len(servers) == 1, f"one vLLM API server in the engine container of {container.pod}"
         argv = process_argv(servers[0])
-        model = str(healthy.model_dir)
-        expected_args = [a.replace("$(POD_IP)", container.ip) for a in planned.pools[pool].engine_args]
+        model = rendered_model_path()
+        expected_args = [a.replace("$(POD_IP)", ip) for a in planned.pools[pool].engine_args]
         assert argv[1:] == ["-m", SERVER_MODULE, "--model", model, *expected_args]
-        assert f"--host={container.ip}" in argv
-        assert ipaddress.ip_address(container.ip) in ipaddress.ip_network(healthy.node.config.pod_cidr)  # type: ignore[union-attr]
-        assert container.env.get("POD_IP") == container.ip
+        assert f"--host={ip}" in argv
+        assert ipaddress.ip_address(ip) in ipaddress.ip_network(container.node().pod_cidr)
+        assert container.env().get("POD_IP") == ip
+
+
+def rendered_model_path() -> str:
+    """The model path in the engine's command, as the operator renders it (the models PVC's mount)."""
+    _, container = images.rendered_pod("cpu-dev", engine_rendering.CONTAINER)
+    return str(container["command"][5])
 
 
 # -- 1: routing by length, through the real router, with the official client --------------------------------------

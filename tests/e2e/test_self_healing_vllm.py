@@ -1,8 +1,8 @@
 """Self-healing with real engines on the real control plane, on the session's `cpu_dev` system (tests/e2e/conftest.py,
 tests/support/e2e_stack.py): an engine core killed under traffic (/health 503, the router ejects the engine and
-serves short prompts from the long pool, vLLM exits, the wrapper reports EngineDead, the kubelet's restart, the
-router readmits it, the operator observes it), and an engine core frozen mid-step (the health loop diagnoses Stalled
-and deletes the pod, the ReplicaSet's replacement starts).
+serves short prompts from the long pool, vLLM exits, the wrapper reports EngineDead through terminationMessagePath,
+the real kubelet restarts the container, the router readmits it, the operator observes it), and an engine core
+frozen mid-step (the health loop diagnoses Stalled and deletes the pod, the ReplicaSet's replacement starts).
 
 These are the `cpu_dev` modules' only faults, in a module of their own so that they run after the others
 (test_operator_vllm, test_router_vllm: pytest runs modules in name order) and nobody waits for their healing: the
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from processnode.processes import Container
 from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     EXAMPLE,
-    NS,
     RESTART_READY_TIMEOUT_S,
+    PodContainer,
     Stack,
     Traffic,
     engine_core_pid,
@@ -48,17 +47,22 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
         kill = kill_engine_core(healthy, pool)
         killed, unhealthy, ejected = kill.killed, kill.unhealthy, kill.ejected
         errors_at_ejection = router_metric(healthy, "vllm_operator_router_upstream_errors_total", pool=pool)
+        # the kubelet saw the container exit and started it again (restartCount is written with the new one)
         healthy.wait(lambda: container.restart_count > restarts, 60, interval=0.2, what="vLLM exited")
         phases_seen: list[str] = []  # the pool's status.startupPhase as the health loop writes it (every 2 s)
+        readiness: list[float] = []  # when the restarted container was first seen ready (the kubelet's probe)
 
         def ready_again() -> float | None:
             phase = ((healthy.obj().get("status", {}).get("pools", {}) or {}).get(pool) or {}).get("startupPhase")
             if phase and (not phases_seen or phases_seen[-1] != phase):
                 phases_seen.append(phase)
-            return next((e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed), None)
+            if not readiness:
+                status = container.status()
+                if status.get("ready") and status.get("restartCount", 0) > restarts:
+                    readiness.append(time.monotonic())
+            return readiness[0] if readiness else None
 
-        healthy.wait(ready_again, RESTART_READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
-        ready = next(e["t"] for e in container.history if e["event"] == "ready" and e["t"] > killed)
+        ready = healthy.wait(ready_again, RESTART_READY_TIMEOUT_S, interval=0.5, what="restarted container ready")
         serving = healthy.wait(lambda: traffic.first(killed, pool), 120, interval=0.2, what="short pool serving again")
     answers = list(traffic.results)
     in_flight_at_ejection = [a for a in answers if a.sent < ejected < a.answered]
@@ -98,7 +102,7 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
     thresholds = EXAMPLE["spec"]["remediation"]["thresholds"]
     window = thresholds["stallSeconds"] + thresholds["windowSeconds"]
     container = healthy.engine(pool)
-    pod = container.pod
+    pod, ip, grace = container.pod, container.ip, container.grace_s
     with Traffic(healthy, max_tokens=120, threads=2, timeout=30):
         url = engine_url(healthy, pool)
         core, stopped = vllm_cpu.stop_engine_core_mid_step(lambda: metrics_text(url),
@@ -121,22 +125,23 @@ def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -
                                  for e in healthy.events()), 30, interval=0.25,
                      what=f"the RestartedStalledPod event naming {pod}")
 
-        def replacement() -> Container | None:
+        def replacement() -> PodContainer | None:
             pods = healthy.pods(pool)
             if len(pods) != 1 or pods[0]["metadata"]["name"] == pod:
                 return None
-            new = healthy.runtime.containers.get((NS, pods[0]["metadata"]["name"]))
-            return new if new is not None and new.proc is not None else None
+            new = healthy.container(pods[0]["metadata"]["name"])
+            return new if "running" in (new.status().get("state") or {}) else None
 
-        # Deleted pods get the runtime's termination grace before they go: the replacement follows within that.
-        limit = window + healthy.runtime.max_grace_s
+        # The deleted pod has its termination grace to go (its CPU request holds a node until then, so the
+        # replacement may wait for it): the replacement's engine runs within that.
+        limit = window + grace
         new = healthy.wait(replacement, limit + 30, interval=0.25, what="replacement pod's engine started")
         replaced = time.monotonic()
     assert replaced - stopped <= limit, f"replacement started after {replaced - stopped:.1f} s (limit {limit} s)"
-    assert new.pod != pod and new.ip != container.ip
-    # The deleted pod terminates (SIGTERM, then SIGKILL after its grace) while its replacement starts, as on a kubelet
-    healthy.wait(lambda: container.proc is not None and container.proc.returncode is not None,
-                 healthy.runtime.max_grace_s + 15, interval=0.2, what="the stalled pod's processes ended")
+    assert new.pod != pod and new.ip != ip
+    # The deleted pod's container is stopped by its kubelet (SIGTERM, then SIGKILL after the grace): gone from the API
+    healthy.wait(lambda: pod not in {p["metadata"]["name"] for p in healthy.pods(pool, terminating=True)},
+                 grace + 15, interval=0.2, what="the stalled pod's container stopped and the pod gone")
     healthy.wait(lambda: not Path(f"/proc/{core}").exists(), 15, interval=0.2, what="the stopped engine core gone")
     obj = healthy.obj()
     assert obj["status"]["pools"][pool]["restartBudget"]["used"] >= 1

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from tests.support import vllm_cpu
 from tests.support.plain_engine import FUSE, KV_BYTES, MAX_MODEL_LEN, MODEL, SharedEngine
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("venv_vllm_pinned")]  # vLLM from .venv-vllm
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2
 """K and V × 2 layers × 2 KV heads × head_dim 64 × 2 bytes (bf16): the tiny model's 1024 B per token."""

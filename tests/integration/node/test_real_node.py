@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import yaml
 
 from testcluster import cluster, images, node
 from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
+from testcluster.netns import entered
 from testcluster.node import Node
 from tests.support import kubelet
 
@@ -158,6 +160,22 @@ def test_nodes_run_the_real_kubelet_over_containerd(nodes: Nodes) -> None:
         assert kubelet["failCgroupV1"] is False and kubelet["protectKernelDefaults"] is True
     # the kubelet changed none of the shared machine's kernel settings
     assert {key: Path("/proc/sys", key).read_text() for key in node.KERNEL_TUNABLES} == nodes.kernel
+
+
+def test_nodes_share_one_image_store_by_hard_links(nodes: Nodes) -> None:
+    """Each node's containerd root is a hard-linked copy of one imported store (testcluster.imagestore): an unpacked
+    image file is one inode for both nodes (no disk, one page cache), each node's bolt databases are its own."""
+    def files(n: Node, pattern: str) -> dict[str, os.stat_result]:
+        root = n.directory / "containerd" / "root"
+        return {str(p.relative_to(root)): p.stat() for p in root.glob(pattern)}
+
+    busybox_a = files(nodes.a, "io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs/bin/busybox")
+    busybox_b = files(nodes.b, "io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs/bin/busybox")
+    assert busybox_a and busybox_a.keys() == busybox_b.keys(), (busybox_a, busybox_b)
+    assert all(busybox_a[k].st_ino == busybox_b[k].st_ino and busybox_a[k].st_nlink >= 3 for k in busybox_a)
+    dbs_a, dbs_b = files(nodes.a, "**/*.db"), files(nodes.b, "**/*.db")
+    assert "io.containerd.metadata.v1.bolt/meta.db" in dbs_a and dbs_a.keys() == dbs_b.keys()
+    assert all(dbs_a[k].st_ino != dbs_b[k].st_ino and dbs_a[k].st_nlink == 1 for k in dbs_a)
 
 
 def test_restricted_security_context_is_enforced_and_logs_and_exec_work(nodes: Nodes) -> None:
@@ -318,6 +336,10 @@ def test_pods_on_different_nodes_reach_each_other(nodes: Nodes) -> None:
     get = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server['podIP']} 8080"
     got = wait_for("an answer across nodes", lambda: kexec(kube, "client", "sh", "-c", get, check=False).stdout)
     assert got.startswith("HTTP/1.1 200") and got.endswith("from-a\n"), got
+    # from the cluster's namespace, where the API server (webhook calls), Prometheus (scrapes) and the e2e tier's
+    # clients run: the pod's answer must find its way back (the pod routes only the API server's address)
+    with entered(kube.netns.pin_name), urllib.request.urlopen(f"http://{server['podIP']}:8080/", timeout=5) as resp:
+        assert resp.read() == b"from-a\n"
     # the API server by its own address, nothing outside
     api = kexec(kube, "client", "sh", "-c", f"nc -w 2 {nodes.kube.netns.address} 6443 </dev/null", check=False)
     assert api.returncode == 0, api

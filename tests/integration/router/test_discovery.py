@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from fakevllm.engine import FakeVllm
-from processnode.netns import entered
 from testcluster.cluster import Cluster, write_kubeconfig
+from testcluster.netns import entered
 from tests.support.apiproxy import ApiProxy
 from tests.support.kube import add_gpu_nodes, apply, unique
 from tests.support.kubelet import ContainerReport, report

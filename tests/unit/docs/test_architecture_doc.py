@@ -11,7 +11,7 @@ import pytest
 from tests.support.paths import ROOT
 
 DOC = ROOT / "docs" / "architecture.md"
-TREES = ("operator", "tests", "benchmarks", "testcluster", "processnode", "fakevllm", "scripts", "charts", "docs")
+TREES = ("operator", "tests", "benchmarks", "testcluster", "fakevllm", "scripts", "charts", "docs")
 SOURCES = sorted({p for tree in TREES for pattern in ("*.py", "*.md", "*.sh") for p in (ROOT / tree).rglob(pattern)}
                  | {ROOT / "README.md"})
 THIS = Path(__file__).resolve()
