@@ -172,7 +172,7 @@ class ModelFacts(ApiModel):
         if self.sliding_window_layers is not None and self.sliding_window is None:
             raise ValueError("slidingWindowLayers needs slidingWindow (the window those layers use)")
         if self.sliding_window_layers is not None and self.sliding_window_layers > self.num_layers:
-            raise ValueError(f"slidingWindowLayers {self.sliding_window_layers} is more than numLayers "
+            raise ValueError(f"slidingWindowLayers {self.sliding_window_layers} cannot be more than numLayers "
                              f"{self.num_layers}")
         return self
 

@@ -269,7 +269,7 @@ def test_facts_without_the_checkpoints_quantization_are_not_checked() -> None:
 
 @pytest.mark.parametrize(("patch", "message"), [
     ({"slidingWindowLayers": 21}, "slidingWindowLayers needs slidingWindow"),
-    ({"slidingWindow": 4096, "slidingWindowLayers": 43}, "slidingWindowLayers 43 is more than numLayers 42"),
+    ({"slidingWindow": 4096, "slidingWindowLayers": 43}, "slidingWindowLayers 43 cannot be more than numLayers 42"),
 ])
 def test_sliding_window_layers_are_validated(patch: dict[str, Any], message: str) -> None:
     facts = {k: v for k, v in catalog.facts_from_hf_config(gemma2_config()).to_wire().items()
