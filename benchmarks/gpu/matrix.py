@@ -143,7 +143,7 @@ def pick(names: str | None) -> list[Cell]:
 # ----------------------------------------------------------------------------------------------- stage (here)
 
 
-def deployment(cell: Cell, engine_version: str) -> dict[str, Any]:
+def deployment(cell: Cell, engine_version: str, gpu: str = "nvidia-h200-141gb") -> dict[str, Any]:
     """The cell's VLLMDeployment: the class's pools, only the started one with a replica."""
     other = "short" if cell.pool == "long" else "long"
     pools: dict[str, Any] = {cell.pool: {"replicas": 1, **cell.pools.get(cell.pool, {})},
@@ -151,7 +151,7 @@ def deployment(cell: Cell, engine_version: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"name": cell.model, **cell.spec.get("model", {})},
         "workloadClass": cell.workload_class,
-        "accelerator": {"type": "nvidia-h200-141gb", "count": 1},
+        "accelerator": {"type": gpu, "count": 1},
         "engine": {"gpu": {"version": engine_version}},
         "pools": pools,
         **{k: v for k, v in cell.spec.items() if k != "model"},
@@ -161,14 +161,14 @@ def deployment(cell: Cell, engine_version: str) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "matrix"}, "spec": spec}
 
 
-def render_cell(cell: Cell, engine_version: str) -> dict[str, Any]:
+def render_cell(cell: Cell, engine_version: str, gpu: str = "nvidia-h200-141gb") -> dict[str, Any]:
     """Plan and render one cell with the product's code; the started pool's container and the router's config."""
     from vllm_operator.api.errors import SpecError
     from vllm_operator.planning import catalog
     from vllm_operator.planning.cli_inputs import plan_documents
     from vllm_operator.rendering.cli import render_planned
 
-    doc = deployment(cell, engine_version)
+    doc = deployment(cell, engine_version, gpu)
     facts = None
     if cell.model_config:
         config = json.loads((SHAPES / cell.shape / "config.json").read_text())
@@ -204,7 +204,8 @@ def render_cell(cell: Cell, engine_version: str) -> dict[str, Any]:
     return rec
 
 
-def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Path | None) -> None:
+def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Path | None,
+          gpu: str = "nvidia-h200-141gb") -> None:
     """Everything a GPU call needs under `dest`: cells/*.json, shapes with a tokenizer, the operator package."""
     dest.mkdir(parents=True, exist_ok=True)
     for sub in ("cells", "shapes", "src"):
@@ -218,7 +219,7 @@ def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Pa
         subprocess.run([sys.executable, str(repo / "scripts" / "make_model.py"), "--shape", "tiny", "--out",
                         str(tok)], check=True)
     for cell in cells:
-        rec = render_cell(cell, engine_version)
+        rec = render_cell(cell, engine_version, gpu)
         (dest / "cells" / f"{cell.name}.json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
         shape = dest / "shapes" / cell.shape
         if not shape.exists():
@@ -641,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dest")
     s.add_argument("--cells", default=None)
     s.add_argument("--engine-version", default="0.26.0")
+    s.add_argument("--gpu", default="nvidia-h200-141gb", help="the accelerator type the cells are planned for")
     s.add_argument("--tokenizer-from", default=None, help="a model directory whose tokenizer files to copy")
     r = sub.add_parser("run")
     r.add_argument("--stage", required=True)
@@ -659,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "stage":
         stage(Path(args.dest), pick(args.cells), args.engine_version,
-              Path(args.tokenizer_from) if args.tokenizer_from else None)
+              Path(args.tokenizer_from) if args.tokenizer_from else None, args.gpu)
         return 0
     if args.cmd == "table":
         results = [r for path in args.results for r in json.loads(Path(path).read_text())]

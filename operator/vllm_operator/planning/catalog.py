@@ -325,7 +325,7 @@ def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None
     (`hf_config.SUPPORTED_ARCHITECTURES`): dense, mixture-of-experts and multi-head-latent-attention models.
 
     Weights are not in config.json: pass `weights_gib`, else they are estimated from the shape (every expert
-    counted). What the estimate simplifies (sliding windows sized at full length) is appended to `notes`.
+    counted). What the estimate simplifies or how it counts sliding layers is appended to `notes`.
     SpecError names the missing key or lists the supported architectures.
     """
     shape = hf_config.read(config, origin)
