@@ -76,6 +76,7 @@ class Cell:
     spec: dict[str, Any] = field(default_factory=dict)
     drop_args: tuple[str, ...] = ()  # a deliberately broken variant: arguments taken out of the rendered ones
     note: str = ""
+    start_est_s: float = 150.0  # what the start is budgeted at when deciding whether it fits the call
 
 
 # The issue's run order: AWQ + fp8, FP8 70B, GPTQ, sliding window, MLA, tied embeddings, MoE fp8, LoRA, the rest.
@@ -101,7 +102,7 @@ CELLS: tuple[Cell, ...] = (
               "pools": ["long"]}]},
          note="two LoRA slots of rank 16 (an adapter listed, so the planner reserves them), fp8 KV"),
     Cell("fp8w70-fp8", "llama-3.3-70b-instruct-fp8-dynamic", "long-doc", "long",
-         "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", note="FP8 weights and fp8 KV"),
+         "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", note="FP8 weights and fp8 KV", start_est_s=200.0),
     Cell("awq72-short", "qwen2.5-72b-instruct-awq", "long-doc", "short", "Qwen/Qwen2.5-72B-Instruct-AWQ",
          spec={"model": {"quantization": "awq"}}, note="float16 AWQ checkpoint, model-dtype KV"),
     Cell("dense8-chat", "llama-3.1-8b-instruct", "chat", "short", "meta-llama/Llama-3.1-8B-Instruct",
@@ -112,6 +113,11 @@ CELLS: tuple[Cell, ...] = (
          note="MLA with the long-doc default fp8 KV (MoE kernels)"),
     Cell("qwen3moe-short", "qwen3-30b-a3b", "long-doc", "short", "Qwen/Qwen3-30B-A3B", model_config=False,
          note="MoE, model-dtype KV (MoE kernels)"),
+    Cell("gemma2-chat", "gemma-2-9b-it", "chat", "short", "google/gemma-2-9b-it",
+         note="Gemma-2: 21 sliding (4096) + 21 global layers, soft-capping, head_dim 256, float32 checkpoint; chat "
+              "short pool, model-dtype KV"),
+    Cell("gemma2-fp8", "gemma-2-9b-it", "chat", "long", "google/gemma-2-9b-it", pools={"long": {"kvCacheDtype": "fp8"}},
+         note="Gemma-2 with fp8 KV (FA3: --dtype=bfloat16), chat long pool at the native 8192"),
     Cell("awq72-fp8-nodtype", "qwen2.5-72b-instruct-awq", "long-doc", "long", "Qwen/Qwen2.5-72B-Instruct-AWQ",
          spec={"model": {"quantization": "awq"}}, drop_args=("--dtype=bfloat16",),
          note="awq72-fp8 without the planner's --dtype=bfloat16 (what main rendered before issue 38): the start-up "
@@ -137,7 +143,7 @@ def pick(names: str | None) -> list[Cell]:
 # ----------------------------------------------------------------------------------------------- stage (here)
 
 
-def deployment(cell: Cell, engine_version: str) -> dict[str, Any]:
+def deployment(cell: Cell, engine_version: str, gpu: str = "nvidia-h200-141gb") -> dict[str, Any]:
     """The cell's VLLMDeployment: the class's pools, only the started one with a replica."""
     other = "short" if cell.pool == "long" else "long"
     pools: dict[str, Any] = {cell.pool: {"replicas": 1, **cell.pools.get(cell.pool, {})},
@@ -145,7 +151,7 @@ def deployment(cell: Cell, engine_version: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"name": cell.model, **cell.spec.get("model", {})},
         "workloadClass": cell.workload_class,
-        "accelerator": {"type": "nvidia-h200-141gb", "count": 1},
+        "accelerator": {"type": gpu, "count": 1},
         "engine": {"gpu": {"version": engine_version}},
         "pools": pools,
         **{k: v for k, v in cell.spec.items() if k != "model"},
@@ -155,14 +161,14 @@ def deployment(cell: Cell, engine_version: str) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "matrix"}, "spec": spec}
 
 
-def render_cell(cell: Cell, engine_version: str) -> dict[str, Any]:
+def render_cell(cell: Cell, engine_version: str, gpu: str = "nvidia-h200-141gb") -> dict[str, Any]:
     """Plan and render one cell with the product's code; the started pool's container and the router's config."""
     from vllm_operator.api.errors import SpecError
     from vllm_operator.planning import catalog
     from vllm_operator.planning.cli_inputs import plan_documents
     from vllm_operator.rendering.cli import render_planned
 
-    doc = deployment(cell, engine_version)
+    doc = deployment(cell, engine_version, gpu)
     facts = None
     if cell.model_config:
         config = json.loads((SHAPES / cell.shape / "config.json").read_text())
@@ -198,7 +204,8 @@ def render_cell(cell: Cell, engine_version: str) -> dict[str, Any]:
     return rec
 
 
-def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Path | None) -> None:
+def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Path | None,
+          gpu: str = "nvidia-h200-141gb") -> None:
     """Everything a GPU call needs under `dest`: cells/*.json, shapes with a tokenizer, the operator package."""
     dest.mkdir(parents=True, exist_ok=True)
     for sub in ("cells", "shapes", "src"):
@@ -212,7 +219,7 @@ def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Pa
         subprocess.run([sys.executable, str(repo / "scripts" / "make_model.py"), "--shape", "tiny", "--out",
                         str(tok)], check=True)
     for cell in cells:
-        rec = render_cell(cell, engine_version)
+        rec = render_cell(cell, engine_version, gpu)
         (dest / "cells" / f"{cell.name}.json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
         shape = dest / "shapes" / cell.shape
         if not shape.exists():
@@ -275,6 +282,23 @@ def shims(bindir: Path, python: str) -> None:
         path.chmod(0o755)
 
 
+ADAPTER = """import json, sys, torch
+from safetensors.torch import save_file
+cfg = json.load(open(sys.argv[1] + "/config.json")); out, r = sys.argv[2], int(sys.argv[3])
+h = cfg["hidden_size"]; kv = cfg["num_key_value_heads"] * cfg.get("head_dim", h // cfg["num_attention_heads"])
+g = torch.Generator().manual_seed(0); t = {}
+for i in range(cfg["num_hidden_layers"]):
+    for m, o in (("q_proj", h), ("v_proj", kv)):
+        k = f"base_model.model.model.layers.{i}.self_attn.{m}"
+        t[k + ".lora_A.weight"] = (torch.randn(r, h, generator=g) * 0.01).to(torch.bfloat16)
+        t[k + ".lora_B.weight"] = (torch.randn(o, r, generator=g) * 0.01).to(torch.bfloat16)
+save_file(t, out + "/adapter_model.safetensors")
+json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r, "lora_dropout": 0.0,
+           "target_modules": ["q_proj", "v_proj"], "bias": "none", "fan_in_fan_out": False,
+           "base_model_name_or_path": sys.argv[1]}, open(out + "/adapter_config.json", "w"))
+print(len(t), "tensors")
+"""
+"""A random rank-r LoRA adapter of a shape (the issue-28 data-plane run's recipe), made with the GPU machine's torch."""
 ADAPTERS_DIR = "/etc/vllm-operator/adapters"
 """Where the pods mount the adapters ConfigMap; the rig writes its files to a local folder instead."""
 
@@ -380,6 +404,19 @@ class Run:
             shutil.copytree(self.stage / "shapes" / shape, target)
         return str(target)
 
+    def make_adapters(self, adapters_json: str, shape: str) -> list[str]:
+        """A random LoRA adapter of the shape (q_proj and v_proj, every layer) at each listed adapter's path (in the
+        local `/adapters` volume), made with the machine's torch: nothing of the kind is carried."""
+        made = []
+        for entry in json.loads(adapters_json).get("adapters", []):
+            target = Path(str(entry.get("path", "")))
+            target.mkdir(parents=True, exist_ok=True)
+            rank = int(entry.get("maxRank") or entry.get("rank") or 16)
+            got = subprocess.run([self.python, "-c", ADAPTER, self.model_dir(shape), str(target), str(rank)],
+                                 capture_output=True, text=True, env=self.env({}), timeout=120, check=False)
+            made.append(f"{entry.get('name')} at {target}: {(got.stdout + got.stderr).strip()[-300:]}")
+        return made
+
     def cell(self, rec: dict[str, Any]) -> dict[str, Any]:
         name = rec["cell"]
         cdir = self.out / name
@@ -390,15 +427,17 @@ class Run:
         if rec["refused"]:
             result.update(outcome="refused", reason=rec["reason"])
             return result
-        if self.left() < START_EST_S + 30:
+        if self.left() < CELLS_BY_NAME.get(name, CELLS[0]).start_est_s + 30:
             result.update(outcome="not-run", reason=f"call budget: {self.left():.0f} s left")
             return result
         mount = str(Path(self.args.work) / "models-volume")
         term = cdir / "termination.log"
         adapters_dir = cdir / "adapters"
         adapters_dir.mkdir(exist_ok=True)
-        for fname, text in (rec.get("adapters_files") or {}).items():
+        for fname, rendered in (rec.get("adapters_files") or {}).items():
+            text = rendered.replace('"/adapters/', f'"{mount}/adapters/')  # the pod's /adapters volume, mounted here
             (adapters_dir / fname).write_text(text)
+            result["adapters_made"] = self.make_adapters(text, rec["shape"])
         argv, env = substitute(rec, self.model_dir(rec["shape"]), str(term), mount, str(adapters_dir),
                                (self.engine_port, self.status_port))
         result["argv"] = argv
@@ -436,6 +475,11 @@ class Run:
             metrics = get(f"http://127.0.0.1:{self.engine_port}/metrics", 10.0)[1]
             result["cache_config_info"] = cache_info(metrics)
             result["chat"] = self.chat(rec, cdir)
+            adapters = [a["name"] for f in (rec.get("adapters_files") or {}).values()
+                        for a in json.loads(f).get("adapters", [])]
+            if adapters:  # the wrapper loads them after Serving (its adapters file, every 2 s)
+                result["adapter_status"] = self.wait_adapters(adapters)
+                result["chat_adapter"] = self.chat(rec, cdir, model=adapters[0])
         result["status"] = _json(get(f"http://127.0.0.1:{self.status_port}/status", 5.0)[1])
         code = stop(proc)
         fh.close()
@@ -451,11 +495,24 @@ class Run:
         log(f"{name}: {result['outcome']}; vLLM {result['vllm']}")
         return result
 
-    def chat(self, rec: dict[str, Any], cdir: Path) -> dict[str, Any]:
+    def wait_adapters(self, names: list[str], limit_s: float = 30.0) -> Any:
+        """The wrapper's adapters status once every listed adapter loaded or failed (at most `limit_s`)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            status = _json(get(f"http://127.0.0.1:{self.status_port}/status", 5.0)[1])
+            got = status.get("adapters") if isinstance(status, dict) else None
+            done = isinstance(got, dict) and all(n in (got.get("loaded") or []) or n in (got.get("failed") or {})
+                                                 for n in names)
+            if done or time.monotonic() > deadline:
+                return got
+            time.sleep(1.0)
+
+    def chat(self, rec: dict[str, Any], cdir: Path, model: str | None = None) -> dict[str, Any]:
         """One chat request through the router with the rendered RouterConfig (every enabled pool's endpoints
-        are the one engine started); direct to the engine if the router does not come up."""
+        are the one engine started); direct to the engine if the router does not come up. `model`: an adapter's
+        name instead of the served model's."""
         served = rec["router"]["model"]
-        body = {"model": served, **CHAT_BODY}
+        body = {"model": model or served, **CHAT_BODY}
         cfg = json.loads(json.dumps(rec["router"]))
         for route in cfg["pools"].values():
             route["service"] = None
@@ -463,7 +520,7 @@ class Run:
         cfg["tokenizer"] = {"path": self.model_dir(rec["shape"])}
         cfg["port"] = self.router_port
         (cdir / "router.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        rlog = (cdir / "router.log").open("wb")
+        rlog = (cdir / ("router.log" if model is None else f"router-{model}.log")).open("wb")
         router = subprocess.Popen(["vllm-operator", "router", "--config", str(cdir / "router.json"), "--host",
                                    "127.0.0.1"], stdout=rlog, stderr=subprocess.STDOUT, env=self.env({}),
                                   start_new_session=True)
@@ -491,10 +548,12 @@ class Run:
                 "ok": got["status"] == 200 and bool(usage) and usage.get("completion_tokens") == 16}
 
     def run(self) -> list[dict[str, Any]]:
-        names = self.args.cells.split(",") if self.args.cells else sorted(
-            p.stem for p in (self.stage / "cells").glob("*.json"))
-        order = [c.name for c in CELLS]
-        names.sort(key=lambda n: order.index(n) if n in order else len(order))
+        if self.args.cells:  # the order given
+            names = self.args.cells.split(",")
+        else:  # the issue's run order
+            order = [c.name for c in CELLS]
+            names = sorted((p.stem for p in (self.stage / "cells").glob("*.json")),
+                           key=lambda n: order.index(n) if n in order else len(order))
         results = []
         for name in names:
             rec = json.loads((self.stage / "cells" / f"{name}.json").read_text())
@@ -583,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dest")
     s.add_argument("--cells", default=None)
     s.add_argument("--engine-version", default="0.26.0")
+    s.add_argument("--gpu", default="nvidia-h200-141gb", help="the accelerator type the cells are planned for")
     s.add_argument("--tokenizer-from", default=None, help="a model directory whose tokenizer files to copy")
     r = sub.add_parser("run")
     r.add_argument("--stage", required=True)
@@ -601,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "stage":
         stage(Path(args.dest), pick(args.cells), args.engine_version,
-              Path(args.tokenizer_from) if args.tokenizer_from else None)
+              Path(args.tokenizer_from) if args.tokenizer_from else None, args.gpu)
         return 0
     if args.cmd == "table":
         results = [r for path in args.results for r in json.loads(Path(path).read_text())]

@@ -115,6 +115,10 @@ class ModelFacts(ApiModel):
     model_config = ConfigDict(json_schema_extra=x_validations(
         ("has(self.weightsGiB) || has(self.paramsBillions)", "give weightsGiB, or paramsBillions with weightsDtype"),
         ("has(self.kvLoraRank) == has(self.qkRopeHeadDim)", "give kvLoraRank and qkRopeHeadDim together (MLA)"),
+        ("!has(self.slidingWindowLayers) || has(self.slidingWindow)",
+         "slidingWindowLayers needs slidingWindow (the window those layers use)"),
+        ("!has(self.slidingWindowLayers) || self.slidingWindowLayers <= self.numLayers",
+         "slidingWindowLayers cannot be more than numLayers"),
     ))
 
     num_layers: int = Field(ge=1, le=1024, description="Transformer layers (num_hidden_layers).")
@@ -146,9 +150,18 @@ class ModelFacts(ApiModel):
         default=None, ge=1, le=16_777_216, description="Vocabulary size (sizes the sampler's logits).")
     sliding_window: int | None = Field(
         default=None, ge=1, le=10_485_760,
-        description="Every layer attends to this many tokens only (Mistral-7B-v0.1's sliding_window): vLLM keeps "
-                    "the window per sequence, not the whole length, so more sequences fit; leave it unset when "
-                    "only some layers slide.")
+        description="Sliding layers attend to this many tokens only (config.json sliding_window): vLLM keeps the "
+                    "window per sequence, not the whole length, so more sequences fit. Every layer slides unless "
+                    "slidingWindowLayers says how many do.")
+    sliding_window_layers: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="How many of numLayers use slidingWindow when the others attend to the whole length "
+                    "(config.json layer_types; Gemma-2: every other layer): on a GPU vLLM groups the layers by kind "
+                    "and keeps a window per sequence only in the sliding groups.")
+    checkpoint_quantization: str | None = Field(
+        default=None, max_length=64, pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+        description="The checkpoint's quantization_config.quant_method (none: unquantized), read off config.json; "
+                    "model.quantization is checked against it (vLLM refuses to start when they disagree).")
 
     @model_validator(mode="after")
     def _weights_known(self) -> Self:
@@ -156,6 +169,11 @@ class ModelFacts(ApiModel):
             raise ValueError("give weightsGiB, or paramsBillions with weightsDtype")
         if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
             raise ValueError("give kvLoraRank and qkRopeHeadDim together (multi-head latent attention)")
+        if self.sliding_window_layers is not None and self.sliding_window is None:
+            raise ValueError("slidingWindowLayers needs slidingWindow (the window those layers use)")
+        if self.sliding_window_layers is not None and self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"slidingWindowLayers {self.sliding_window_layers} cannot be more than numLayers "
+                             f"{self.num_layers}")
         return self
 
 

@@ -197,7 +197,8 @@ class ModelInfo:
     kv_lora_rank: int | None = None  # multi-head latent attention: one latent vector per layer and token
     qk_rope_head_dim: int | None = None
     tied_embeddings: bool = False  # one vocab x hidden matrix for the embeddings and the LM head
-    sliding_window: int | None = None  # every layer keeps only this many tokens per sequence (vLLM's window)
+    sliding_window: int | None = None  # sliding layers keep only this many tokens per sequence (vLLM's window)
+    sliding_window_layers: int | None = None  # how many layers slide (None: all of them, when sliding_window is set)
 
     @property
     def latent_kv_dim(self) -> int | None:
@@ -314,7 +315,8 @@ def model_from_facts(name: str, facts: ModelFacts) -> ModelInfo:
                      facts.max_context_length, weights, hidden_size=facts.hidden_size,
                      intermediate_size=facts.intermediate_size, vocab_size=facts.vocab_size,
                      source="spec.model.facts", kv_lora_rank=facts.kv_lora_rank,
-                     qk_rope_head_dim=facts.qk_rope_head_dim, sliding_window=facts.sliding_window)
+                     qk_rope_head_dim=facts.qk_rope_head_dim, sliding_window=facts.sliding_window,
+                     sliding_window_layers=facts.sliding_window_layers)
 
 
 def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None = None,
@@ -323,7 +325,7 @@ def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None
     (`hf_config.SUPPORTED_ARCHITECTURES`): dense, mixture-of-experts and multi-head-latent-attention models.
 
     Weights are not in config.json: pass `weights_gib`, else they are estimated from the shape (every expert
-    counted). What the estimate simplifies (sliding windows sized at full length) is appended to `notes`.
+    counted). What the estimate simplifies or how it counts sliding layers is appended to `notes`.
     SpecError names the missing key or lists the supported architectures.
     """
     shape = hf_config.read(config, origin)
@@ -339,7 +341,8 @@ def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None
                       weights_gib=weights_gib, kv_lora_rank=shape.kv_lora_rank,
                       qk_rope_head_dim=shape.qk_rope_head_dim, hidden_size=shape.hidden_size,
                       intermediate_size=shape.activation_intermediate, vocab_size=shape.vocab_size,
-                      sliding_window=shape.sliding_window)
+                      sliding_window=shape.sliding_window, sliding_window_layers=shape.sliding_window_layers,
+                      checkpoint_quantization=shape.checkpoint_quantization)
 
 
 def gib(n_bytes: float) -> float:

@@ -147,7 +147,7 @@ def model_facts(path: str, weights_gib: float | None) -> ModelFacts:
     notes: list[str] = []
     facts = catalog.facts_from_hf_config(config, weights_gib=weights_gib, origin=f"--model-config {path}",
                                          notes=notes)
-    for note in notes:  # what the estimate simplifies (sliding windows sized at full length)
+    for note in notes:  # what the estimate simplifies, how it counts sliding layers
         print(f"note: --model-config {path}: {note}", file=sys.stderr)
     return facts
 

@@ -25,9 +25,15 @@ What is counted, per family (the parameter counts match the published totals: Ll
 
 Sliding-window attention: when every layer slides (Mistral-7B-v0.1's `sliding_window`), the shape carries the
 window and the planner counts sequences and tokens as vLLM does (a sequence holds its window, not the whole
-length); when only some layers do (Gemma-style `layer_types`, Qwen's `max_window_layers`), every layer is sized at
-full length — an over-estimate of the KV each sequence needs, so the plan promises fewer tokens than vLLM will have,
-never more — and a note says so.
+length). When some layers slide and the others attend globally (`layer_types`; Gemma-2, whose config.json has no
+`layer_types`, alternates sliding and global layers starting with a sliding one, as vLLM's Gemma2 config does), the
+shape carries the window and the number of sliding layers: on a GPU vLLM's hybrid allocator groups the layers by
+kind and gives the sliding groups a window per sequence (`kvcache.kv_layout`). Qwen's `max_window_layers` (vLLM
+refuses a model where only some of those layers slide) stays sized at full length, with a note.
+
+Gemma-2: embeddings are tied unless the config says otherwise (transformers' Gemma2Config default), every layer
+has four RMS norms, and vLLM refuses float16 for it ("Numerical instability"), so its float32 checkpoint loads in
+bfloat16 — 2 bytes per weight, as for every 16-bit checkpoint.
 """
 
 from __future__ import annotations
@@ -82,14 +88,22 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": DENSE, "MistralForCausalLM": DENSE, "Qwen2ForCausalLM": DENSE, "Qwen3ForCausalLM": DENSE,
     "ChatGLMModel": DENSE, "ChatGLMForConditionalGeneration": DENSE, "GlmForCausalLM": DENSE,
     "MixtralForCausalLM": MOE, "Qwen2MoeForCausalLM": MOE, "Qwen3MoeForCausalLM": MOE,
-    "DeepseekV2ForCausalLM": MLA_MOE, "DeepseekV3ForCausalLM": MLA_MOE,
+    "DeepseekV2ForCausalLM": MLA_MOE, "DeepseekV3ForCausalLM": MLA_MOE, "Gemma2ForCausalLM": DENSE,
 }
 MODEL_TYPES: dict[str, str] = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "chatglm": "ChatGLMModel", "glm": "GlmForCausalLM",
     "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
 }
+TIED_BY_DEFAULT = frozenset({"Gemma2ForCausalLM"})
+"""Architectures whose transformers config ties the embeddings when config.json does not say
+(`tie_word_embeddings` defaults to True in Gemma2Config)."""
+NORMS_PER_LAYER: dict[str, int] = {"Gemma2ForCausalLM": 4}
+"""RMS norms per decoder layer where it is not 2 (Gemma-2: input, post-attention, pre- and post-feed-forward)."""
+ALTERNATING_LAYER_TYPES = frozenset({"Gemma2ForCausalLM"})
+"""Architectures whose layers alternate sliding and global attention, sliding first, when config.json has no
+`layer_types` (vLLM's Gemma2 model reads `config.layer_types`, which transformers derives this way)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +129,9 @@ class ConfigShape:
     notes: list[str] = field(default_factory=list)
 
     rotary_dim: int = 0
-    sliding_window: int | None = None  # every layer slides with this window (None: some or none do)
+    sliding_window: int | None = None  # the window of the sliding layers (None: no layer slides)
+    sliding_window_layers: int | None = None  # how many layers slide, when not all of them do
+    checkpoint_quantization: str = "none"  # quantization_config.quant_method, lower-case ("none": unquantized)
 
     def weights_gib(self) -> float | None:
         """Estimated weights as vLLM loads them (None when the quantization is unknown): the quantized linear layers,
@@ -209,10 +225,12 @@ def _moe_layers(arch: str, cfg: Mapping[str, Any], layers: int) -> list[bool]:
     return [i >= first and i % freq == 0 for i in range(layers)]
 
 
-def _sliding_layers(cfg: Mapping[str, Any], layers: int, context: int) -> tuple[int, int] | None:
+def _sliding_layers(arch: str, cfg: Mapping[str, Any], layers: int, context: int) -> tuple[int, int] | None:
     """(window, layers using it) when some layers attend to a window shorter than the context."""
     types = cfg.get("layer_types")
     window = _int(cfg, "sliding_window")
+    if types is None and arch in ALTERNATING_LAYER_TYPES:
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     if isinstance(types, list) and window:
         count = sum(1 for t in types if t == "sliding_attention")
         return (window, count) if count and window < context else None
@@ -276,16 +294,24 @@ def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
             moe_mlp += hidden  # Qwen2-MoE's shared-expert gate
         mlp = [moe_mlp if is_moe else 3 * hidden * inter for is_moe in _moe_layers(arch, cfg, layers)]
         per_token_mlp = top_k * expert_inter + shared
-    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    params = sum(attn + m + 2 * hidden for m in mlp) + embeddings
-    sliding = _sliding_layers(cfg, layers, context)
-    all_sliding = None
+    tied = cfg.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)
+    embeddings = vocab * hidden * (1 if tied else 2)
+    norms = NORMS_PER_LAYER.get(arch, 2)
+    params = sum(attn + m + norms * hidden for m in mlp) + embeddings
+    sliding = _sliding_layers(arch, cfg, layers, context)
+    window_out = window_layers = None
     if sliding is not None:
         window, count = sliding
         if count == layers:
-            all_sliding = window
+            window_out = window
             notes.append(f"every layer uses a {window}-token sliding window: vLLM keeps the window per sequence, "
                          "and the plan counts sequences and tokens as vLLM does")
+        elif isinstance(cfg.get("layer_types"), list) or arch in ALTERNATING_LAYER_TYPES:
+            window_out, window_layers = window, count
+            notes.append(f"{count} of {layers} layers use a {window}-token sliding window, the others the whole "
+                         "length: on a GPU vLLM groups them by kind and keeps the window per sequence in the "
+                         "sliding groups, and the plan counts tokens as vLLM does (on a CPU every layer keeps the "
+                         "whole length)")
         else:
             notes.append(f"{count} of {layers} layers use a {window}-token sliding window; the KV estimate sizes "
                          "them at full length (an over-estimate: vLLM will report more KV tokens than planned)")
@@ -294,4 +320,13 @@ def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
         max_context_length=context, hidden_size=hidden, activation_intermediate=per_token_mlp, vocab_size=vocab,
         params=params, embedding_params=embeddings, bytes_per_param=_bytes_per_param(cfg), kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope, experts=experts, experts_per_token=top_k, notes=notes,
-        rotary_dim=rope or int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)), sliding_window=all_sliding)
+        rotary_dim=rope or int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)), sliding_window=window_out,
+        sliding_window_layers=window_layers, checkpoint_quantization=checkpoint_quantization(cfg))
+
+
+def checkpoint_quantization(cfg: Mapping[str, Any]) -> str:
+    """The checkpoint's `quantization_config.quant_method`, lower-case; "none" for an unquantized checkpoint."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return "none"
+    return str(quant.get("quant_method") or "unknown").lower()

@@ -172,11 +172,51 @@ def blocks_per_sequence(max_model_len: int, block_size: int = BLOCK_SIZE, slidin
                         in_flight_tokens: int = 0) -> int:
     """Blocks one max_model_len request holds at most: ceil(L / block); with a sliding window on every layer the
     window less one, plus the in-flight tokens, capped at L, plus one block (the window need not start on a block
-    boundary) — vLLM's SlidingWindowSpec.max_admission_blocks_per_request."""
-    if sliding_window is None or sliding_window >= max_model_len:
+    boundary) — vLLM's SlidingWindowSpec.max_admission_blocks_per_request, which vLLM 0.26 applies to a sliding
+    layer even when the window is not shorter than L (one block more than full attention then)."""
+    if sliding_window is None:
         return -(-max_model_len // block_size)
     tokens = min(sliding_window - 1 + in_flight_tokens, max_model_len)
     return -(-tokens // block_size) + 1
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How vLLM lays a model's layers out in KV blocks: one block id spans `block_layers` layers (all of them, or
+    one group of a hybrid model), and a max_model_len request holds `blocks_per_request` block ids at most."""
+
+    block_layers: int
+    blocks_per_request: int
+
+
+def hybrid_groups(sliding_layers: int, full_layers: int) -> tuple[int, int, int]:
+    """(layers per group, full-attention groups, sliding groups) as vLLM's hybrid allocator makes them
+    (v1/core/kv_cache_utils._get_kv_cache_groups_uniform_page_size): the group size is the smaller layer count,
+    or the larger when it is under 1.5 × the smaller (fewer padding layers); each kind is split into whole groups
+    of that size, the last one padded."""
+    small, large = min(sliding_layers, full_layers), max(sliding_layers, full_layers)
+    size = large if large < small * 1.5 else small
+    return size, -(-full_layers // size), -(-sliding_layers // size)
+
+
+def kv_layout(model: ModelInfo, max_model_len: int, block_size: int = BLOCK_SIZE, in_flight_tokens: int = 0,
+              hybrid: bool = True) -> KVLayout:
+    """The block layout of `model`: every layer in one block (full attention, or a window on every layer); with
+    sliding and global layers mixed and vLLM's hybrid allocator on (`hybrid`: on GPUs; vLLM 0.26 turns it off on
+    other platforms, and then every layer keeps the whole length), one group of layers per block id, a request
+    holding ceil(L / block) blocks in each full-attention group and its window's blocks in each sliding group
+    (`get_max_concurrency_for_kv_cache_config`). Gemma-2-9B: 21 sliding + 21 global layers -> groups of 21, a block
+    id spans half the layers, and a request at L holds ceil(L / 16) + window blocks of them."""
+    sliding = model.sliding_window_layers
+    if model.sliding_window is None or sliding is None or sliding >= model.num_layers:
+        return KVLayout(model.num_layers, blocks_per_sequence(max_model_len, block_size, model.sliding_window,
+                                                              in_flight_tokens))
+    if not hybrid:
+        return KVLayout(model.num_layers, blocks_per_sequence(max_model_len, block_size))
+    size, full_groups, sliding_groups = hybrid_groups(sliding, model.num_layers - sliding)
+    full = blocks_per_sequence(max_model_len, block_size)
+    windowed = blocks_per_sequence(max_model_len, block_size, model.sliding_window, in_flight_tokens)
+    return KVLayout(size, full_groups * full + sliding_groups * windowed)
 
 
 def reported_capacity(budget: int, per_token: int, max_model_len: int, block_size: int = BLOCK_SIZE,

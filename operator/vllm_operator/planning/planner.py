@@ -123,9 +123,37 @@ def _gib(n: float) -> str:
 
 # --- model and accelerator ------------------------------------------------------------------------------------------
 
+QUANTIZATION_CHECKPOINTS: dict[str, frozenset[str]] = {
+    "awq": frozenset({"awq"}), "gptq": frozenset({"gptq"}), "fp8": frozenset({"fp8", "none"}),
+}
+"""model.quantization -> the checkpoint quant_methods vLLM starts with it. vLLM (config/model.py
+`_verify_quantization`, 0.26 to 0.33) takes the method from the checkpoint's quantization_config and refuses a
+different `--quantization`: "Quantization method specified in the model config (compressed-tensors) does not match
+the quantization method specified in the `quantization` argument (fp8)"; `--quantization=fp8` on an unquantized
+checkpoint is online FP8 quantization, while awq and gptq need the checkpoint's own quantization config."""
+
+
+def check_quantization(spec: VLLMDeploymentSpec) -> None:
+    """SpecError when model.quantization disagrees with the checkpoint's quant_method (facts.checkpointQuantization,
+    known when the facts were read off config.json): such a pool would never start."""
+    quant, facts = spec.model.quantization, spec.model.facts
+    if quant is None or facts is None or facts.checkpoint_quantization is None:
+        return
+    method = facts.checkpoint_quantization
+    if method in QUANTIZATION_CHECKPOINTS[quant.value]:
+        return
+    what = "an unquantized checkpoint" if method == "none" else f"a {method} checkpoint"
+    fix = ("leave spec.model.quantization unset: vLLM reads the method from the checkpoint" if method != "none"
+           else "use a checkpoint quantized with it, or leave spec.model.quantization unset")
+    raise SpecError("spec.model.quantization", f"{quant.value} does not match the checkpoint's quantization_config "
+                    f"quant_method ({method}; spec.model.facts.checkpointQuantization): vLLM refuses to start "
+                    f"{what} with --quantization={quant.value}; {fix}")
+
+
 def resolve_model(spec: VLLMDeploymentSpec) -> ModelInfo:
     """spec.model.facts, else the catalog by name (or by the Hub repo), else SpecError."""
     if spec.model.facts is not None:
+        check_quantization(spec)
         return catalog.model_from_facts(spec.model.name, spec.model.facts)
     found = catalog.catalog_model(spec.model.name)
     hf = spec.model.source.hugging_face if spec.model.source else None
@@ -471,11 +499,15 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
         kv_memory_bytes = max(budget, 0)
     per_token = kvcache.bytes_per_token(model, s.kv_cache_dtype, tp)
     block = kvcache.BLOCK_SIZE if acc.is_gpu else kvcache.CPU_BLOCK_SIZE
-    per_request = kvcache.blocks_per_sequence(
-        s.max_model_len, block, model.sliding_window,
-        version.overhead.in_flight_batches * s.max_num_batched_tokens)
-    need = per_token * min(s.max_model_len, per_request * block)
-    capacity = kvcache.reported_capacity(max(budget, 0), per_token, s.max_model_len, block, per_request)
+    layout = kvcache.kv_layout(model, s.max_model_len, block,
+                               version.overhead.in_flight_batches * s.max_num_batched_tokens, hybrid=acc.is_gpu)
+    per_request = layout.blocks_per_request
+    block_token_bytes = per_token // model.num_layers * layout.block_layers  # one token of one block id
+    if layout.block_layers == model.num_layers:
+        need = per_token * min(s.max_model_len, per_request * block)
+    else:  # vLLM's check: a request's blocks in every group
+        need = block_token_bytes * block * per_request
+    capacity = kvcache.reported_capacity(max(budget, 0), block_token_bytes, s.max_model_len, block, per_request)
     if draft.enabled and (budget < need or capacity.max_concurrency < 1):  # vLLM: ceil(L / block) whole blocks
         fits = _FitInputs(model, acc, s, weights, version.overhead, block, fp8_ok, lora_bytes, pool_lora)
         raise _fit_error(name, s.max_model_len, acc, b, need, budget, fits)

@@ -18,7 +18,7 @@ from tests.support.paths import ROOT
 
 def test_staged_cells_start_under_the_wrapper_and_a_failed_start_is_named(tmp_path: Path) -> None:
     stage, out = tmp_path / "stage", tmp_path / "out"
-    cells = "awq72-fp8,lora8-fp8,awq72-fp8-nodtype"
+    cells = "awq72-fp8,lora8-fp8,gemma2-fp8,awq72-fp8-nodtype"
     subprocess.run([sys.executable, str(GPU_BENCH / "matrix.py"), "stage", str(stage), "--cells", cells],
                    check=True, capture_output=True, text=True)
     staged = json.loads((stage / "cells" / "awq72-fp8.json").read_text())
@@ -33,7 +33,7 @@ def test_staged_cells_start_under_the_wrapper_and_a_failed_start_is_named(tmp_pa
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = {r["cell"]: r for r in json.loads((out / "results.json").read_text())}
-    for name in ("awq72-fp8", "lora8-fp8"):
+    for name in ("awq72-fp8", "lora8-fp8", "gemma2-fp8"):
         r = results[name]
         assert r["outcome"] == "started", r
         assert r["chat"]["via"] == "router" and r["chat"]["ok"], r["chat"]
@@ -41,6 +41,14 @@ def test_staged_cells_start_under_the_wrapper_and_a_failed_start_is_named(tmp_pa
         assert r["status"]["phase"] == "Serving"
         assert "--load-format=dummy" in r["argv"] and "--host=127.0.0.1" in r["argv"]
     assert "--enable-lora" in results["lora8-fp8"]["argv"]
+    # the adapters file names the adapter in the local /adapters volume, where the rig makes one (torch permitting)
+    adapters = json.loads((out / "lora8-fp8" / "adapters" / "long.json").read_text())["adapters"]
+    assert adapters[0]["name"] == "a1" and adapters[0]["path"] == str(tmp_path / "w" / "models-volume" / "adapters"
+                                                                       / "adapters" / "a1")
+    assert results["lora8-fp8"]["adapter_status"]["wanted"] == ["a1"] and results["lora8-fp8"]["chat_adapter"]
+    # Gemma-2 (refused by the config reader before): the hybrid layout's plan, bf16 activations for fp8 KV on FA3
+    gemma = json.loads((stage / "cells" / "gemma2-fp8.json").read_text())
+    assert gemma["facts"]["slidingWindowLayers"] == 21 and "--dtype=bfloat16" in gemma["args"]
     failed = results["awq72-fp8-nodtype"]
     assert failed["outcome"] == "failed" and failed["wrapper_exit_code"] == 82
     term = json.loads(failed["termination"])

@@ -117,6 +117,12 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("mla-rank-without-rope", with_spec(model={"name": "x/y", "facts": {
         "numLayers": 2, "numKVHeads": 2, "headDim": 64, "maxContextLength": 4096, "weightsGiB": 1,
         "kvLoraRank": 512}}), "cel", "kvLoraRank and qkRopeHeadDim together"),
+    ("sliding-layers-without-window", with_spec(model={"name": "x/y", "facts": {
+        "numLayers": 2, "numKVHeads": 2, "headDim": 64, "maxContextLength": 4096, "weightsGiB": 1,
+        "slidingWindowLayers": 1}}), "cel", "slidingWindowLayers needs slidingWindow"),
+    ("more-sliding-layers-than-layers", with_spec(model={"name": "x/y", "facts": {
+        "numLayers": 2, "numKVHeads": 2, "headDim": 64, "maxContextLength": 4096, "weightsGiB": 1,
+        "slidingWindow": 1024, "slidingWindowLayers": 3}}), "cel", "cannot be more than numLayers"),
     ("two-model-sources", with_spec(model={"name": "x/y", "source": {"huggingFace": {}, "pvc": {"claimName": "m"}}}),
      "cel", "only one of huggingFace and pvc"),
     ("cache-claim-but-off", with_spec(model={"name": "x/y", "cache": {"enabled": False, "claim": {"size": "100Gi"}}}),

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from tests.unit.planning.helpers import arg, make_plan
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.plan import Plan
-from vllm_operator.planning import catalog, engine_args
+from vllm_operator.api.spec import ModelFacts
+from vllm_operator.planning import catalog, engine_args, hf_config, kvcache
 
 REPO = Path(__file__).resolve().parents[3]
 SHAPES = REPO / "benchmarks" / "gpu" / "matrix" / "shapes"
@@ -163,3 +165,114 @@ def test_the_lora_deployment_of_issue_28_is_within_2_percent() -> None:
     p = make_plan(engine_version="0.26", **{k: v for k, v in doc["spec"].items() if k != "engine"})
     planned = p.pools["long"].kv.planned_tokens
     assert planned == pytest.approx(1_790_432, rel=0.02) and planned <= 1_790_432
+
+
+# --- Gemma-2: interleaved sliding-window and global layers (vLLM's hybrid KV allocator) ------------------------------
+
+GEMMA2 = "gemma-2-9b-it"
+
+
+def gemma2_config() -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((SHAPES / GEMMA2 / "config.json").read_text())
+    return config
+
+
+def test_gemma2_is_read_with_tied_embeddings_four_norms_and_alternating_sliding_layers() -> None:
+    # Refused before ("architecture Gemma2ForCausalLM is not one the KV estimator understands").
+    shape = hf_config.read(gemma2_config())
+    assert shape.architecture == "Gemma2ForCausalLM" and shape.head_dim == 256
+    # published: 9,241,705,984 parameters (the final norm, 3,584, is not counted); tied embeddings, 4 norms a layer
+    assert shape.params == 9_241_702_400
+    assert (shape.sliding_window, shape.sliding_window_layers) == (4096, 21)
+    facts = catalog.facts_from_hf_config(gemma2_config())
+    assert facts.sliding_window == 4096 and facts.sliding_window_layers == 21
+    assert facts.checkpoint_quantization == "none"
+    assert facts.weights_gib == pytest.approx(17.26, abs=0.01)  # float32 checkpoint, loaded in bfloat16
+
+
+def test_explicit_layer_types_win_over_the_alternating_default() -> None:
+    config = {**gemma2_config(), "layer_types": ["full_attention"] * 40 + ["sliding_attention"] * 2}
+    shape = hf_config.read(config)
+    assert (shape.sliding_window, shape.sliding_window_layers) == (4096, 2)
+
+
+def gemma2_info() -> catalog.ModelInfo:
+    return catalog.model_from_facts("google/gemma-2-9b-it", catalog.facts_from_hf_config(gemma2_config()))
+
+
+def test_the_hybrid_allocator_groups_layers_by_kind_and_gives_sliding_groups_a_window() -> None:
+    # vLLM 0.26 (kv_cache_utils): 21 sliding + 21 global layers -> two groups of 21, one block id spans a group; a
+    # request at 8192 holds ceil(8192 / 16) = 512 blocks in the global group and min(4095 + 2 x 8192, 8192) / 16 + 1
+    # = 513 in the sliding one.
+    model = gemma2_info()
+    assert kvcache.kv_layout(model, 8192, 16, 2 * 8192) == kvcache.KVLayout(21, 512 + 513)
+    assert kvcache.kv_layout(model, 8192, 16, 2 * 1024) == kvcache.KVLayout(21, 512 + 385)
+    # a window not shorter than L still costs one block more than full attention in vLLM 0.26
+    assert kvcache.kv_layout(model, 4096, 16, 2 * 4096) == kvcache.KVLayout(21, 256 + 257)
+    # no hybrid allocator (vLLM turns it off on CPUs): every layer keeps the whole length
+    assert kvcache.kv_layout(model, 8192, 128, 2 * 8192, hybrid=False) == kvcache.KVLayout(42, 64)
+
+
+@pytest.mark.parametrize(("sliding", "full", "groups"), [
+    (21, 21, (21, 1, 1)), (20, 5, (5, 1, 4)), (12, 13, (13, 1, 1)), (30, 10, (10, 1, 3))])
+def test_hybrid_groups_follow_vllm(sliding: int, full: int, groups: tuple[int, int, int]) -> None:
+    # Gemma-2 1:1, Gemma-3 5:1, gpt-oss 12 sliding + 13 full padded to 13 each, a 3:1 pattern
+    assert kvcache.hybrid_groups(sliding, full) == groups
+
+
+def test_a_gemma2_plan_counts_tokens_as_the_hybrid_allocator_does() -> None:
+    model = shape_model(GEMMA2, "google/gemma-2-9b-it")
+    p = make_plan(engine_version="0.26", model=model, workloadClass="chat", accelerator=H200,
+                  pools={"long": {"replicas": 1, "kvCacheDtype": "fp8"}})
+    kv, pool = p.pools["long"].kv, p.pools["long"]
+    assert pool.max_model_len == 8192 and arg(p, "long", "--dtype") == "bfloat16"
+    block_bytes = 16 * 2 * 21 * 8 * 256  # a block of one group: 16 tokens x K and V x 21 layers x 8 heads x 256, fp8
+    blocks = kv.budget_bytes // block_bytes
+    assert kv.planned_tokens == int(blocks / (512 + 513) * 8192)
+    assert kv.bytes_per_token == 2 * 42 * 8 * 256  # every layer, as documented
+
+
+# --- model.quantization against the checkpoint's own quantization ---------------------------------------------------
+
+def test_fp8_on_a_compressed_tensors_checkpoint_is_refused_with_vllms_reason() -> None:
+    # vLLM 0.26 (config/model.py _verify_quantization): "Quantization method specified in the model config
+    # (compressed-tensors) does not match the quantization method specified in the `quantization` argument (fp8)".
+    model = shape_model("llama-3.3-70b-instruct-fp8-dynamic", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic",
+                        quantization="fp8")
+    with pytest.raises(SpecError) as info:
+        make_plan(engine_version="0.26", model=model, workloadClass="long-doc", accelerator=H200)
+    assert info.value.field == "spec.model.quantization"
+    assert info.value.message == (
+        "fp8 does not match the checkpoint's quantization_config quant_method (compressed-tensors; "
+        "spec.model.facts.checkpointQuantization): vLLM refuses to start a compressed-tensors checkpoint with "
+        "--quantization=fp8; leave spec.model.quantization unset: vLLM reads the method from the checkpoint")
+    # what the message offers plans
+    del model["quantization"]
+    p = make_plan(engine_version="0.26", model=model, workloadClass="long-doc", accelerator=H200)
+    assert arg(p, "long", "--quantization") is None
+
+
+def test_gptq_on_an_unquantized_checkpoint_is_refused_and_fp8_online_quantization_is_not() -> None:
+    bf16 = shape_model("llama-3.2-3b-instruct", "meta-llama/Llama-3.2-3B-Instruct")
+    with pytest.raises(SpecError, match="vLLM refuses to start an unquantized checkpoint with --quantization=gptq"):
+        make_plan(engine_version="0.26", model={**bf16, "quantization": "gptq"}, accelerator=H200)
+    p = make_plan(engine_version="0.26", model={**bf16, "quantization": "fp8"}, accelerator=H200)
+    assert arg(p, "long", "--quantization") == "fp8"
+
+
+def test_facts_without_the_checkpoints_quantization_are_not_checked() -> None:
+    model = shape_model("llama-3.3-70b-instruct-fp8-dynamic", "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic",
+                        quantization="fp8")
+    del model["facts"]["checkpointQuantization"]  # written by hand: the planner cannot know
+    make_plan(engine_version="0.26", model=model, workloadClass="long-doc", accelerator=H200)
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"slidingWindowLayers": 21}, "slidingWindowLayers needs slidingWindow"),
+    ({"slidingWindow": 4096, "slidingWindowLayers": 43}, "slidingWindowLayers 43 cannot be more than numLayers 42"),
+])
+def test_sliding_window_layers_are_validated(patch: dict[str, Any], message: str) -> None:
+    facts = {k: v for k, v in catalog.facts_from_hf_config(gemma2_config()).to_wire().items()
+             if not k.startswith("slidingWindow")}
+    with pytest.raises(ValidationError, match=message):
+        ModelFacts.model_validate({**facts, **patch})
