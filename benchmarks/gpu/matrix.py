@@ -144,12 +144,14 @@ def pick(names: str | None) -> list[Cell]:
 
 
 def deployment(cell: Cell, engine_version: str, gpu: str = "nvidia-h200-141gb") -> dict[str, Any]:
-    """The cell's VLLMDeployment: the class's pools, only the started one with a replica."""
+    """The cell's VLLMDeployment: the class's pools, only the started one with a replica. The node weights cache is
+    off (`model.cache.enabled: false`): the GPU machine loads dummy weights from the shape's directory, so there is
+    nothing to fetch, and the engine then starts as it does without a cache (the model path, no --hold-weights)."""
     other = "short" if cell.pool == "long" else "long"
     pools: dict[str, Any] = {cell.pool: {"replicas": 1, **cell.pools.get(cell.pool, {})},
                              other: {"replicas": 0, **cell.pools.get(other, {})}}
     spec: dict[str, Any] = {
-        "model": {"name": cell.model, **cell.spec.get("model", {})},
+        "model": {"name": cell.model, "cache": {"enabled": False}, **cell.spec.get("model", {})},
         "workloadClass": cell.workload_class,
         "accelerator": {"type": gpu, "count": 1},
         "engine": {"gpu": {"version": engine_version}},
