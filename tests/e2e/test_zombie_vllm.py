@@ -58,7 +58,7 @@ def probe_env() -> dict[str, float]:
 def test_an_idle_zombie_engine_is_diagnosed_and_its_pod_replaced(inside: Stack) -> None:
     stack = inside
     pod = stack.wait(lambda: ready_engine(stack), RESTART_READY_TIMEOUT_S, what=f"a Ready {POOL} engine")
-    container = stack.container(pod)
+    old_ip = stack.container(pod).ip  # read now: the pod is gone once replaced
     probe = probe_env()
     # Detection bound: a probe is due at most `after` after the last work, then 2 failures of `timeout` each, a
     # scrape and a health check (intervalSeconds 2); 30 s of slack for a loaded 2-core machine.
@@ -86,6 +86,6 @@ def test_an_idle_zombie_engine_is_diagnosed_and_its_pod_replaced(inside: Stack) 
     new = stack.wait(lambda: (name := ready_engine(stack)) != pod and name, RESTART_READY_TIMEOUT_S, interval=0.5,
                      what=f"the {POOL} pool's replacement Ready")
     serving = time.monotonic()
-    assert new != pod and stack.container(str(new)).ip != container.ip
+    assert new != pod and stack.container(str(new)).ip != old_ip
     print(f"idle engine core SIGSTOP: pod_deleted_s {deleted - stopped:.1f}, replacement_ready_s "
           f"{serving - stopped:.1f} (probe {probe}, {NS}, {constants.REASON_ENGINE_UNRESPONSIVE})")
