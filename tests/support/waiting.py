@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,3 +19,16 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0,
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last: {result!r})")
         await asyncio.sleep(interval)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:
+    """Call `check()` until it returns something truthy and return that (blocking: for tests that watch real nodes
+    and processes from the test thread); fail naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(every)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
 from testcluster.netns import entered
 from testcluster.node import Node
 from tests.support import kubelet
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -66,16 +67,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     # containerd's per-pod namespaces live in the node's own /run/netns: none is left on the host's
     assert not [n for n in set(os.listdir("/run/netns")) - before if n.startswith("cni-")]
 
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(every)
 
 
 def apply_pod(kube: Cluster, name: str, on: Node, containers: list[dict[str, Any]], **spec: Any) -> None:

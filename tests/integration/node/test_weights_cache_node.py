@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from testcluster import cluster, images, node
 from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
 from testcluster.node import Node
 from tests.support import images as built_images
+from tests.support import waiting
 from tests.support.hubserver import HubServer, HubState, Repo
 from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
@@ -185,15 +187,8 @@ def fetched(pod: dict[str, Any]) -> bool:
     return done.get("exitCode") == 0
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 300, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(every)
+wait_for = functools.partial(waiting.wait_for, timeout=300, every=0.2)
+"""The fetch and the engines take longer than a busybox pod: a longer wait, polled more often."""
 
 
 def start(s: Stack, pods: list[dict[str, Any]]) -> float:
