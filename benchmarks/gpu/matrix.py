@@ -235,6 +235,10 @@ def stage(dest: Path, cells: list[Cell], engine_version: str, tokenizer_from: Pa
     shutil.copytree(repo / "operator" / "vllm_operator", dest / "src" / "vllm_operator",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(Path(__file__), dest / "matrix.py")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from dataplane import ADAPTER  # the sibling script's recipe, one copy (imported here only: it is not staged)
+
+    (dest / ADAPTER_SCRIPT).write_text(ADAPTER)
 
 
 # ----------------------------------------------------------------------------------------------- run (GPU)
@@ -284,23 +288,9 @@ def shims(bindir: Path, python: str) -> None:
         path.chmod(0o755)
 
 
-ADAPTER = """import json, sys, torch
-from safetensors.torch import save_file
-cfg = json.load(open(sys.argv[1] + "/config.json")); out, r = sys.argv[2], int(sys.argv[3])
-h = cfg["hidden_size"]; kv = cfg["num_key_value_heads"] * cfg.get("head_dim", h // cfg["num_attention_heads"])
-g = torch.Generator().manual_seed(0); t = {}
-for i in range(cfg["num_hidden_layers"]):
-    for m, o in (("q_proj", h), ("v_proj", kv)):
-        k = f"base_model.model.model.layers.{i}.self_attn.{m}"
-        t[k + ".lora_A.weight"] = (torch.randn(r, h, generator=g) * 0.01).to(torch.bfloat16)
-        t[k + ".lora_B.weight"] = (torch.randn(o, r, generator=g) * 0.01).to(torch.bfloat16)
-save_file(t, out + "/adapter_model.safetensors")
-json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r, "lora_dropout": 0.0,
-           "target_modules": ["q_proj", "v_proj"], "bias": "none", "fan_in_fan_out": False,
-           "base_model_name_or_path": sys.argv[1]}, open(out + "/adapter_config.json", "w"))
-print(len(t), "tensors")
-"""
-"""A random rank-r LoRA adapter of a shape (the issue-28 data-plane run's recipe), made with the GPU machine's torch."""
+ADAPTER_SCRIPT = "make_adapter.py"
+"""Staged beside matrix.py: the data-plane run's random rank-r LoRA recipe (dataplane.ADAPTER), run with the GPU
+machine's torch."""
 ADAPTERS_DIR = "/etc/vllm-operator/adapters"
 """Where the pods mount the adapters ConfigMap; the rig writes its files to a local folder instead."""
 
@@ -414,7 +404,8 @@ class Run:
             target = Path(str(entry.get("path", "")))
             target.mkdir(parents=True, exist_ok=True)
             rank = int(entry.get("maxRank") or entry.get("rank") or 16)
-            got = subprocess.run([self.python, "-c", ADAPTER, self.model_dir(shape), str(target), str(rank)],
+            script = str(self.stage / ADAPTER_SCRIPT)
+            got = subprocess.run([self.python, script, self.model_dir(shape), str(target), str(rank)],
                                  capture_output=True, text=True, env=self.env({}), timeout=120, check=False)
             made.append(f"{entry.get('name')} at {target}: {(got.stdout + got.stderr).strip()[-300:]}")
         return made
