@@ -508,6 +508,7 @@ class Router:
         outcome = _Outcome()
         pending = b""
         ended_by: str | None = None
+        accounted = False  # counted when [DONE] passes, before the client can read it and look at the metrics
         idle_s = self.idle_s
         try:
             # The idle and total deadlines bound each wait for the engine (upstream.deadline, moved after every
@@ -520,6 +521,9 @@ class Router:
                     outcome.scan(events)
                     if not prepared.client_usage and b'"usage"' in events:
                         events = _drop_usage_events(events)
+                    if _DONE in events and not accounted:
+                        self._account(pool.name, prepared, outcome, None)
+                        accounted = True
                     if events:
                         if response.must_wait:
                             async with asyncio.timeout_at(min(deadline, loop.time() + idle_s)):
@@ -546,14 +550,19 @@ class Router:
                 self.metrics.child(self.metrics.client_disconnects, pool.name).inc()
                 ended_by = "abort"
         except asyncio.CancelledError:  # the client went away (server.py cancels the handler)
-            self._account(pool.name, prepared, outcome, None if note.answered else "abort")
+            if not accounted:
+                self._account(pool.name, prepared, outcome, None if note.answered else "abort")
             raise
         if pending and ended_by is None:
             outcome.scan(pending)
+            if _DONE in pending and not accounted:
+                self._account(pool.name, prepared, outcome, None)
+                accounted = True
             await _write_quietly(response, pending)
             if _DONE in pending:
                 note.answered = True
-        self._account(pool.name, prepared, outcome, ended_by)
+        if not accounted:
+            self._account(pool.name, prepared, outcome, ended_by)
         await _write_eof_quietly(response)
         return response
 

@@ -12,7 +12,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -171,19 +171,18 @@ async def test_engine_dropping_before_answering_fails_over(short_engine: FakeVll
     assert sample(metrics, "vllm_operator_router_failovers_total", pool="short") == 1
 
 
-async def test_client_closing_right_after_done_is_served_not_aborted(long_engine: FakeVllm,
-                                                                     counter: TokenCounter) -> None:
-    """A client that closes as soon as it has read `data: [DONE]` (the OpenAI clients do) while the engine has not
-    yet sent the stream's last chunk cancels the router's handler; the request was answered whole, so it counts as
-    200 with its finish reason, not as a 499 client abort (issue 28: 5 of 24 long streams were false 499s)."""
-    events = (
-        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
-        b'"finish_reason":"length"}]}\n\n'
-        b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
-        b'"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}\n\n'
-        b"data: [DONE]\n\n")
-    closed = asyncio.Event()
+_ANSWERED = (
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
+    b'"finish_reason":"length"}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}\n\n'
+    b"data: [DONE]\n\n")
 
+
+@contextlib.asynccontextmanager
+async def engine_holding_the_last_chunk(closed: asyncio.Event) -> AsyncIterator[str]:
+    """A short-pool engine that streams `_ANSWERED` (through `data: [DONE]`) and then holds the stream's last chunk
+    back until the router closes the connection (sets `closed`), as vLLM may between [DONE] and its zero chunk."""
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         while head.startswith(b"GET /health "):  # the router's health polls
@@ -196,37 +195,68 @@ async def test_client_closing_right_after_done_is_served_not_aborted(long_engine
                       if line.lower().startswith(b"content-length:"))
         await reader.readexactly(length)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                     + f"{len(events):x}\r\n".encode() + events + b"\r\n")
+                     + f"{len(_ANSWERED):x}\r\n".encode() + _ANSWERED + b"\r\n")
         await writer.drain()
-        await reader.read()  # holds the last chunk back until the router closes this connection
+        await reader.read()
         closed.set()
         writer.close()
 
     server = await asyncio.start_server(engine, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    config = router_config([f"http://127.0.0.1:{port}"], [long_engine.url])
     try:
-        async with running_router(config, counter) as (url, metrics):
-            host, router_port = url.removeprefix("http://").split(":")
-            reader, writer = await asyncio.open_connection(host, int(router_port))
-            body = json.dumps(chat(stream=True, max_tokens=1)).encode()
-            writer.write(f"POST {CHAT} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            received = b""
-            while b"data: [DONE]" not in received:
-                chunk = await asyncio.wait_for(reader.read(65536), 10)
-                assert chunk, received
-                received += chunk
-            writer.close()  # the client leaves right after [DONE]; the engine's stream has not ended yet
-            await asyncio.wait_for(closed.wait(), 10)  # the router dropped the handler (and the engine connection)
-            await eventually(lambda: asyncio.sleep(0, sample(
-                metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat", status="200") == 1))
-            assert sample(metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat",
-                          status="499") == 0
-            assert sample(metrics, "vllm_operator_router_client_disconnects_total", pool="short") == 0
-            assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="length") == 1
-            assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="abort") == 0
-            assert sample(metrics, "vllm_operator_router_completion_tokens_total", pool="short") == 1
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def _stream_until_done(url: str) -> asyncio.StreamWriter:
+    """POST a streaming chat to the router and read until `data: [DONE]`; the connection stays open."""
+    host, router_port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(router_port))
+    body = json.dumps(chat(stream=True, max_tokens=1)).encode()
+    writer.write(f"POST {CHAT} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while b"data: [DONE]" not in received:
+        chunk = await asyncio.wait_for(reader.read(65536), 10)
+        assert chunk, received
+        received += chunk
+    return writer
+
+
+async def test_client_closing_right_after_done_is_served_not_aborted(long_engine: FakeVllm,
+                                                                     counter: TokenCounter) -> None:
+    """A client that closes as soon as it has read `data: [DONE]` (the OpenAI clients do) while the engine has not
+    yet sent the stream's last chunk cancels the router's handler; the request was answered whole, so it counts as
+    200 with its finish reason, not as a 499 client abort (issue 28: 5 of 24 long streams were false 499s)."""
+    closed = asyncio.Event()
+    async with (engine_holding_the_last_chunk(closed) as engine_url,
+                running_router(router_config([engine_url], [long_engine.url]), counter) as (url, metrics)):
+        writer = await _stream_until_done(url)
+        writer.close()  # the client leaves right after [DONE]; the engine's stream has not ended yet
+        await asyncio.wait_for(closed.wait(), 10)  # the router dropped the handler (and the engine connection)
+        await eventually(lambda: asyncio.sleep(0, sample(
+            metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat", status="200") == 1))
+        assert sample(metrics, "vllm_operator_router_requests_total", pool="short", endpoint="chat",
+                      status="499") == 0
+        assert sample(metrics, "vllm_operator_router_client_disconnects_total", pool="short") == 0
+        assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="length") == 1
+        assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="abort") == 0
+        assert sample(metrics, "vllm_operator_router_completion_tokens_total", pool="short") == 1
+
+
+async def test_finish_is_counted_before_the_client_reads_done(long_engine: FakeVllm, counter: TokenCounter) -> None:
+    """A client that has read `data: [DONE]` and looks at the router's metrics at once finds its request's finish
+    reason and tokens counted, although the engine's stream has not ended (CI saw the `openai` client's stream end
+    and finished_total still 0: the router counted only at the engine's end of stream)."""
+    closed = asyncio.Event()
+    async with (engine_holding_the_last_chunk(closed) as engine_url,
+                running_router(router_config([engine_url], [long_engine.url]), counter) as (url, metrics)):
+        writer = await _stream_until_done(url)
+        assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="length") == 1
+        assert sample(metrics, "vllm_operator_router_completion_tokens_total", pool="short") == 1
+        assert not closed.is_set()
+        writer.close()
+        await asyncio.wait_for(closed.wait(), 10)
+        assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="length") == 1
+        assert sample(metrics, "vllm_operator_router_finished_total", pool="short", finished_reason="abort") == 0
