@@ -34,6 +34,7 @@ STORAGE_FLAGS=(--root "$STORE" --runroot "$RUNROOT" --storage-driver overlay)
 PODMAN=(podman "${STORAGE_FLAGS[@]}" --runtime runc --cgroup-manager cgroupfs --events-backend file)
 BUILDAH=(buildah "${STORAGE_FLAGS[@]}")
 REPOSITORY=ghcr.io/vllm-operator
+ARCHIVE_KEEP_MINUTES="${ARCHIVE_KEEP_MINUTES:-180}"  # how long an archive another clone asked for is kept
 
 say() { echo "build-images: $*"; }
 fail() { echo "build-images: $*" >&2; exit 1; }
@@ -129,7 +130,7 @@ build_image() {
   dir="$img_root/$name-$key"
   if [ -f "$dir/.complete" ] && id="$(cat "$dir/image-id")" && "${PODMAN[@]}" image exists "$id"; then
     "${PODMAN[@]}" tag "$id" "$ref"
-    [ -f "$dir/$name.oci.tar" ] || save_archive "$name" "$ref" "$dir"
+    if [ -f "$dir/$name.oci.tar" ]; then touch "$dir/$name.oci.tar"; else save_archive "$name" "$ref" "$dir"; fi
     return
   fi
   tmp="$(mktemp -d "$img_root/.$name-$key.partial.XXXXXX")"
@@ -162,8 +163,12 @@ build_image() {
   chmod 755 "$tmp"
   rm -rf "$dir"
   mv "$tmp" "$dir"
-  # one archive per image name is kept (the latest); older builds stay in the store and are re-saved when hit again
-  find "$img_root" -maxdepth 2 -path "$img_root/$name-*/$name.oci.tar" ! -path "$dir/*" -delete
+  # Archives of this name's other builds go once no clone has asked for them for ARCHIVE_KEEP_MINUTES (--print and
+  # a re-tag touch the archive they hand out): another clone at another commit may be between its --print and its
+  # import into a node store (testcluster/imagestore.py), and deleting its archive then failed its e2e tier. The
+  # images stay in the store and an archive is re-saved when its build is hit again.
+  find "$img_root" -maxdepth 2 -path "$img_root/$name-*/$name.oci.tar" ! -path "$dir/*" \
+    -mmin "+$ARCHIVE_KEEP_MINUTES" -delete
   say "built $ref ($(awk '{ printf "%.0f MB", $3 / 1e6 }' "$dir/image.txt"))"
 }
 
@@ -181,6 +186,7 @@ print_built() {
     key="$(image_key "$name")"
     dir="$img_root/$name-$key"
     if [ -f "$dir/.complete" ] && [ -f "$dir/$name.oci.tar" ]; then
+      touch "$dir/$name.oci.tar"  # in use: kept from other clones' clean-up for ARCHIVE_KEEP_MINUTES
       echo "$name $REPOSITORY/$name:$(version_of "$name") $(cat "$dir/image-id") $dir/$name.oci.tar"
     else
       echo "build-images: $name ($dir) is not built (run make images)" >&2
