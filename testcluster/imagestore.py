@@ -74,10 +74,12 @@ def store(archives: Sequence[images.Archive]) -> Path:
     name = key(archives)
     final = root / name
     if (final / ".complete").exists():
+        (final / ".used").touch()  # kept from other callers' pruning for STALE_S
         return final / "root"
     with (root / f".{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / ".complete").exists():
+            (final / ".used").touch()
             return final / "root"
         shutil.rmtree(final, ignore_errors=True)
         work = root / f".{name}.{os.getpid()}"
@@ -94,8 +96,17 @@ def store(archives: Sequence[images.Archive]) -> Path:
     return final / "root"
 
 
-def _prune(root: Path, keep: str) -> None:
-    """Remove stores of older archives nobody is importing (their lock is free): each engine image is ~5 GB."""
+STALE_S = 3 * 3600
+"""A store no caller asked for in this long is removed when another is imported. Each holds an engine image (~8 GB
+unpacked); with a day's grace, a machine where clones at several commits ran the real-node tests filled its disk (four
+stores, 31 GB). Nodes started from a removed store keep running: their roots are hard links of their own."""
+
+
+def _prune(root: Path, keep: str, now: float | None = None) -> list[str]:
+    """Remove stores of older archives that nobody is importing (their lock is free) and nobody asked for in STALE_S
+    (`.used`, touched by `store`, else `.complete`). Returns the names removed."""
+    now = time.time() if now is None else now
+    removed = []
     for old in root.iterdir():
         if old.name.startswith(".") or old.name == keep or not (old / ".complete").exists():
             continue
@@ -104,8 +115,11 @@ def _prune(root: Path, keep: str) -> None:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue
-            if time.time() - (old / ".complete").stat().st_mtime > 24 * 3600:
+            last = max((old / marker).stat().st_mtime for marker in (".complete", ".used") if (old / marker).exists())
+            if now - last > STALE_S:
                 shutil.rmtree(old, ignore_errors=True)
+                removed.append(old.name)
+    return removed
 
 
 def _import(work: Path, archives: Sequence[images.Archive]) -> None:
