@@ -131,6 +131,7 @@ build_image() {
   if [ -f "$dir/.complete" ] && id="$(cat "$dir/image-id")" && "${PODMAN[@]}" image exists "$id"; then
     "${PODMAN[@]}" tag "$id" "$ref"
     if [ -f "$dir/$name.oci.tar" ]; then touch "$dir/$name.oci.tar"; else save_archive "$name" "$ref" "$dir"; fi
+    prune_builds "$name" "$dir"
     return
   fi
   tmp="$(mktemp -d "$img_root/.$name-$key.partial.XXXXXX")"
@@ -163,13 +164,29 @@ build_image() {
   chmod 755 "$tmp"
   rm -rf "$dir"
   mv "$tmp" "$dir"
-  # Archives of this name's other builds go once no clone has asked for them for ARCHIVE_KEEP_MINUTES (--print and
-  # a re-tag touch the archive they hand out): another clone at another commit may be between its --print and its
-  # import into a node store (testcluster/imagestore.py), and deleting its archive then failed its e2e tier. The
-  # images stay in the store and an archive is re-saved when its build is hit again.
-  find "$img_root" -maxdepth 2 -path "$img_root/$name-*/$name.oci.tar" ! -path "$dir/*" \
-    -mmin "+$ARCHIVE_KEEP_MINUTES" -delete
+  # This name's other builds (archive, image, directory) go once no clone has asked for them for
+  # ARCHIVE_KEEP_MINUTES (--print and a re-tag touch the archive they hand out): another clone at another commit may
+  # be between its --print and its import into a node store (testcluster/imagestore.py), and deleting its archive
+  # then failed its e2e tier; keeping every build filled a development machine's disk (13 GB of old images).
+  prune_builds "$name" "$dir"
   say "built $ref ($(awk '{ printf "%.0f MB", $3 / 1e6 }' "$dir/image.txt"))"
+}
+
+prune_builds() {  # prune_builds <name> <dir kept>: other builds of <name> that no clone asked for lately
+  local name=$1 keep=$2 old marker id
+  for old in "$img_root/$name"-*/; do
+    old="${old%/}"
+    [ "$old" != "$keep" ] && [ -f "$old/.complete" ] || continue
+    marker="$old/$name.oci.tar"
+    [ -f "$marker" ] || marker="$old/image.txt"
+    [ -n "$(find "$marker" -mmin "+$ARCHIVE_KEEP_MINUTES" 2>/dev/null)" ] || continue
+    id="$(cat "$old/image-id")"
+    # plain rmi: it refuses an image a container uses or another tag names (another clone's), and then all is kept
+    if ! "${PODMAN[@]}" image exists "$id" || "${PODMAN[@]}" rmi "$id" >/dev/null 2>&1; then
+      rm -rf "$old"
+      say "removed the build $(basename "$old") (not asked for in $ARCHIVE_KEEP_MINUTES min)"
+    fi
+  done
 }
 
 save_archive() {  # save_archive <name> <ref> <dir>: the OCI archive podman and containerd both import
