@@ -86,7 +86,6 @@ CONDITION_TYPES: Final = (
 # GPU feature discovery node labels.
 GFD_PRODUCT: Final = "nvidia.com/gpu.product"
 GFD_MEMORY: Final = "nvidia.com/gpu.memory"
-GFD_COUNT: Final = "nvidia.com/gpu.count"
 GFD_COMPUTE_MAJOR: Final = "nvidia.com/gpu.compute.major"
 GFD_COMPUTE_MINOR: Final = "nvidia.com/gpu.compute.minor"
 # GFD sets this above 1 on nodes whose GPUs are time-sliced (shared by that many pods) and appends "-SHARED" to
@@ -291,7 +290,6 @@ STARTUP_PHASE_LIMITS_S: Final = {
 """
 
 # The engine wrapper's own series on its status port (plain names, no `vllm:`).
-METRIC_STARTUP_PREFIX: Final = "vllm_operator_engine_"
 METRIC_STARTUP_PHASE: Final = "vllm_operator_engine_startup_phase"
 METRIC_ADAPTER_LOADED: Final = "vllm_operator_engine_adapter_loaded"
 METRIC_STARTUP_PHASE_SINCE: Final = "vllm_operator_engine_startup_phase_since_timestamp_seconds"

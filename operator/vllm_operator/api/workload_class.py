@@ -20,9 +20,6 @@ from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from vllm_operator.api.base import ApiModel
 from vllm_operator.api.spec import AutoscalingMetric, RemediationThresholds, RoutingStrategy, Tier, x_validations
 
-CLASS_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-ClassName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=CLASS_NAME_PATTERN)]
-
 
 class KVCachePolicy(enum.StrEnum):
     """Which KV cache dtype the class picks when the VLLMDeployment names none."""

@@ -96,10 +96,6 @@ class ChildPlan:
     def actions(self) -> tuple[ChildAction, ...]:
         return (*self.applies[0], *self.applies[1], *self.deletes)
 
-    @property
-    def empty(self) -> bool:
-        return not self.actions
-
 
 def spec_hash(obj: Mapping[str, Any] | None) -> str | None:
     """The spec-hash annotation of a rendered or live object (None when absent)."""

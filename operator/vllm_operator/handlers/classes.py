@@ -38,6 +38,7 @@ from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import VLLMDeploymentSpec
+from vllm_operator.health.source import Lister
 from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS, WORKLOAD_CLASSES, KubeApi, KubeError
 from vllm_operator.planning import profiles, resolve_class
 
@@ -312,26 +313,31 @@ def rolled_out(deployments: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-async def wait_rolled_out(kube: KubeApi, namespace: str, selector: str, timeout: float, poll: float = 1.0) -> bool:
+async def wait_rolled_out(children: Lister, namespace: str, selector: str, timeout: float, poll: float = 1.0
+                          ) -> bool:
+    """Whether the Deployments `selector` matches rolled out within `timeout`, read every `poll` seconds from
+    `children`: the operator's Deployment watch (`watched.WatchedChildren`), so waiting costs no request; up to
+    issue 39 it LISTed them from the API server every second of every dependent's roll-out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        if rolled_out(await kube.list(DEPLOYMENTS, namespace, selector)):
+        if rolled_out(await children.list(DEPLOYMENTS, namespace, selector)):
             return True
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(poll)
 
 
-async def roll_out(index: ClassIndex, kube: KubeApi, name: str, targets: Sequence[Mapping[str, Any]],
-                   reconcile: Reconcile, selector: Callable[[str], str], timeout: float,
-                   settle: Sequence[Mapping[str, Any]] = ()) -> None:
+async def roll_out(index: ClassIndex, kube: KubeApi, children: Lister, name: str,
+                   targets: Sequence[Mapping[str, Any]], reconcile: Reconcile, selector: Callable[[str], str],
+                   timeout: float, settle: Sequence[Mapping[str, Any]] = ()) -> None:
     """Re-plan each dependent in turn: unpin it, reconcile it (a refused plan leaves its children as they were and
-    says why on it), and wait for its engines to roll out before the next one. `settle`: dependents re-planned
-    already (a resumed roll-out's: the one whose turn it was when the operator stopped) to wait for first."""
+    says why on it), and wait for its engines to roll out before the next one, reading its Deployments from
+    `children` (the operator's watch). `settle`: dependents re-planned already (a resumed roll-out's: the one whose
+    turn it was when the operator stopped) to wait for first."""
     for obj in settle:
         meta = obj["metadata"]
-        if not await wait_rolled_out(kube, meta["namespace"], selector(meta["name"]), timeout):
+        if not await wait_rolled_out(children, meta["namespace"], selector(meta["name"]), timeout):
             log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
                         "went on with the next dependent", meta["namespace"], meta["name"], timeout, name)
     for obj in targets:
@@ -358,7 +364,7 @@ async def roll_out(index: ClassIndex, kube: KubeApi, name: str, targets: Sequenc
         if not changed:
             continue
         log.info("Re-planned VLLMDeployment %s/%s for VLLMWorkloadClass %s; waiting for it to roll out", *key, name)
-        if not await wait_rolled_out(kube, key[0], selector(key[1]), timeout):
+        if not await wait_rolled_out(children, key[0], selector(key[1]), timeout):
             log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
                         "went on with the next dependent", *key, timeout, name)
     log.info("Rolled VLLMWorkloadClass %s out to %d VLLMDeployment(s)", name, len(targets))

@@ -25,5 +25,5 @@ class OperatorConfig:
     webhook: WebhookConfig | None = None  # serve the validating admission webhook (--webhook-port)
     workload_classes: bool = True  # read VLLMWorkloadClasses (False: --no-workload-classes, built-ins only)
     class_rollout_timeout: float = 600.0  # seconds a class roll-out waits for one dependent before the next
-    max_concurrent_reconciles: int = 4  # reconciles in flight at once; the rest wait in arrival order (lifecycle.py)
+    max_concurrent_reconciles: int = 4  # reconciles/health checks in flight at once, refreshes as many (queue.py)
     extra: dict[str, str] = field(default_factory=dict)

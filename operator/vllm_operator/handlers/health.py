@@ -11,10 +11,10 @@ re-reads and decides again); a deleted object just leaves the schedule.
 
 Each VLLMDeployment sets its own interval (`spec.remediation.intervalSeconds`, or the operator's test override).
 Every check is a request to the operator's one work queue (`queue.WorkQueue`), which runs it in a slot: health
-checks and reconciles share its bounded concurrency and the API connections, first come first served, and the
-reconcile that follows a rung change runs in the check's slot, never beside the limit. The Prometheus client is
-built once per operator run (no module-level client); without a Prometheus URL, metric-based diagnoses are off and
-the MetricsAvailable condition says so.
+checks and reconciles share its bounded concurrency and the API connections (reconciles first, each kind first come
+first served), and the reconcile that follows a rung change runs in the check's slot, never beside the limit. The
+Prometheus client is built once per operator run (no module-level client); without a Prometheus URL, metric-based
+diagnoses are off and the MetricsAvailable condition says so.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
                                          "time", name, what, len(targets))
 
         index.start_rollout(name, targets, before, objects, functools.partial(
-            classes.roll_out, index, memo.kube, name, targets, _reconciler(memo, config), child_selector,
+            classes.roll_out, index, memo.kube, memo.children, name, targets, _reconciler(memo, config), child_selector,
             config.class_rollout_timeout), memo.kube)
 
     @kopf.on.startup(registry=registry)
@@ -206,7 +206,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
             settle = [o for o in unpinned if classes.depends_on(o, {name}, default)]
             logger.info("Resumed the roll-out of VLLMWorkloadClass %s: %d VLLMDeployment(s) still pinned", name,
                         len(targets))
-            index.resume(name, functools.partial(classes.roll_out, index, memo.kube, name, targets,
+            index.resume(name, functools.partial(classes.roll_out, index, memo.kube, memo.children, name, targets,
                                                  _reconciler(memo, config), child_selector,
                                                  config.class_rollout_timeout, settle))
 

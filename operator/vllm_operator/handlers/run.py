@@ -280,8 +280,9 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
                         metavar="SECONDS", help="how long an owned Deployment's change waits for others to join "
                         "one status write (default %(default)s)")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=OperatorConfig.max_concurrent_reconciles,
-                        metavar="N", help="reconciles, status refreshes and health checks in flight at once; "
-                        "the others wait in arrival order (default %(default)s)")
+                        metavar="N", help="reconciles and health checks in flight at once, reconciles first; the "
+                        "others wait in arrival order; status refreshes have N slots of their own "
+                        "(default %(default)s)")
     add_image_repository_argument(parser, default=_images_from_environment(parser))
     add_image_pull_secret_argument(parser, default=[n.strip() for n in os.environ.get(ENV_PULL_SECRETS, "").split(",")
                                                     if n.strip()])

@@ -4,9 +4,10 @@
   `on.event` handler keeps the objects as last delivered in `Parents`, which the health checks, the coalesced
   status refresh and the deleted-child reconcile read.
 - Engine pods, Deployments and PodDisruptionBudgets: `WatchedChildren`, list + watch. The health checks read them
-  from here, and a Deployment's change (`on_change`) requests its owner's coalesced status refresh, or its
-  reconcile when it was deleted. Up to this change kopf watched Deployments too (for that refresh), unfiltered on
-  the server: every Deployment of the cluster came to the operator twice.
+  from here (and a class roll-out its dependent's Deployments while it waits for them), and a Deployment's change
+  (`on_change`) requests its owner's coalesced status refresh, or its reconcile when it was deleted. Up to this
+  change kopf watched Deployments too (for that refresh), unfiltered on the server: every Deployment of the cluster
+  came to the operator twice.
 
 Why a cache at all: every health check listed its engine pods, its pools' Deployments and their PDBs, three of the
 four requests it sent. At 500 VLLMDeployments on the default 30 s interval that was ~50 LISTs/s in a converged

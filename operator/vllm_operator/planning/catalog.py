@@ -343,8 +343,3 @@ def facts_from_hf_config(config: Mapping[str, Any], *, weights_gib: float | None
                       intermediate_size=shape.activation_intermediate, vocab_size=shape.vocab_size,
                       sliding_window=shape.sliding_window, sliding_window_layers=shape.sliding_window_layers,
                       checkpoint_quantization=shape.checkpoint_quantization)
-
-
-def gib(n_bytes: float) -> float:
-    """Bytes to GiB (for messages)."""
-    return n_bytes / GIB

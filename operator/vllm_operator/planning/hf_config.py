@@ -125,7 +125,6 @@ class ConfigShape:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     experts: int = 0
-    experts_per_token: int = 0
     notes: list[str] = field(default_factory=list)
 
     rotary_dim: int = 0
@@ -203,12 +202,6 @@ def _bytes_per_param(cfg: Mapping[str, Any]) -> float | None:
             return grouped_int_bytes(bits, group, zero_points=zeros)
         return None
     return 2.0
-
-
-def checkpoint_dtype(cfg: Mapping[str, Any]) -> str | None:
-    """The checkpoint's own dtype (`torch_dtype`, or `dtype` as transformers 5 writes it), lower-case."""
-    value = cfg.get("torch_dtype", cfg.get("dtype"))
-    return str(value).lower() if isinstance(value, str) else None
 
 
 def _moe_layers(arch: str, cfg: Mapping[str, Any], layers: int) -> list[bool]:
@@ -319,7 +312,7 @@ def read(config: Mapping[str, Any], origin: str = "config.json") -> ConfigShape:
         architecture=arch, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         max_context_length=context, hidden_size=hidden, activation_intermediate=per_token_mlp, vocab_size=vocab,
         params=params, embedding_params=embeddings, bytes_per_param=_bytes_per_param(cfg), kv_lora_rank=kv_lora,
-        qk_rope_head_dim=rope, experts=experts, experts_per_token=top_k, notes=notes,
+        qk_rope_head_dim=rope, experts=experts, notes=notes,
         rotary_dim=rope or int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)), sliding_window=window_out,
         sliding_window_layers=window_layers, checkpoint_quantization=checkpoint_quantization(cfg))
 

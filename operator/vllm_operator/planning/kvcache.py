@@ -36,7 +36,8 @@ utilisation 0.45 → 375,984 tokens bf16 (measured 381,552: −1.5 %), 751,968 f
 1,092,112 fp8 (1,106,176: −1.3 %). `tests/unit/planning/test_kvcache.py` holds these as regression cases.
 
 CPU pools are sized in bytes, not by utilisation: the planner passes `--kv-cache-memory-bytes` and predicts the
-tokens vLLM's CPU backend makes of it (`cpu_kv_tokens`).
+tokens vLLM's CPU backend makes of it (`reported_capacity` with `CPU_BLOCK_SIZE`: the bytes exactly, no
+profiling).
 """
 
 from __future__ import annotations
@@ -154,11 +155,6 @@ def num_blocks(budget: int, per_token: int, block_size: int = BLOCK_SIZE) -> int
     return budget // (per_token * block_size) if budget > 0 else 0
 
 
-def tokens_for_budget(budget: int, per_token: int, block_size: int = BLOCK_SIZE) -> int:
-    """Token slots of the whole blocks that fit the budget."""
-    return num_blocks(budget, per_token, block_size) * block_size
-
-
 @dataclass(frozen=True)
 class Capacity:
     """What vLLM reports for a KV cache (`vllm:cache_config_info` kv_cache_size_tokens / kv_cache_max_concurrency)."""
@@ -236,9 +232,3 @@ def concurrency(tokens: int, sequence_tokens: int) -> float:
     """Sequences of `sequence_tokens` that fit at once, to two decimals."""
     return round(tokens / sequence_tokens, 2) if sequence_tokens > 0 else 0.0
 
-
-def cpu_kv_tokens(kv_cache_memory_bytes: int, per_token: int, max_model_len: int,
-                  block_size: int = CPU_BLOCK_SIZE) -> int:
-    """Tokens vLLM's CPU backend reports for `--kv-cache-memory-bytes`: the bytes exactly (no profiling), in whole
-    128-token blocks, counted per max_model_len request (`reported_capacity`)."""
-    return reported_capacity(kv_cache_memory_bytes, per_token, max_model_len, block_size).tokens

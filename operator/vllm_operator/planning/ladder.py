@@ -150,14 +150,6 @@ def next_step_down_level(plan: Plan, pool: str) -> int | None:
     return _next_level(STEP_DOWN_LADDER, settings_of(plan, pool), plan.pools[pool].step_down_level)
 
 
-def max_step_down_level(plan: Plan, pool: str) -> int:
-    """The highest EngineOOM level that still changes something for this pool (its current level if none)."""
-    settings, level = settings_of(plan, pool), plan.pools[pool].step_down_level
-    useful = [lv for lv in range(level + 1, len(STEP_DOWN_LADDER) + 1)
-              if STEP_DOWN_LADDER[lv - 1].apply(settings) != settings]
-    return max(useful, default=level)
-
-
 def describe_rung(plan: Plan, pool: str, level: int) -> str:
     """What moving the pool from its current level to `level` changes, e.g. `gpu-memory-utilization 0.9->0.85`."""
     settings = settings_of(plan, pool)
@@ -170,26 +162,8 @@ def next_kv_level(plan: Plan, pool: str, allow_lower_max_model_len: bool) -> int
     return _next_level(kv_ladder_for(allow_lower_max_model_len), settings_of(plan, pool), plan.pools[pool].kv_level)
 
 
-def max_kv_level(plan: Plan, pool: str, allow_lower_max_model_len: bool) -> int:
-    ladder, settings, level = kv_ladder_for(allow_lower_max_model_len), settings_of(plan, pool), \
-        plan.pools[pool].kv_level
-    useful = [lv for lv in range(level + 1, len(ladder) + 1) if ladder[lv - 1].apply(settings) != settings]
-    return max(useful, default=level)
-
-
 def describe_kv_rung(plan: Plan, pool: str, level: int, allow_lower_max_model_len: bool) -> str:
     settings = settings_of(plan, pool)
     after = apply_levels(kv_ladder_for(allow_lower_max_model_len), settings, level, plan.pools[pool].kv_level)
     return describe_change(settings, after)
 
-
-def next_step_down(plan: Plan, pool: str) -> tuple[int, str] | None:
-    """`(level, what moving there changes)` for the next useful EngineOOM rung, or None when the ladder is spent."""
-    level = next_step_down_level(plan, pool)
-    return None if level is None else (level, describe_rung(plan, pool, level))
-
-
-def next_kv(plan: Plan, pool: str, allow_lower_max_model_len: bool) -> tuple[int, str] | None:
-    """`(level, what moving there changes)` for the next useful KVCacheTooSmall rung, or None."""
-    level = next_kv_level(plan, pool, allow_lower_max_model_len)
-    return None if level is None else (level, describe_kv_rung(plan, pool, level, allow_lower_max_model_len))

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +99,26 @@ def children_versions(kube: Cluster, ns: str, name: str) -> dict[str, str]:
     return {f"{i['kind']}/{i['metadata']['name']}": i["metadata"]["resourceVersion"] for i in items}
 
 
+def operator_requests(kube: Cluster, ns: str, name: str, since: datetime) -> Counter[str]:
+    """What the operator's client sent since `since` about `name` in `ns`, from the API server's audit log: LISTs
+    of its children by resource (`list deployments`; the watches' LISTs select all the operator's children, not one
+    VLLMDeployment's), and its status writes refused with 409 (`conflicts`)."""
+    selector = child_selector(name)
+    found: Counter[str] = Counter()
+    for e in kube.audit_events():
+        ref = e.get("objectRef") or {}
+        if ref.get("namespace") != ns or not e.get("userAgent", "").startswith(f"{constants.APP_NAME}/") or \
+                datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")) < since:
+            continue
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(e["requestURI"]).query)
+        if e["verb"] == "list" and query.get("labelSelector") == [selector]:
+            found[f"list {ref.get('resource')}"] += 1
+        elif ref.get("name") == name and ref.get("subresource") == "status" and \
+                e.get("responseStatus", {}).get("code") == 409:
+            found["conflicts"] += 1
+    return found
+
+
 def ready(kube: Cluster, ns: str, name: str, generation: int) -> bool:
     st = status(kube, ns, name)
     return st.get("ready") == "2/2" and (st.get("workloadClass") or {}).get("generation") == generation
@@ -115,6 +138,7 @@ def test_class_edit_replans_dependents_one_after_the_other(kube: Cluster, setup:
                 assert short_len(kube, ns, name) == 12288
                 assert status(kube, ns, name)["workloadClass"] == {"name": klass, "generation": 1}
 
+            edited = datetime.now(UTC)
             kube.kubectl("patch", "vllmwc", klass, "--type=merge", "-p", json.dumps(
                 {"spec": {"promptLengthThreshold": 7168, "pools": {"short": {"maxModelLen": 8192}}}}))
             # Watch both: the second's engines must not change before the first's have rolled out.
@@ -140,6 +164,13 @@ def test_class_edit_replans_dependents_one_after_the_other(kube: Cluster, setup:
         assert f"VLLMWorkloadClass {klass} was changed to generation 2; re-planning 2" in text, text[-4000:]
         assert text.index(f"{ns}/{first} for VLLMWorkloadClass {klass}") < \
             text.index(f"{ns}/{second} for VLLMWorkloadClass {klass}")
+        # Waiting for each dependent to roll out read the operator's Deployment watch: the only LISTs of its
+        # Deployments are its reconcile's, two each (with every child kind, then for the status, again after a
+        # status write's 409). Up to issue 39 the wait also LISTed them, at once and every second until rolled out.
+        for name in (first, second):
+            sent = operator_requests(kube, ns, name, edited)
+            reconciles = sent["list services"]
+            assert reconciles >= 1 and sent["list deployments"] <= 2 * reconciles + sent["conflicts"], (name, sent)
     finally:
         kube.kubectl("delete", "vllmd", first, second, "-n", ns, "--wait=false", check=False)
         kube.kubectl("delete", "vllmwc", klass, "--wait=false", check=False)

@@ -75,7 +75,7 @@ def test_decisions(desired: list[dict[str, Any]], live: list[dict[str, Any]],
                    expect: list[tuple[str, str, str, str]]) -> None:
     plan = plan_children(OWNER, desired, observed(*live))
     assert summary(plan) == expect
-    assert plan.empty == (not expect)
+    assert (not plan.actions) == (not expect)
     written = {(a.kind, a.name) for a in plan.actions}
     assert {k[1:] for k in plan.unchanged} == {(d["kind"], d["metadata"]["name"]) for d in desired} - written
 
@@ -116,7 +116,7 @@ def test_a_real_rendering_against_itself_writes_nothing() -> None:
     live = {key_of(m): {**m, "metadata": {**m["metadata"], "uid": "x", "ownerReferences": [{"uid": UID}]}}
             for m in manifests}
     plan = plan_children(OWNER, manifests, live)
-    assert plan.empty and len(plan.unchanged) == len(manifests)
+    assert not plan.actions and len(plan.unchanged) == len(manifests)
     first = plan_children(OWNER, manifests, {})
     assert [a.kind for a in first.applies[1]] == ["RoleBinding"] + ["Deployment"] * 3
     assert all(a.reason is Reason.MISSING for a in first.actions) and len(first.actions) == len(manifests)

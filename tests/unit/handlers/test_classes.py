@@ -4,13 +4,15 @@ who depends on a class edit, and when a dependent counts as rolled out (the roll
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.support.fakekube import FakeKubeApi
+from tests.support.fakekube import FakeCluster, FakeKubeApi
 from tests.support.paths import ROOT
+from tests.support.waiting import eventually
 from vllm_operator import constants
 from vllm_operator.api.errors import SpecError
 from vllm_operator.api.resource import parse_resource
@@ -23,7 +25,9 @@ from vllm_operator.handlers.classes import (
     roll_out,
     rolled_out,
 )
-from vllm_operator.k8s import VLLM_DEPLOYMENTS, KubeApi
+from vllm_operator.handlers.reconcile import child_selector
+from vllm_operator.handlers.watched import OWNED, OWNED_DEPLOYMENTS, WatchedChildren
+from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS, KubeApi, Resource
 
 CHAT = parse_resource(yaml.safe_load((ROOT / "examples" / "chat.yaml").read_text())).spec
 AGENT = yaml.safe_load((ROOT / "examples" / "classes" / "agent.yaml").read_text())
@@ -129,7 +133,7 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
         planned.append((key[1], (await restarted.resolve(NO_KUBE, key, spec)).generation))
         return False
 
-    await roll_out(restarted, api, "agent", pinned["agent"], reconcile, lambda n: f"x={n}", timeout=1)
+    await roll_out(restarted, api, api, "agent", pinned["agent"], reconcile, lambda n: f"x={n}", timeout=1)
     assert planned == [("a", 2), ("b", 2)]
     for name in ("a", "b"):
         stored = await api.get(VLLM_DEPLOYMENTS, "ml", name)
@@ -184,7 +188,7 @@ async def test_a_dependent_that_did_not_resolve_before_plans_at_once_and_still_g
         return False
 
     async def run() -> None:
-        await roll_out(index, api, "agent", targets, reconcile, lambda n: f"x={n}", timeout=1)
+        await roll_out(index, api, api, "agent", targets, reconcile, lambda n: f"x={n}", timeout=1)
         done.set()
 
     index.start_rollout("agent", targets, before, objects, run, api)
@@ -195,3 +199,69 @@ async def test_a_dependent_that_did_not_resolve_before_plans_at_once_and_still_g
     stored = await api.get(VLLM_DEPLOYMENTS, "ml", "a")
     assert stored is not None and constants.ANNOTATION_CLASS_PIN not in stored["metadata"].get("annotations", {})
     assert api.calls["patch"] == 0, "no pin written or removed"
+
+
+class CountingReader:
+    """The watch cache, counting the roll-out's reads of it."""
+
+    def __init__(self, children: WatchedChildren) -> None:
+        self.children = children
+        self.reads = 0
+
+    async def list(self, res: Resource, namespace: str | None, label_selector: str | None = None
+                   ) -> list[dict[str, Any]]:
+        self.reads += 1
+        return await self.children.list(res, namespace, label_selector)
+
+
+async def test_a_roll_out_waits_on_the_watched_deployments_without_listing_them_from_the_api() -> None:
+    """A re-planned dependent's roll-out is awaited by reading the operator's Deployment watch: however long it
+    takes, the API server gets no LIST (up to issue 39 it got one every second of every dependent's roll-out)."""
+    cluster = FakeCluster()
+    api, watcher = FakeKubeApi(cluster), FakeKubeApi(cluster)
+    await api.create(VLLM_DEPLOYMENTS, "ml", dependent("a"))
+    labels = {**OWNED, constants.LABEL_DEPLOYMENT: "a"}
+    await api.create(DEPLOYMENTS, "ml", {"metadata": {"name": "a-short", "labels": labels}, "spec": {"replicas": 1}})
+    index = ClassIndex()
+    index._loaded = True
+    index.observe(agent(1))
+    before, objects = index.snapshot(), index.objects()
+    index.observe(agent(2, 8192))
+    targets = dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
+    api.calls.clear()
+    children = WatchedChildren(api, watcher, ("ml",), watched=OWNED_DEPLOYMENTS)
+    watching = asyncio.create_task(children.run())
+    reader = CountingReader(children)
+    replanned = asyncio.Event()
+
+    async def reconcile(obj: Any) -> bool:
+        replanned.set()
+        return True  # children changed: the roll-out waits for them
+
+    def when(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return predicate()
+        return check
+
+    try:
+        await eventually(when(lambda: children.current(DEPLOYMENTS, "ml")), timeout=30)
+        done = asyncio.Event()
+
+        async def run() -> None:
+            await roll_out(index, api, reader, "agent", targets, reconcile, child_selector, timeout=60)
+            done.set()
+
+        index.start_rollout("agent", targets, before, objects, run, api)
+        await asyncio.wait_for(replanned.wait(), 30)
+        # it polled twice: the Deployment had not rolled out at the first
+        await eventually(when(lambda: reader.reads + api.calls["list"] >= 2), timeout=30)
+        assert not done.is_set()
+        await api.patch_status(DEPLOYMENTS, "ml", "a-short", {"status": {
+            "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}})
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await index.close()
+    assert api.calls["list"] == 0, f"the roll-out LISTed Deployments from the API: {dict(api.calls)}"
+    assert reader.reads >= 3, "read the watch until the Deployment had rolled out"

@@ -1,6 +1,6 @@
-"""The operator's one work queue: at most `limit` units of work in flight, the rest started in arrival order; a
-requested (coalesced) action takes a slot like any other; many requests per key become one run; failures retry;
-close cancels."""
+"""The operator's one work queue: at most `limit` units of work in flight per lane (status refreshes; the rest), the
+rest started in arrival order; a requested (coalesced) action takes a slot like any other; many requests per key
+become one run; failures retry; close cancels."""
 
 from __future__ import annotations
 
@@ -150,19 +150,21 @@ def test_a_limit_below_one_is_refused() -> None:
         WorkQueue(0)
 
 
-async def test_a_requested_action_waits_for_a_slot_like_any_other() -> None:
+@pytest.mark.parametrize("what", ["status refresh", "health check"])
+async def test_a_requested_action_waits_for_a_slot_like_any_other(what: str) -> None:
     runs: list[str] = []
     q = WorkQueue(1, delay=0.01)
-    async with q.slot():  # a reconcile holds the only slot
-        q.request(KEY, recorder(runs, "refresh"))
+    async with q.slot(what):  # the only slot of its lane is held
+        q.request((what, "ns", "a"), recorder(runs, what))
         await asyncio.sleep(0.1)
-        assert runs == [] and q.waiting == 1, "no refresh runs beside the slot limit"
+        assert runs == [] and q.waiting == 1, "nothing runs beside the slot limit"
     await asyncio.sleep(0.05)
-    assert runs == ["refresh"] and q.running == q.waiting == 0
+    assert runs == [what] and q.running == q.waiting == 0
 
 
-async def test_a_free_slot_goes_to_the_cheapest_waiting_kind_then_in_arrival_order() -> None:
-    """A refresh (one status write) passes waiting reconciles; a health check waits for them."""
+async def test_refreshes_never_wait_for_reconciles_and_checks_wait_for_them() -> None:
+    """A refresh (one status write) runs in slots of its own, beside the reconciles and whatever waits for them; a
+    free slot goes to waiting reconciles before health checks, each in arrival order."""
     order: list[str] = []
     q = WorkQueue(1, delay=0)
 
@@ -176,7 +178,7 @@ async def test_a_free_slot_goes_to_the_cheapest_waiting_kind_then_in_arrival_ord
         q.request(("health check", "ns", "a"), recorder(order, "check"))
         q.request(("status refresh", "ns", "a"), recorder(order, "refresh"))
         await asyncio.sleep(0.05)
-        assert order == [] and q.waiting == 4
+        assert order == ["refresh"] and q.waiting == 3
     await asyncio.gather(*waiting)
     await asyncio.sleep(0.05)
     assert order == ["refresh", "reconcile-0", "reconcile-1", "check"]

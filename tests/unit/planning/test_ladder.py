@@ -9,6 +9,7 @@ import pytest
 from tests.unit.planning.helpers import arg, make_plan
 from vllm_operator.api.plan import Plan
 from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
+from vllm_operator.health.rungs import ladder_views
 from vllm_operator.planning import PoolRemediation, RemediationState, ladder
 
 
@@ -55,18 +56,18 @@ def test_cpu_memory_rung_lowers_kv_bytes() -> None:
 def test_fp8_rung_is_skipped_where_already_fp8() -> None:
     p = at(0, workloadClass="long-doc")  # long-doc long pool is fp8 on an H100 already
     assert ladder.next_step_down_level(p, "long") == 1
-    assert ladder.max_step_down_level(p, "long") == 3
+    assert ladder.next_step_down_level(at(2, workloadClass="long-doc"), "long") == 3
     p3 = at(3, workloadClass="long-doc")
     assert ladder.next_step_down_level(p3, "long") is None
-    assert ladder.max_step_down_level(p3, "long") == 3
 
 
 def test_fp8_rung_refused_by_explicit_backend_is_skipped() -> None:
-    p = at(0, accelerator={"type": "nvidia-a100-80gb"},
-           pools={"long": {"extraArgs": ["--attention-backend=FLASH_ATTN"]}})
+    flash = {"accelerator": {"type": "nvidia-a100-80gb"},
+             "pools": {"long": {"extraArgs": ["--attention-backend=FLASH_ATTN"]}}}
+    p = at(0, **flash)
     assert (p.pools["long"].attention_backend, p.pools["long"].fp8_kv_allowed) == ("FLASH_ATTN", False)
-    assert ladder.max_step_down_level(p, "long") == 3
-    assert ladder.max_step_down_level(at(0, accelerator={"type": "nvidia-a100-80gb"}), "long") == 4
+    assert ladder.next_step_down_level(at(3, **flash), "long") is None
+    assert ladder.next_step_down_level(at(3, accelerator={"type": "nvidia-a100-80gb"}), "long") == 4
 
 
 def test_describe_rung() -> None:
@@ -99,8 +100,8 @@ def test_kv_ladder(kv: int, allow: bool, length: int, dtype: str) -> None:
 def test_kv_ladder_queries() -> None:
     p = at(0)
     assert ladder.next_kv_level(p, "long", False) == 1
-    assert ladder.max_kv_level(p, "long", False) == 1
-    assert ladder.max_kv_level(p, "long", True) == 2
+    assert ladder.next_kv_level(at(0, 1), "long", False) is None
+    assert ladder.next_kv_level(at(0, 1), "long", True) == 2
     assert ladder.describe_kv_rung(p, "long", 2, True) == "kv-cache-dtype auto->fp8, max-model-len 16384->8192"
     # the long pool never drops below the short pool's length
     assert ladder.next_kv_level(at(0, 1, pools={"long": {"maxModelLen": 4096}}), "long", True) is None
@@ -117,12 +118,13 @@ def test_remediation_state_from_status() -> None:
 
 
 def test_next_rung_pairs_for_the_health_policy() -> None:
-    assert ladder.next_step_down(at(0), "long") == (1, "gpu-memory-utilization 0.9->0.85")
-    assert ladder.next_step_down(at(0, workloadClass="long-doc"), "long") == (1, "gpu-memory-utilization 0.9->0.85")
-    assert ladder.next_step_down(at(3, workloadClass="long-doc"), "long") is None
-    assert ladder.next_kv(at(0), "long", False) == (1, "kv-cache-dtype auto->fp8")
-    assert ladder.next_kv(at(0, 1), "long", False) is None
-    assert ladder.next_kv(at(0, 1), "long", True) == (2, "max-model-len 16384->8192")
+    assert ladder_views(at(0), False)["long"].next_memory == (1, "gpu-memory-utilization 0.9->0.85")
+    assert ladder_views(at(0, workloadClass="long-doc"), False)["long"].next_memory == (
+        1, "gpu-memory-utilization 0.9->0.85")
+    assert ladder_views(at(3, workloadClass="long-doc"), False)["long"].next_memory is None
+    assert ladder_views(at(0), False)["long"].next_kv == (1, "kv-cache-dtype auto->fp8")
+    assert ladder_views(at(0, 1), False)["long"].next_kv is None
+    assert ladder_views(at(0, 1), True)["long"].next_kv == (2, "max-model-len 16384->8192")
 
 
 def test_batched_tokens_never_halved_below_max_num_seqs() -> None:
