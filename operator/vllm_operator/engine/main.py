@@ -11,7 +11,9 @@ tell a slow start from a hung one. This wrapper
   stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain; on a CPU with AMX tiles
   its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`), and every one of them counts
   the cgroup's memory in use, not the page cache it read, as used memory (`cgroup.py`: vLLM refused a CPU pod's
-  planned KV cache on a node with a cold page cache);
+  planned KV cache on a node with a cold page cache); a CPU engine without cores of its own (no static CPU
+  manager) has its OpenMP threads left to the kernel's scheduler, as many as its CPU limit (`cpubind.py`: vLLM pins
+  every engine of a node to the node's first cores);
 * follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
   KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving
   in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
@@ -60,7 +62,18 @@ from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import adapters, amx, cgroup, downloads, eviction, idleprobe, phases, preflight, status
+from vllm_operator.engine import (
+    adapters,
+    amx,
+    cgroup,
+    cpubind,
+    downloads,
+    eviction,
+    idleprobe,
+    phases,
+    preflight,
+    status,
+)
 
 log = logging.getLogger("vllm_operator.engine")
 
@@ -537,7 +550,11 @@ def main(argv: Sequence[str]) -> int:
     if amx_tile:
         log.info("This CPU has AMX tiles: vLLM's processes ask for the tile state at start (%s on PYTHONPATH; "
                  "vllm_operator/engine/amx.py says why)", amx.SITE_DIR)
-    startup = StartupOptions(env=amx.child_env(cgroup.child_env(os.environ), amx_tile),
+    env, bound = cpubind.child_env(amx.child_env(cgroup.child_env(os.environ), amx_tile))
+    if bound is not None:
+        log.info("This CPU engine %s (%s)", bound.reason,
+                 ", ".join(f"{k}={v}" for k, v in bound.env.items()))
+    startup = StartupOptions(env=env,
                              status_host=args.status_host, status_port=args.status_port or None, limits=limits,
                              model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
                              adapters_file=args.adapters_file, adapters_hub_cache=args.adapters_hub_cache,
