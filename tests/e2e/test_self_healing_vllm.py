@@ -1,8 +1,10 @@
 """Self-healing with real engines on the real control plane, on the session's `cpu_dev` system (tests/e2e/conftest.py,
 tests/support/e2e_stack.py): an engine core killed under traffic (/health 503, the router ejects the engine and
 serves short prompts from the long pool, vLLM exits, the wrapper reports EngineDead through terminationMessagePath,
-the real kubelet restarts the container, the router readmits it, the operator observes it), and an engine core
-frozen mid-step (the health loop diagnoses Stalled and deletes the pod, the ReplicaSet's replacement starts).
+the real kubelet restarts the container, the router readmits it, the operator observes it), an engine container
+taken past its memory limit (the kernel OOM-kills a vLLM process, the kubelet reports OOMKilled, the health loop
+steps the pool down a rung and the pod at that rung serves), and an engine core frozen mid-step (the health loop
+diagnoses Stalled and deletes the pod, the ReplicaSet's replacement starts).
 
 These are the `cpu_dev` modules' only faults, in a module of their own so that they run after the others
 (test_operator_vllm, test_router_vllm: pytest runs modules in name order) and nobody waits for their healing: the
@@ -130,8 +132,8 @@ def test_engine_oomkilled_by_the_kernel_steps_the_pool_down_and_the_next_rung_se
             healthy.wait(lambda: any(e.get("reason") == "ObservedHostOOMKilled" and pod in e.get("message", "")
                                      for e in healthy.events()), 60, interval=0.5,
                          what=f"the operator observed {pod} HostOOMKilled")
-            stepped = healthy.wait(
-                lambda: (healthy.obj()["status"]["pools"][pool].get("stepDown") or {}).get("level", 0) > level,
+            healthy.wait(
+                lambda: (healthy.obj()["status"]["pools"][pool].get("stepDown") or {}).get("level", 0) == level + 1,
                 60, interval=0.5, what="the pool stepped down one rung")
             healthy.wait(lambda: any(e.get("reason") == "SteppedDown" for e in healthy.events()), 30,
                          interval=0.5, what="the SteppedDown event")
@@ -148,12 +150,12 @@ def test_engine_oomkilled_by_the_kernel_steps_the_pool_down_and_the_next_rung_se
                                    what="the short pool served by the next rung's pod")
         new = healthy.engine(pool)
         assert engine_flag(new.obj(), "--kv-cache-memory-bytes") < kv_bytes, "the next rung has less KV memory"
-        assert stepped
         # the wrapper's exit code and termination message stay beside the kubelet's reason
         assert exited["exitCode"] != 0 and exited.get("message"), exited
-    finally:
+    finally:  # back to the example's thresholds (a merge patch deletes a key set to null)
         healthy.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME,
-                                       {"spec": {"remediation": {"thresholds": thresholds}}}))
+                                       {"spec": {"remediation": {"thresholds": {"oomCount": None}}}}))
+        assert healthy.obj()["spec"]["remediation"]["thresholds"] == thresholds
     record("engine OOMKilled by the kernel", {"allocation_to_kill_s": oom.killed - oom.started,
                                               "next_rung_ready_s": ready - oom.killed,
                                               "next_rung_serving_s": serving - oom.killed})
@@ -163,8 +165,7 @@ def test_engine_oomkilled_by_the_kernel_steps_the_pool_down_and_the_next_rung_se
 def engine_flag(pod: dict[str, Any], flag: str) -> int:
     """An integer engine argument `--flag=N` of a pod's engine container."""
     args = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")["args"]
-    return int(next(a for a in args if a.startswith(flag + "="))
-               .split("=", 1)[1])
+    return int(next(a for a in args if a.startswith(flag + "=")).split("=", 1)[1])
 
 
 def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -> None:
