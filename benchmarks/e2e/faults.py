@@ -20,7 +20,7 @@ started), vLLM's first line, the wrapper's start-up phases, and "Application sta
 kubelet's own times (container started, pod Ready) from its status.
 
     flock /tmp/vllm-e2e.lock .venv/bin/python benchmarks/e2e/faults.py [--runs 3] [--faults kill,stall,oom]
-        [--json benchmarks/e2e/faults.json]
+        [--baseline-env NAME=VALUE [--baseline-faults kill]] [--json benchmarks/e2e/faults.json]
 
 Medians are printed as a Markdown table. Measurements, not assertions.
 """
@@ -210,6 +210,25 @@ def reset_rungs(stack: Stack, token: str) -> None:
     stack.wait_ready()
 
 
+def set_pool_env(stack: Stack, assignment: str) -> None:
+    """`NAME=VALUE` added to every pool's env, and the system Ready with every engine pod carrying it."""
+    name, _, value = assignment.partition("=")
+    spec = stack.obj()["spec"]
+    pools = {pool: {"env": [*[e for e in entry.get("env") or [] if e["name"] != name],
+                            {"name": name, "value": value}]}
+             for pool, entry in spec["pools"].items()}
+    stack.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME, {"spec": {"pools": pools}}))
+
+    def rolled() -> bool:
+        pods = stack.pods(terminating=True)
+        return bool(pods) and all(
+            {"name": name, "value": value} in next(c for c in p["spec"]["containers"] if c["name"] == "engine")["env"]
+            for p in pods)
+
+    stack.wait(rolled, 900, interval=1.0, what=f"every engine pod with {assignment}")
+    stack.wait_ready()
+
+
 def benchmark_example() -> dict[str, Any]:
     """cpu-dev.yaml with oomCount 1: one OOM steps a pool down (the tier's default of 2 would take two)."""
     example: dict[str, Any] = copy.deepcopy(EXAMPLE)
@@ -223,11 +242,19 @@ def main() -> int:
     parser.add_argument("--pool", default="short")
     parser.add_argument("--faults", default="kill,stall,oom",
                         help="comma-separated, run in this order in each round (default kill,stall,oom)")
+    parser.add_argument("--baseline-env", default=None, metavar="NAME=VALUE",
+                        help="after the rounds, set this variable in every pool's env (a roll-out) and run the "
+                             "--baseline-faults again as many rounds: a same-stack comparison, e.g. "
+                             "VLLM_OPERATOR_CPU_BIND=0 for vLLM's own CPU binding")
+    parser.add_argument("--baseline-faults", default="kill")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     runs = {"kill": kill_run, "stall": stall_run, "oom": oom_run}
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in runs]
+    baseline = [f.strip() for f in args.baseline_faults.split(",") if f.strip()] if args.baseline_env else []
+    if args.baseline_env is not None and "=" not in args.baseline_env:
+        parser.error(f"--baseline-env: NAME=VALUE, got {args.baseline_env!r}")
+    unknown = [f for f in [*faults, *baseline] if f not in runs]
     if unknown:
         parser.error(f"--faults: unknown {unknown}; choose from {sorted(runs)}")
     results: dict[str, list[dict[str, float]]] = {f: [] for f in faults}
@@ -248,6 +275,19 @@ def main() -> int:
                     print(f"run {i + 1} {fault}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
                     if args.json is not None:  # what was measured survives a later failure
                         write(args.json, results)
+            if baseline:
+                set_pool_env(stack, str(args.baseline_env))
+                for i in range(args.runs):
+                    for fault in baseline:
+                        stack.wait_ready()
+                        load = os.getloadavg()[0]
+                        row = runs[fault](stack, args.pool)
+                        row["load_avg_1m"] = load
+                        results.setdefault(f"{fault} ({args.baseline_env})", []).append(row)
+                        print(f"baseline run {i + 1} {fault}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
+                              flush=True)
+                        if args.json is not None:
+                            write(args.json, results)
     table: list[str] = ["| fault | measure | median s | runs (s) |", "|---|---|---:|---|"]
     for fault, rows in results.items():
         keys = list(dict.fromkeys(k for r in rows for k in r if k != "load_avg_1m"))
