@@ -807,6 +807,13 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        return f"({err.strerror})"
+
+
 def _gone(pid: int) -> bool:
     """The process has exited (a zombie not yet reaped counts as gone)."""
     try:
@@ -861,14 +868,21 @@ def exceed_memory_limit(stack: Stack, pool: str) -> MemoryKill:
            container.namespace, container.pod, "-c", container.container, "--", python, "-c", ALLOCATE, str(need)]
     started = time.monotonic()
     exec_proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        killed = stack.wait(lambda: time.monotonic() if _gone(victim) else None, 120, interval=0.05,
-                            what=f"the kernel's OOM kill of {title} (pid {victim}) after allocating {need} bytes "
-                                 f"in {container.pod} (limit {limit}, unreclaimable {held})")
-    except BaseException:
-        exec_proc.kill()
-        exec_proc.wait()
-        raise
+    deadline = time.monotonic() + 120
+    while not _gone(victim):
+        if time.monotonic() > deadline or exec_proc.poll() is not None:
+            exec_proc.kill()
+            out = exec_proc.communicate()[0]
+            memory = {}
+            for name in ("memory.usage_in_bytes", "memory.failcnt", "memory.oom_control"):
+                with contextlib.suppress(OSError):
+                    memory[name] = (memcg / name).read_text().split()
+            raise AssertionError(f"no OOM kill of {title} (pid {victim}, oom_score_adj "
+                                 f"{_read(f'/proc/{victim}/oom_score_adj')}) in {container.pod} (limit {limit}, "
+                                 f"unreclaimable {held}, allocating {need}): kubectl exec said {out!r}, exit "
+                                 f"{exec_proc.returncode}; {memory}; {stack.diagnostics()}")
+        time.sleep(0.05)
+    killed = time.monotonic()
     try:  # the allocation ends with the container, which ends with vLLM
         exec_proc.wait(60)
     except subprocess.TimeoutExpired:
