@@ -188,13 +188,17 @@ def oom_run(stack: Stack, pool: str) -> dict[str, float]:
             return time.monotonic() if cond(pods[0], "Ready").get("status") == "True" else None
 
         ready = stack.wait(next_rung_ready, 600, interval=0.2, what="the next rung's pod Ready, the old one gone")
-        serving = stack.wait(lambda: traffic.first(ready, pool), 120, interval=0.2)
         first = traffic.first(t0, pool)
+    # The rung is in the router's pool table too: the router pod is replaced with it (a new address), so the
+    # system Ready, then traffic through the router of now.
+    stack.wait_ready()
+    with Traffic(stack) as after:
+        serving = stack.wait(lambda: after.first(0, pool), 120, interval=0.2, what="the next rung serving")
     new = stack.engine(pool)
     return {"allocation_to_kill_s": t0 - oom.started, "oomkilled_reported_s": t_reported - t0,
             "stepped_down_s": t_stepped - t0, **phases_after(new, t0), **log_milestones(new, wall0, restarted=False),
             "next_rung_ready_s": ready - t0, "next_rung_serving_s": serving - t0,
-            "pool_serving_again_s": (first or serving) - t0}
+            **({"pool_served_meanwhile_s": first - t0} if first is not None else {})}
 
 
 def rung(stack: Stack, pool: str) -> int:

@@ -146,7 +146,11 @@ def test_engine_oomkilled_by_the_kernel_steps_the_pool_down_and_the_next_rung_se
 
             ready = healthy.wait(next_rung_ready, RESTART_READY_TIMEOUT_S, interval=0.5,
                                  what="the next rung's pod Ready and the OOMKilled pod gone")
-            serving = healthy.wait(lambda: traffic.first(ready, pool), 120, interval=0.2,
+        # The rung is in the router's pool table too, so the router pod is replaced with it (a new address): the
+        # system Ready, then traffic through the router of now.
+        healthy.wait_ready()
+        with Traffic(healthy) as after:
+            serving = healthy.wait(lambda: after.first(0, pool), 120, interval=0.2,
                                    what="the short pool served by the next rung's pod")
         new = healthy.engine(pool)
         assert engine_flag(new.obj(), "--kv-cache-memory-bytes") < kv_bytes, "the next rung has less KV memory"
