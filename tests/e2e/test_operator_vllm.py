@@ -12,7 +12,9 @@ which waits for it Ready.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,30 @@ def test_engine_processes_run_exactly_the_planned_argv(healthy: Stack) -> None:
         assert f"--host={ip}" in argv
         assert ipaddress.ip_address(ip) in ipaddress.ip_network(container.node().pod_cidr)
         assert container.env().get("POD_IP") == ip
+
+
+def test_engines_without_cores_of_their_own_leave_openmp_threads_to_the_kernel(healthy: Stack) -> None:
+    """The nodes run the kubelet's default CPU manager policy: an engine container may run on every core and is held
+    to its 1-CPU limit by the CFS quota. vLLM's own binding would pin both engines' workers to the node's first core
+    (vllm/utils/ompmultiprocessing.py: one core per physical core less one reserved, the same on every engine); the
+    wrapper (engine/cpubind.py) starts vLLM with `nobind` and one OpenMP thread, which vLLM reports in its log, and
+    every thread of every vLLM process may run wherever the container may. (Read from the log, not from
+    /proc/PID/environ: vLLM retitles its processes, which overwrites that area.)"""
+    for pool in ("short", "long"):
+        container = healthy.engine(pool)
+        log = container.log(tail=-1)
+        assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in log, f"vLLM's binding report in {container.pod}"
+        assert "OMP_NUM_THREADS=1" in log, f"the wrapper's binding line in {container.pod}"
+        wrapper = container.main_pid()
+        allowed = os.sched_getaffinity(wrapper)
+        assert len(allowed) > 1, f"the node's cores, not a cpuset of the pod's own: {allowed}"
+        vllm = [pid for pid in container.pids() if pid != wrapper]
+        assert vllm
+        for pid in vllm:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                    assert os.sched_getaffinity(int(task.name)) == allowed, \
+                        f"thread {task.name} of {process_argv(pid)[:3]} in {container.pod} is pinned"
 
 
 def rendered_model_path() -> str:

@@ -42,6 +42,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -242,14 +243,16 @@ class PodContainer:
         name = self.obj()["spec"]["nodeName"]
         return next(n for n in self.stack.nodes if n.name == name)
 
-    def cgroup(self, node: real_node.Node | None = None, pod_uid: str | None = None) -> Path | None:
-        """The container's cgroup (pids hierarchy), None while it has no running container."""
+    def cgroup(self, node: real_node.Node | None = None, pod_uid: str | None = None,
+               hierarchy: str = "pids") -> Path | None:
+        """The container's cgroup (in the `hierarchy` of cgroup v1: pids, memory...), None while it has no running
+        container."""
         node = node or self.node()
         pod_uid = pod_uid or self.obj()["metadata"]["uid"]
         cid = self.status().get("containerID", "").rpartition("//")[2]
         if not cid:
             return None
-        root = real_node.CGROUP_MOUNT / "pids" / node.state.cgroup_root.lstrip("/")
+        root = real_node.CGROUP_MOUNT / hierarchy / node.state.cgroup_root.lstrip("/")
         return next(iter(root.glob(f"kubepods*/**/pod{pod_uid}/{cid}")), None)
 
     def pids(self) -> list[int]:
@@ -266,12 +269,14 @@ class PodContainer:
         raw = Path(f"/proc/{self.main_pid()}/environ").read_bytes()
         return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
-    def log(self, tail: int = 200, previous: bool = False) -> str:
-        """`kubectl logs` of the container (through the API server and the node's kubelet, as a user reads it)."""
+    def log(self, tail: int = 200, previous: bool = False, timestamps: bool = False) -> str:
+        """`kubectl logs` of the container (through the API server and the node's kubelet, as a user reads it);
+        `timestamps`: each line starts with the time the runtime read it (RFC 3339, nanoseconds)."""
         assert self.stack.kube_cluster is not None
         proc = self.stack.kube_cluster.kubectl(
             "logs", "-n", self.namespace, self.pod, "-c", self.container, f"--tail={tail}",
-            *(["--previous"] if previous else []), check=False, timeout=30)
+            *(["--previous"] if previous else []), *(["--timestamps"] if timestamps else []), check=False,
+            timeout=30)
         return proc.stdout if proc.returncode == 0 else f"(kubectl logs failed: {proc.stderr.strip()})"
 
 
@@ -776,3 +781,111 @@ def kill_engine_core(stack: Stack, pool: str) -> CoreKill:
     stack.wait(lambda: router_metric(stack, "vllm_operator_router_ejections_total", pool=pool) > ejections, 60,
                interval=0.05, what="router ejected the engine")
     return CoreKill(killed=killed, unhealthy=unhealthy, ejected=time.monotonic())
+
+
+ALLOCATE = """
+import sys, time
+need, chunk, held = int(sys.argv[1]), 32 << 20, []
+while len(held) * chunk < need:
+    block = bytearray(chunk)
+    block[::4096] = b"\\x01" * (chunk // 4096)
+    held.append(block)
+print("allocated", len(held) * chunk, flush=True)
+time.sleep(3600)
+"""
+"""What `exceed_memory_limit` runs in the engine container: touch `need` bytes (every page written, so every page
+is charged to the container's memory cgroup), then hold them."""
+OOM_MARGIN_BYTES = 256 << 20
+"""How far past the limit the container's unreclaimable memory is taken: the page cache it holds is reclaimed first,
+so only what no reclaim frees counts."""
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        return f"({err.strerror})"
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X")
+
+
+@dataclass(frozen=True)
+class MemoryKill:
+    """The kernel's OOM kill of one of vLLM's processes in an engine container (`exceed_memory_limit`)."""
+
+    started: float
+    """`kubectl exec` of the allocation began (monotonic)."""
+    killed: float
+    """The victim was gone (monotonic)."""
+    victim: int
+    victim_title: str
+    allocated_bytes: int
+
+
+def exceed_memory_limit(stack: Stack, pool: str) -> MemoryKill:
+    """Take `pool`'s engine container past its memory limit (the pod's `resources.limits.memory`, the memory
+    cgroup's limit on the node) so that the kernel's OOM killer kills one of vLLM's processes, as when vLLM itself
+    outgrows the limit: a process started in the container through `kubectl exec` (the kubelet's exec path, so it
+    is charged to the container's cgroup) touches as many bytes as take the cgroup's unreclaimable memory (rss and
+    shmem, as its memory.stat counts them) `OOM_MARGIN_BYTES` past the limit, and holds them.
+
+    The kernel kills the cgroup's process with the highest badness (its size plus its oom_score_adj share). vLLM's
+    largest process is the worker holding the KV cache, but the allocator grows towards the victim's size; so that
+    the kernel's choice does not depend on that race, the victim's oom_score_adj is raised to 1000 from the host
+    first (raising it needs no privilege). Waits until the victim is gone; the container then ends as vLLM does
+    after losing a process, and the runtime reports it OOMKilled (an OOM event in its cgroup)."""
+    container = stack.engine(pool)
+    memcg = container.cgroup(hierarchy="memory")
+    assert memcg is not None, f"no memory cgroup for {container.pod}'s engine container"
+    limit = int((memcg / "memory.limit_in_bytes").read_text())
+    stat = dict(line.split() for line in (memcg / "memory.stat").read_text().splitlines() if " " in line)
+    held = int(stat.get("total_rss", stat.get("rss", 0))) + int(stat.get("total_shmem", stat.get("shmem", 0)))
+    need = max(0, limit - held) + OOM_MARGIN_BYTES
+    wrapper = container.main_pid()
+    vllm = [p for p in container.pids() if p != wrapper]
+    assert vllm, f"no vLLM process under the wrapper in {container.pod}"
+    victim = max(vllm, key=_rss_bytes)
+    title = " ".join(process_argv(victim))[:80]
+    Path(f"/proc/{victim}/oom_score_adj").write_text("1000")
+    python = process_argv(wrapper)[0]
+    kube = stack.kube_cluster
+    assert kube is not None
+    cmd = [binaries.kubectl(), f"--kubeconfig={kube.kubeconfig}", f"--cache-dir={kube.cache_dir}", "exec", "-n",
+           container.namespace, container.pod, "-c", container.container, "--", python, "-c", ALLOCATE, str(need)]
+    started = time.monotonic()
+    exec_proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not _gone(victim):
+        if time.monotonic() > deadline or exec_proc.poll() is not None:
+            exec_proc.kill()
+            out = exec_proc.communicate()[0]
+            memory = {}
+            for name in ("memory.usage_in_bytes", "memory.failcnt", "memory.oom_control"):
+                with contextlib.suppress(OSError):
+                    memory[name] = (memcg / name).read_text().split()
+            raise AssertionError(f"no OOM kill of {title} (pid {victim}, oom_score_adj "
+                                 f"{_read(f'/proc/{victim}/oom_score_adj')}) in {container.pod} (limit {limit}, "
+                                 f"unreclaimable {held}, allocating {need}): kubectl exec said {out!r}, exit "
+                                 f"{exec_proc.returncode}; {memory}; {stack.diagnostics()}")
+        time.sleep(0.05)
+    killed = time.monotonic()
+    try:  # the allocation ends with the container, which ends with vLLM
+        exec_proc.wait(60)
+    except subprocess.TimeoutExpired:
+        exec_proc.kill()
+        exec_proc.wait()
+    return MemoryKill(started=started, killed=killed, victim=victim, victim_title=title, allocated_bytes=need)

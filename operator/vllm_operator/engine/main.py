@@ -11,7 +11,9 @@ tell a slow start from a hung one. This wrapper
   stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain; on a CPU with AMX tiles
   its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`), and every one of them counts
   the cgroup's memory in use, not the page cache it read, as used memory (`cgroup.py`: vLLM refused a CPU pod's
-  planned KV cache on a node with a cold page cache);
+  planned KV cache on a node with a cold page cache); a CPU engine without cores of its own (no static CPU
+  manager) has its OpenMP threads left to the kernel's scheduler, as many as its CPU limit (`cpubind.py`: vLLM pins
+  every engine of a node to the node's first cores);
 * follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
   KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving
   in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
@@ -24,6 +26,9 @@ tell a slow start from a hung one. This wrapper
   (`adapters.py`: the adapters ConfigMap, followed without restarting vLLM);
 * watches the log for "CUDA out of memory" / `OutOfMemoryError`, "EngineCore encountered a fatal error" (and the
   engine core dying), and the start-up "KV cache is needed, which is larger than the available KV cache memory";
+* once the engine core has died, stops vLLM itself (`ENGINE_DEATH_GRACE_S` after the line, SIGTERM): vLLM's API
+  server notices a dead engine only on its own watchdog's next round (every 5 s) and the kubelet restarts the
+  container only after the wrapper exits, so every second it lingers is a second longer without the engine;
 * exits with the distinct exit codes of the contract module (`constants.py`) and writes one JSON line to the
   termination message file (`--termination-message-path`, the container's terminationMessagePath) that
   `health.diagnose` reads back; it names the start-up phase the engine was in.
@@ -57,13 +62,28 @@ from types import FrameType
 from typing import IO
 
 from vllm_operator import constants
-from vllm_operator.engine import adapters, amx, cgroup, downloads, eviction, idleprobe, phases, preflight, status
+from vllm_operator.engine import (
+    adapters,
+    amx,
+    cgroup,
+    cpubind,
+    downloads,
+    eviction,
+    idleprobe,
+    phases,
+    preflight,
+    status,
+)
 
 log = logging.getLogger("vllm_operator.engine")
 
 LAUNCHERS = ("serve", "api-server", "cli-main")
 READER_JOIN_S = 5.0
-"""After the child exits, how long to wait for its log pipes to drain (engine-core grandchildren may hold them)."""
+"""After the child exits, how long to wait for its log pipes to drain (engine-core grandchildren may hold them),
+for both pipes together."""
+ENGINE_DEATH_GRACE_S = 1.0
+"""After the first engine-death line, how long vLLM gets to print the rest (a CUDA OOM's traceback follows the
+fatal-error line) and to exit on its own before the wrapper stops it."""
 WATCH_INTERVAL_S = 2.0
 """How often the watchdog measures the Hub cache and checks the phase limits."""
 STALL_STOP_GRACE_S = 30.0
@@ -84,7 +104,8 @@ PATTERNS: tuple[Pattern, ...] = (
             re.compile(r"KV cache is needed, which is larger than the available KV cache memory")),
     Pattern(constants.REASON_ENGINE_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
     Pattern(constants.REASON_ENGINE_DEAD,
-            re.compile(r"EngineCore encountered a fatal error|Engine core proc \S+ died unexpectedly|EngineDeadError")),
+            re.compile(r"EngineCore encountered a fatal error|Engine core proc \S+ died unexpectedly|EngineDeadError|"
+                       r"engine core exited unexpectedly")),
 )
 KV_NUMBERS = re.compile(r"max seq len \((?P<max_seq_len>\d+)\).*?\((?P<needed_gib>[\d.]+) GiB KV cache is needed.*?"
                         r"available KV cache memory \((?P<available_gib>[\d.]+) GiB\)"
@@ -106,12 +127,15 @@ class Scanner:
 
     Once a stop was requested (SIGTERM forwarded), engine-death lines are part of a normal shutdown — vLLM's API
     server raises EngineDeadError when its engine core exits first — so only lines seen before the stop count.
+    The first engine-death line outside a stop sets `died` and `wake` (the watchdog then stops vLLM).
     """
 
     seen: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: bool = False
     error_line: str | None = None
+    died: bool = False
+    wake: threading.Event = field(default_factory=threading.Event)
 
     def feed(self, line: str) -> None:
         if not self.stopping and EXCEPTION_LINE.search(line) and not GENERIC_EXCEPTION.search(line):
@@ -123,6 +147,9 @@ class Scanner:
             if pattern.reason not in self.seen and pattern.regex.search(line):
                 with self.lock:
                     self.seen.setdefault(pattern.reason, line.strip())
+                if pattern.reason == constants.REASON_ENGINE_DEAD:
+                    self.died = True
+                    self.wake.set()
 
 
 @dataclass(frozen=True)
@@ -255,6 +282,7 @@ class StartupOptions:
     """vLLM's environment (and where its Hub cache is looked for)."""
     watch_interval_s: float = WATCH_INTERVAL_S
     stop_grace_s: float = STALL_STOP_GRACE_S
+    death_grace_s: float = ENGINE_DEATH_GRACE_S
     adapters_file: str | None = None
     """The pool's adapters file (`engine/adapters.py`); None: no LoRA adapters to follow."""
     adapters_hub_cache: str | None = None
@@ -268,9 +296,14 @@ class StartupOptions:
 
 def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: StartupOptions, stop: threading.Event,
            stalled: list[str], scanner: Scanner) -> None:
-    """Measure the Hub cache and check the phase limits until the child exits; stop a stalled start."""
+    """Measure the Hub cache and check the phase limits until the child exits; stop a stalled start, and vLLM
+    once its engine core has died (woken by `scanner.wake`, also set when the child has exited)."""
     blobs = downloads.repo_blobs(options.model or "", options.env)
     while child.poll() is None:
+        if scanner.died:
+            if not stop.is_set():
+                _end_dead_engine(child, options, stop, scanner)
+            return
         if blobs is not None and not monitor.serving:
             monitor.observe_download(downloads.bytes_in(blobs))
         if not stop.is_set() and not monitor.serving and monitor.check():
@@ -288,7 +321,30 @@ def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: Sta
                 with contextlib.suppress(ProcessLookupError):
                     child.kill()
             return
-        time.sleep(options.watch_interval_s)
+        scanner.wake.wait(options.watch_interval_s)
+
+
+def _end_dead_engine(child: subprocess.Popen[bytes], options: StartupOptions, stop: threading.Event,
+                     scanner: Scanner) -> None:
+    """vLLM's engine core died: let vLLM finish its lines and exit by itself for `death_grace_s`, then stop it
+    (SIGTERM, SIGKILL after `stop_grace_s`). Not a stop request for the outcome: the death line already decided
+    the reason, and later lines still count (an OOM's traceback)."""
+    try:
+        child.wait(options.death_grace_s)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    stop.set()
+    log.warning("Stopped vLLM (pid %d): its engine core died (%s), and vLLM's own watchdog would notice only on "
+                "its next round", child.pid, scanner.seen.get(constants.REASON_ENGINE_DEAD, "")[:200])
+    with contextlib.suppress(ProcessLookupError):
+        child.terminate()
+    try:
+        child.wait(options.stop_grace_s)
+    except subprocess.TimeoutExpired:
+        log.error("vLLM (pid %d) did not stop within %.0fs of SIGTERM; killed it", child.pid, options.stop_grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
 
 
 def run(command: Sequence[str], *, termination_path: str, startup: StartupOptions | None = None) -> int:
@@ -365,9 +421,10 @@ def _run_child(command: Sequence[str], termination_path: str, options: StartupOp
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    for reader in readers:
-        reader.join(READER_JOIN_S)
-    watchdog.join(READER_JOIN_S)
+    scanner.wake.set()  # the watchdog returns at once instead of after its interval
+    drained = time.monotonic() + READER_JOIN_S
+    for thread in [*readers, watchdog]:
+        thread.join(max(0.0, drained - time.monotonic()))
     result = outcome(code, dict(scanner.seen), stop.is_set(), stalled[0] if stalled else None,
                      scanner.error_line, served=monitor.serving)
     if result.reason is not None or result.exit_code != 0:
@@ -493,7 +550,11 @@ def main(argv: Sequence[str]) -> int:
     if amx_tile:
         log.info("This CPU has AMX tiles: vLLM's processes ask for the tile state at start (%s on PYTHONPATH; "
                  "vllm_operator/engine/amx.py says why)", amx.SITE_DIR)
-    startup = StartupOptions(env=amx.child_env(cgroup.child_env(os.environ), amx_tile),
+    env, bound = cpubind.child_env(amx.child_env(cgroup.child_env(os.environ), amx_tile))
+    if bound is not None:
+        log.info("This CPU engine %s (%s)", bound.reason,
+                 ", ".join(f"{k}={v}" for k, v in bound.env.items()))
+    startup = StartupOptions(env=env,
                              status_host=args.status_host, status_port=args.status_port or None, limits=limits,
                              model=model_of(command), watch_interval_s=max(0.1, args.watch_interval),
                              adapters_file=args.adapters_file, adapters_hub_cache=args.adapters_hub_cache,

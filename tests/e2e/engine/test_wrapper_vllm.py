@@ -140,7 +140,9 @@ def test_engine_core_killed_becomes_engine_dead(model_dir: Path, tmp_path: Path)
         assert code == constants.EXIT_ENGINE_DEAD, log[-3000:]
         msg = json.loads(message.read_text())
         assert msg["reason"] == "EngineDead" and msg["exitCode"] == constants.EXIT_ENGINE_DEAD
-        assert msg["childExitCode"] == 0, "vLLM itself exits 0 when its engine core dies"
+        # vLLM exits 0 when its engine core dies, by its own watchdog or on the SIGTERM the wrapper sends it a second
+        # after the death line (engine/main.py, ENGINE_DEATH_GRACE_S); never killed
+        assert msg["childExitCode"] in (0, -signal.SIGTERM), msg
         assert msg["detail"] and msg["detail"] in log
         record_timing("EngineCore SIGKILL -> wrapper exit 88", took, tier="real vLLM CPU", matched=msg["detail"])
     finally:

@@ -64,6 +64,18 @@ def test_an_error_before_serving_is_startup_failed_with_the_root_cause(mode: str
     assert msg["detail"] == line  # the cause, not vLLM's "See root cause above"
 
 
+def test_a_dead_engine_core_stops_vllm_without_waiting_for_its_watchdog(tmp_path: Path) -> None:
+    """vLLM's API server exits only when its watchdog next looks (every 5 s); the kubelet restarts the container
+    only when the wrapper exits. The stand-in never exits by itself: the wrapper must stop it (SIGTERM) after the
+    death line and exit EngineDead, well within `wrap`'s 60 s deadline."""
+    done, msg = wrap("dead-core-lingers", tmp_path)
+    assert done.returncode == constants.EXIT_ENGINE_DEAD, done.stderr
+    assert "stopped after signal 15" in done.stdout
+    assert msg is not None and msg["reason"] == "EngineDead" and msg["childExitCode"] == 0
+    assert "engine core exited unexpectedly" in str(msg["detail"])
+    assert "Stopped vLLM" in done.stderr and "its engine core died" in done.stderr
+
+
 def test_killed_child_is_128_plus_signal(tmp_path: Path) -> None:
     done, _ = wrap("killed", tmp_path)
     assert done.returncode == 128 + signal.SIGKILL

@@ -56,6 +56,18 @@ def main(mode: str) -> int:
         print("READY", flush=True)
         while True:
             time.sleep(0.1)
+    if mode == "dead-core-lingers":  # vLLM's API server after its engine core was killed: it says so, then
+        # carries on until its own watchdog's next round (every 5 s; here never), unless stopped
+        def stopped(signum: int, _frame: object) -> None:
+            print(f"INFO stopped after signal {signum}", flush=True)
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, stopped)
+        print("INFO:     Application startup complete.", flush=True)
+        print("WARNING [core_client.py:818] [shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+              flush=True)
+        time.sleep(600)
+        return 0
     if mode == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
     raise SystemExit(f"unknown mode {mode}")
