@@ -104,6 +104,11 @@ WEIGHTS_LINK_DIR: Final = "/run/vllm-operator/weights"
 """An emptyDir of the pod: the fetch init container writes the link to the cached model (`model`) and its progress
 file there; the engine's model argument is the link."""
 WEIGHTS_LINK: Final = f"{WEIGHTS_LINK_DIR}/model"
+WEIGHTS_LEASES_DIR: Final = ".leases"
+"""The cache's lease directory (engine/eviction.py), relative to its root."""
+WEIGHTS_LEASES_MOUNT: Final = "/run/vllm-operator/weights-leases"
+"""The cache's `.leases` directory, mounted read-write into the engine (the only part of the cache it may write):
+the wrapper renews its pod's lease there, so a crash-looping engine keeps its entry in use (engine/eviction.py)."""
 FETCH_CONTAINER: Final = "fetch-weights"
 """The init container that puts a Hub model into the weights cache (`vllm-operator fetch`)."""
 CACHE_OWNER_CONTAINER: Final = "weights-cache-owner"
@@ -115,8 +120,10 @@ WEIGHTS_DOWNLOAD_BYTES_PER_S: Final = 10 * 2**20
 """A slow Hub link: the cold budgets (the startup backstop of an engine that downloads itself, the Deployment's
 progress deadline, the wake budget of a Hub-sourced pool) count a download at this rate."""
 WEIGHTS_LEASE_GRACE_S: Final = 900
-"""A cache entry whose lease a fetch touched this recently is in use even before its engine holds the lock (the
-engine starts after the init container ends; image pull and start-up can take minutes)."""
+"""A cache entry whose lease was touched this recently is in use even while no engine holds its lock: the fetch
+touches it (the engine starts after the init container ends; image pull and start-up can take minutes), and the
+engine wrapper renews it at each start and every minute, so an engine between two restarts of a crash loop (the
+kubelet's back-off is at most 5 minutes) keeps its entry."""
 ENGINE_STATUS_PORT: Final = 8001
 ENV_RUNTIME_LORA_UPDATING: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 """vLLM's switch for its runtime LoRA endpoints (`True`/`1`); the engine wrapper loads adapters through them."""
