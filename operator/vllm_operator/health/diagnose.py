@@ -165,6 +165,19 @@ class TerminationEvent:
 
 
 @dataclass(frozen=True)
+class DownloadView:
+    """A download in progress, from fresh wrapper samples; files and the ETA only where the fetch counts them
+    (the weights cache's fetch-weights container), not for a download vLLM makes itself."""
+
+    bytes_done: int
+    bytes_total: int | None = None
+    files_done: int | None = None
+    files_total: int | None = None
+    eta_s: float | None = None
+    """Seconds left as of the check: the wrapper's estimate less the time since it was sampled."""
+
+
+@dataclass(frozen=True)
 class StartupView:
     """Where one pod's start is, from fresh wrapper samples."""
 
@@ -172,6 +185,8 @@ class StartupView:
     since: float | None
     progress: str
     stalled: bool
+    download: DownloadView | None = None
+    """Set in phase Downloading."""
 
     @property
     def rank(self) -> int:
@@ -296,10 +311,15 @@ def _startup(m: PodMetrics | None, now: float, settings: HealthSettings) -> Star
             or now - m.startup_sample_at > settings.stale_after_s):
         return None
     progress = ""
-    if m.startup_phase == Phase.DOWNLOADING.value and m.startup_download_bytes is not None:
-        done = _gib(m.startup_download_bytes)
-        progress = (f"{done} of {_gib(m.startup_download_total_bytes)} downloaded"
-                    if m.startup_download_total_bytes else f"{done} downloaded")
+    download = _download(m, now)
+    if download is not None:
+        done = _gib(download.bytes_done)
+        progress = f"{done} of {_gib(download.bytes_total)} downloaded" if download.bytes_total else \
+            f"{done} downloaded"
+        if download.files_total:
+            progress += f", {download.files_done or 0} of {download.files_total} files"
+        if download.eta_s is not None:
+            progress += f", ETA {_duration(download.eta_s)}"
     elif m.startup_kv_tokens is not None and m.startup_phase in (Phase.KV_CACHE_ALLOCATED.value,
                                                                  Phase.COMPILING.value, Phase.SERVING.value):
         progress = f"KV cache {m.startup_kv_tokens:,} tokens"
@@ -311,11 +331,36 @@ def _startup(m: PodMetrics | None, now: float, settings: HealthSettings) -> Star
             quiet += f" (limit {m.startup_limit_s:.0f}s)"
         progress = f"{progress}, {quiet}" if progress else quiet
     return StartupView(phase=m.startup_phase, since=m.startup_since, progress=progress[:256],
-                       stalled=bool(m.startup_stalled) or over)
+                       stalled=bool(m.startup_stalled) or over, download=download)
+
+
+def _download(m: PodMetrics, now: float) -> DownloadView | None:
+    """The download's counts in phase Downloading; the ETA counted down from the sample to `now`."""
+    if m.startup_phase != Phase.DOWNLOADING.value or m.startup_download_bytes is None:
+        return None
+    eta = m.startup_download_eta_s
+    if eta is not None and m.startup_sample_at is not None:
+        eta = max(0.0, eta - max(0.0, now - m.startup_sample_at))
+    total = m.startup_download_total_bytes
+    return DownloadView(bytes_done=int(m.startup_download_bytes), bytes_total=int(total) if total else None,
+                        files_done=m.startup_download_files, files_total=m.startup_download_total_files,
+                        eta_s=round(eta) if eta is not None else None)
 
 
 def _gib(n: float | None) -> str:
-    return f"{(n or 0) / 2**30:.1f} GiB"
+    """GiB with one decimal; MiB below one GiB (a small model's fetch would read 0.0 GiB of 0.0 GiB)."""
+    n = n or 0
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _duration(s: float) -> str:
+    """`45s`, `5m10s`, `2h05m`."""
+    whole = max(0, round(s))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def stall_clock_start(pod: PodFacts, m: PodMetrics) -> float | None:

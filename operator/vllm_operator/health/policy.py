@@ -40,11 +40,19 @@ from vllm_operator.api.status import (
     PoolsStatus,
     PoolStatus,
     RestartBudgetStatus,
+    StartupDownloadStatus,
     StepDownRecord,
     StepDownStatus,
     VLLMDeploymentStatus,
 )
-from vllm_operator.health.diagnose import FAILURE_STATES, REPLACED_STATES, Diagnosis, PoolDiagnosis, State
+from vllm_operator.health.diagnose import (
+    FAILURE_STATES,
+    REPLACED_STATES,
+    Diagnosis,
+    DownloadView,
+    PoolDiagnosis,
+    State,
+)
 from vllm_operator.health.snapshot import format_time, parse_time
 
 LADDER_MEMORY = "memory"
@@ -299,12 +307,20 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
     st.startup_phase = start.phase if start is not None else None
     st.startup_phase_since = format_time(start.since) if start is not None and start.since is not None else None
     st.startup_progress = (start.progress or None) if start is not None else None
+    st.startup_download = _download_status(start.download) if start is not None else None
     st.startup_pod = pd.startup_pod if start is not None else None
     if pd.observed_kv_tokens is not None:
         st.observed_kv_tokens = pd.observed_kv_tokens
     if pd.adapters is not None:
         st.adapters = [AdapterStatus(name=n, loaded_replicas=k) for n, k in pd.adapters]
     return out
+
+
+def _download_status(d: DownloadView | None) -> StartupDownloadStatus | None:
+    if d is None:
+        return None
+    return StartupDownloadStatus(bytes_done=d.bytes_done, bytes_total=d.bytes_total, files_done=d.files_done,
+                                 files_total=d.files_total, eta_seconds=int(d.eta_s) if d.eta_s is not None else None)
 
 
 def _reset(status: VLLMDeploymentStatus, token: str, now: str, decision: Decision) -> None:

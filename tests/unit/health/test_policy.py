@@ -380,6 +380,32 @@ def test_startup_phase_reaches_pool_status_and_a_stuck_start_degrades() -> None:
     assert entry is not None and entry.startup_phase == "Serving" and entry.startup_progress is None
 
 
+def test_a_fetchs_counts_and_eta_reach_pool_status_counted_down_to_the_check() -> None:
+    """The weights fetch's own numbers (engine/fetch.py through its start-up metrics): startupProgress says them
+    and startupDownload carries them; the ETA is the wrapper's estimate less the time since its sample."""
+    fetching = run([pod("a", ready=False, started_ago=60)],
+                   {"a": starting("a", "Downloading", since_ago=50, progress_ago=1, limit=600,
+                                  startup_sample_at=NOW - 10, startup_download_bytes=6 * 2**30,
+                                  startup_download_total_bytes=16 * 2**30, startup_download_files=2,
+                                  startup_download_total_files=5, startup_download_eta_s=320.0)})
+    entry = short(fetching)
+    assert entry.startup_progress == ("6.0 GiB of 16.0 GiB downloaded, 2 of 5 files, ETA 5m10s, last progress 1s "
+                                      "ago (limit 600s)")
+    assert entry.startup_download is not None
+    assert entry.startup_download.model_dump(by_alias=True) == {
+        "bytesDone": 6 * 2**30, "bytesTotal": 16 * 2**30, "filesDone": 2, "filesTotal": 5, "etaSeconds": 310}
+    small = run([pod("a", ready=False, started_ago=60)],
+                {"a": starting("a", "Downloading", startup_download_bytes=3 * 2**20,
+                               startup_download_total_bytes=24 * 2**20)})
+    assert short(small).startup_progress is not None
+    assert short(small).startup_progress.startswith("3.0 MiB of 24.0 MiB downloaded, last progress"), \
+        "no counts, no ETA: a download vLLM makes itself"
+    done = short(small).startup_download
+    assert done is not None and (done.files_total, done.eta_seconds) == (None, None)
+    served = run([pod("a")], {"a": busy("a", **serving_since(30))}, status=fetching.status)
+    assert short(served).startup_download is None, "cleared once the pool serves (a settled check writes nothing)"
+
+
 def test_loaded_adapters_go_into_status() -> None:
     d = run([pod("a")], {"a": busy("a", adapters=(("sql", True), ("new", False)))})
     assert [(a.name, a.loaded_replicas) for a in short(d).adapters or []] == [("new", 0), ("sql", 1)]
