@@ -222,10 +222,16 @@ EXIT_CACHE_DISK_FULL: Final = 80
 EXIT_FETCH_FAILED: Final = 81
 """The weights fetch failed otherwise (a file that stays corrupt after a second fetch, an unexpected error)."""
 
+EXIT_WEIGHTS_GONE: Final = 90
+"""The engine found its weights cache entry gone (evicted, or deleted by hand, while no engine ran it for longer than
+the lease grace). Restarts cannot bring it back — the fetch is an init container, run only when a pod is created — so
+the health loop replaces the pod instead of letting the kubelet restart it forever."""
+
 REASON_HUB_UNREACHABLE: Final = "HubUnreachable"
 REASON_MODEL_ACCESS_DENIED: Final = "ModelAccessDenied"
 REASON_CACHE_DISK_FULL: Final = "CacheDiskFull"
 REASON_FETCH_FAILED: Final = "FetchFailed"
+REASON_WEIGHTS_GONE: Final = "WeightsGone"
 REASON_ENGINE_OOM: Final = "EngineOOM"
 REASON_ENGINE_DEAD: Final = "EngineDead"
 REASON_KV_CACHE_TOO_SMALL: Final = "KVCacheTooSmall"
@@ -248,6 +254,7 @@ EXIT_REASONS: Final = {
     EXIT_MODEL_ACCESS_DENIED: REASON_MODEL_ACCESS_DENIED,
     EXIT_CACHE_DISK_FULL: REASON_CACHE_DISK_FULL,
     EXIT_FETCH_FAILED: REASON_FETCH_FAILED,
+    EXIT_WEIGHTS_GONE: REASON_WEIGHTS_GONE,
 }
 """Exit code -> reason (the `reason` field of the termination message)."""
 

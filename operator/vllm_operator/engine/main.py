@@ -464,8 +464,9 @@ def hold_weights(marker: Path, leases: str | None, pod_uid: str | None) -> Outco
         eviction.hold(marker)
     except OSError as err:
         detail = (f"the cached model's marker {marker} cannot be read ({err.strerror}): the weights cache entry is "
-                  "gone or incomplete; the pod's fetch-weights init container runs again when the pod is replaced")
-        return Outcome(constants.EXIT_FETCH_FAILED, constants.REASON_FETCH_FAILED, detail, {})
+                  "gone; restarts cannot fetch it again (fetch-weights runs when a pod is created), a replacement "
+                  "pod does")
+        return Outcome(constants.EXIT_WEIGHTS_GONE, constants.REASON_WEIGHTS_GONE, detail, {})
     log.info("Holding the weights cache entry %s while the engine runs", marker)
     if leases and pod_uid:
         lease = eviction.pod_lease(Path(leases), marker, pod_uid)

@@ -42,6 +42,7 @@ class State(enum.StrEnum):
     MODEL_ACCESS_DENIED = "ModelAccessDenied"
     CACHE_DISK_FULL = "CacheDiskFull"
     FETCH_FAILED = "FetchFailed"
+    WEIGHTS_GONE = constants.REASON_WEIGHTS_GONE
     METRICS_UNAVAILABLE = "MetricsUnavailable"
 
     @property
@@ -109,8 +110,13 @@ DESCRIPTIONS: Mapping[State, str] = {
                            "full with entries in use (the message names them). The partial fetch was removed; "
                            "raise the cache's size or free the disk.",
     State.FETCH_FAILED: "The weights fetch failed otherwise (a file still corrupt after a second fetch, an "
-                        "unexpected error; exit code 81), or the engine found its cache entry gone. No "
-                        "half-written model is served: only complete, verified entries are linked.",
+                        "unexpected error; exit code 81). No half-written model is served: only complete, "
+                        "verified entries are linked.",
+    State.WEIGHTS_GONE: "The engine container found its weights cache entry gone (exit code 90): evicted or "
+                        "deleted while no engine of the pod ran for longer than the lease grace. Restarts cannot "
+                        "fetch it again (the fetch is an init container, run when a pod is created), so the "
+                        "operator deletes the pod — on the termination's evidence, within the restart budget and "
+                        "the disruption floor — and its replacement fetches the model.",
     State.METRICS_UNAVAILABLE: "No fresh samples for the pod or pool: Prometheus not configured, unreachable, the "
                                "scrape target down, or samples older than the staleness limit. No destructive "
                                "action is taken on a pod in this state.",
@@ -125,6 +131,7 @@ SEVERITY: tuple[State, ...] = (
     State.STARTUP_STALLED,
     State.STALLED,
     State.ENGINE_UNRESPONSIVE,
+    State.WEIGHTS_GONE,
     State.MODEL_ACCESS_DENIED,
     State.CACHE_DISK_FULL,
     State.FETCH_FAILED,
@@ -142,9 +149,13 @@ SEVERITY: tuple[State, ...] = (
 FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
                             State.STARTUP_STALLED, State.STARTUP_FAILED, State.STALLED, State.ENGINE_UNRESPONSIVE,
                             State.CRASH_LOOPING, State.UNSCHEDULABLE, State.HUB_UNREACHABLE, State.MODEL_ACCESS_DENIED,
-                            State.CACHE_DISK_FULL, State.FETCH_FAILED})
-REPLACED_STATES = frozenset({State.STALLED, State.ENGINE_UNRESPONSIVE})
-"""Serving pods that nothing else restarts: the operator deletes them (policy.py), within the restart budget."""
+                            State.CACHE_DISK_FULL, State.FETCH_FAILED, State.WEIGHTS_GONE})
+REPLACED_STATES = frozenset({State.STALLED, State.ENGINE_UNRESPONSIVE, State.WEIGHTS_GONE})
+"""Pods that nothing else restarts (serving ones), or whose restarts cannot help: the operator deletes them
+(policy.py), within the restart budget."""
+REPLACED_ON_TERMINATION = frozenset({State.WEIGHTS_GONE})
+"""Of those, the ones whose evidence is the kubelet's termination message, not metrics: replaced without fresh
+samples."""
 FETCH_STATES: Mapping[str, State] = {constants.REASON_HUB_UNREACHABLE: State.HUB_UNREACHABLE,
                                      constants.REASON_MODEL_ACCESS_DENIED: State.MODEL_ACCESS_DENIED,
                                      constants.REASON_CACHE_DISK_FULL: State.CACHE_DISK_FULL,
@@ -267,6 +278,8 @@ def classify(term: Termination) -> State | None:
         return State.STARTUP_STALLED
     if term.wrapper_reason == constants.REASON_STARTUP_FAILED:
         return State.STARTUP_FAILED
+    if term.wrapper_reason == constants.REASON_WEIGHTS_GONE:
+        return State.WEIGHTS_GONE
     if term.wrapper_reason is not None and term.wrapper_reason in FETCH_STATES:
         return FETCH_STATES[term.wrapper_reason]
     if term.exit_code not in (None, 0):

@@ -4,7 +4,8 @@ Who restarts what (docs/architecture.md): the kubelet restarts containers that e
 engine dies, the wrapper turns the exit into a reason), the liveness probe catches a hung API server, the scheduler
 owns Pending pods. The operator deletes a pod only for a state nothing else catches — Stalled: Ready and answering
 /health, requests running, no token progress; EngineUnresponsive: Ready and answering /health, idle, and the engine
-wrapper's one-token probes keep failing — and only
+wrapper's one-token probes keep failing — or one the kubelet's restarts cannot help — WeightsGone: the engine found
+its weights cache entry gone, and only a new pod runs the fetch again — and only
 
 * within the pool's restart budget (`remediation.restartBudget` deletions per `budgetWindowSeconds`, sliding), and
 * within the pool's disruption allowance (PodDisruptionBudget `maxUnavailable`, 1 for pool PDBs): a Stalled pod is
@@ -47,6 +48,7 @@ from vllm_operator.api.status import (
 )
 from vllm_operator.health.diagnose import (
     FAILURE_STATES,
+    REPLACED_ON_TERMINATION,
     REPLACED_STATES,
     Diagnosis,
     DownloadView,
@@ -113,7 +115,8 @@ METRIC_REASONS = {State.HOST_OOM_KILLED: "OOMKilled", State.CRASH_LOOPING: "Erro
 """`vllm_operator_engine_restarts_total{reason}` uses the kubelet's words where the kubelet has them (OOMKilled,
 Error) and the wrapper's otherwise (EngineOOM, EngineDead, KVCacheTooSmall); deletions count as Stalled or
 EngineUnresponsive."""
-DELETION_EVENTS = {State.STALLED: "RestartedStalledPod", State.ENGINE_UNRESPONSIVE: "RestartedUnresponsivePod"}
+DELETION_EVENTS = {State.STALLED: "RestartedStalledPod", State.ENGINE_UNRESPONSIVE: "RestartedUnresponsivePod",
+                   State.WEIGHTS_GONE: "ReplacedPodWithoutWeights"}
 """The event reason of each deletion the operator makes (one per state in diagnose.REPLACED_STATES)."""
 OOM_METRIC_REASONS = ("OOMKilled", "EngineOOM")
 """Reasons the OOM alert counts; the handler creates these series at 0 so `increase()` sees the first OOM."""
@@ -245,7 +248,9 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
                              f"({step.level}); nothing left to step down")
 
     # 5. Stalled and unresponsive pods: delete within budget and disruption allowance; never without fresh samples.
-    stalled = sorted((p for p in pd.pods if p.state in REPLACED_STATES and p.metrics_fresh), key=lambda p: p.pod)
+    #    A pod whose engine found its weights gone: the same, on its termination's evidence (restarts cannot help).
+    stalled = sorted((p for p in pd.pods if p.state in REPLACED_STATES
+                      and (p.metrics_fresh or p.state in REPLACED_ON_TERMINATION)), key=lambda p: p.pod)
     if stalled:
         live = [p for p in pd.pods if not p.deleting]
         missing = max(0, pd.desired_replicas - len(live))

@@ -180,7 +180,7 @@ def test_an_engine_that_keeps_restarting_keeps_its_entry_past_the_lease_grace(tm
     link.symlink_to(path)
 
     done = run_engine_once(link, root / eviction.LEASES, "uid-a", tmp_path)  # the kubelet's latest restart
-    assert done.returncode not in (0, constants.EXIT_FETCH_FAILED), done.stderr  # the child's failure, classified
+    assert done.returncode not in (0, constants.EXIT_WEIGHTS_GONE), done.stderr  # the child's failure, classified
     assert "Holding the weights cache entry" in done.stderr, done.stderr
 
     # Between two restarts (no engine holds the lock), another model needs the room.
@@ -192,13 +192,14 @@ def test_an_engine_that_keeps_restarting_keeps_its_entry_past_the_lease_grace(tm
     assert why is None and [e.path for e in evicted] == [path]
 
 
-def test_an_engine_whose_entry_is_gone_exits_fetch_failed_and_leases_nothing(tmp_path: Path) -> None:
+def test_an_engine_whose_entry_is_gone_exits_weights_gone_and_leases_nothing(tmp_path: Path) -> None:
+    """Its own reason, so the health loop replaces the pod (a restart never fetches: diagnose's WeightsGone)."""
     root = tmp_path / "cache"
     link = tmp_path / "pod-a" / "model"
     link.parent.mkdir()
     link.symlink_to(root / "o--m" / "c1")
     done = run_engine_once(link, root / eviction.LEASES, "uid-a", tmp_path)
-    assert done.returncode == constants.EXIT_FETCH_FAILED, done.stderr
+    assert done.returncode == constants.EXIT_WEIGHTS_GONE, done.stderr
     body = json.loads((tmp_path / "termination").read_text())
-    assert body["reason"] == constants.REASON_FETCH_FAILED and "entry is gone" in body["detail"]
+    assert body["reason"] == constants.REASON_WEIGHTS_GONE and "entry is gone" in body["detail"]
     assert not (root / eviction.LEASES).exists()

@@ -455,3 +455,36 @@ def test_a_failed_fetch_is_a_reason_in_status_and_an_event_and_nothing_is_delete
     assert len(observed) == 1 and "what the fetch said" in observed[0].message
     again = run([p], status=d.status)
     assert [e for e in again.events if e.reason == f"Observed{reason}"] == [], "one event per termination"
+
+
+# --------------------------------------------------------------------------- an engine whose weights are gone
+WEIGHTS_GONE = term(constants.EXIT_WEIGHTS_GONE, wrapper=constants.REASON_WEIGHTS_GONE,
+                    detail="the cached model's marker /run/vllm-operator/weights/model/.complete cannot be read (No "
+                           "such file or directory): the weights cache entry is gone")
+
+
+@pytest.mark.parametrize("prometheus", [True, False], ids=["metrics-on", "metrics-off"])
+def test_an_engine_whose_weights_are_gone_is_replaced_not_restarted_forever(prometheus: bool) -> None:
+    """The fetch is an init container: the kubelet's restarts of the engine never fetch the entry again, so the pod
+    would fail at every restart. Its replacement runs the fetch. The termination is the evidence (no metrics
+    needed: a pod whose engine cannot start has none); budget and disruption floor apply as for Stalled."""
+    gone = pod("a", ready=False, waiting="CrashLoopBackOff", restarts=3, last=WEIGHTS_GONE)
+    d = run([gone, pod("b")], {"b": busy("b")} if prometheus else None, prometheus=prometheus)
+    assert short(d).diagnosis == constants.REASON_WEIGHTS_GONE
+    assert [(x.pod, x.uid) for x in d.deletions] == [("a", "uid-a")]
+    assert d.deletions[0].message.startswith("WeightsGone: pod a: WeightsGone: exit code 90")
+    assert [e.reason for e in d.events if e.reason.startswith("Replaced")] == ["ReplacedPodWithoutWeights"]
+    assert (short(d).restart_budget.used, d.actions) == (1, [("short", "delete_pod")])
+    assert cond(d, constants.COND_DEGRADED) == ("True", constants.REASON_WEIGHTS_GONE)
+    spent = status_with(restart_budget=RestartBudgetStatus(restarts=[ago(60)] * 3, used=3))
+    held = run([gone, pod("b")], {"b": busy("b")} if prometheus else None, status=spent, prometheus=prometheus)
+    assert held.deletions == [] and cond(held, constants.COND_REMEDIATING)[1] == "BudgetExhausted"
+
+
+def test_a_failed_fetch_container_is_not_weights_gone() -> None:
+    """FetchFailed of the fetch init container: the kubelet's retries do fetch again; nothing is deleted."""
+    from tests.unit.health.builders import fetch_term, fetching
+
+    d = run([fetching("a", waiting="CrashLoopBackOff", restarts=2,
+                      last=fetch_term(constants.REASON_FETCH_FAILED, "corrupt after a second fetch"))])
+    assert short(d).diagnosis == constants.REASON_FETCH_FAILED and d.deletions == []
