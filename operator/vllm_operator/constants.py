@@ -103,6 +103,11 @@ WEIGHTS_LINK_DIR: Final = "/run/vllm-operator/weights"
 """An emptyDir of the pod: the fetch init container writes the link to the cached model (`model`) and its progress
 file there; the engine's model argument is the link."""
 WEIGHTS_LINK: Final = f"{WEIGHTS_LINK_DIR}/model"
+WEIGHTS_LEASES_DIR: Final = ".leases"
+"""The cache's lease directory (engine/eviction.py), relative to its root."""
+WEIGHTS_LEASES_MOUNT: Final = "/run/vllm-operator/weights-leases"
+"""The cache's `.leases` directory, mounted read-write into the engine (the only part of the cache it may write):
+the wrapper renews its pod's lease there, so a crash-looping engine keeps its entry in use (engine/eviction.py)."""
 FETCH_CONTAINER: Final = "fetch-weights"
 """The init container that puts a Hub model into the weights cache (`vllm-operator fetch`)."""
 CACHE_OWNER_CONTAINER: Final = "weights-cache-owner"
@@ -114,8 +119,10 @@ WEIGHTS_DOWNLOAD_BYTES_PER_S: Final = 10 * 2**20
 """A slow Hub link: the cold budgets (the startup backstop of an engine that downloads itself, the Deployment's
 progress deadline, the wake budget of a Hub-sourced pool) count a download at this rate."""
 WEIGHTS_LEASE_GRACE_S: Final = 900
-"""A cache entry whose lease a fetch touched this recently is in use even before its engine holds the lock (the
-engine starts after the init container ends; image pull and start-up can take minutes)."""
+"""A cache entry whose lease was touched this recently is in use even while no engine holds its lock: the fetch
+touches it (the engine starts after the init container ends; image pull and start-up can take minutes), and the
+engine wrapper renews it at each start and every minute, so an engine between two restarts of a crash loop (the
+kubelet's back-off is at most 5 minutes) keeps its entry."""
 ENGINE_STATUS_PORT: Final = 8001
 ENV_RUNTIME_LORA_UPDATING: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 """vLLM's switch for its runtime LoRA endpoints (`True`/`1`); the engine wrapper loads adapters through them."""
@@ -214,10 +221,16 @@ EXIT_CACHE_DISK_FULL: Final = 80
 EXIT_FETCH_FAILED: Final = 81
 """The weights fetch failed otherwise (a file that stays corrupt after a second fetch, an unexpected error)."""
 
+EXIT_WEIGHTS_GONE: Final = 90
+"""The engine found its weights cache entry gone (evicted, or deleted by hand, while no engine ran it for longer than
+the lease grace). Restarts cannot bring it back — the fetch is an init container, run only when a pod is created — so
+the health loop replaces the pod instead of letting the kubelet restart it forever."""
+
 REASON_HUB_UNREACHABLE: Final = "HubUnreachable"
 REASON_MODEL_ACCESS_DENIED: Final = "ModelAccessDenied"
 REASON_CACHE_DISK_FULL: Final = "CacheDiskFull"
 REASON_FETCH_FAILED: Final = "FetchFailed"
+REASON_WEIGHTS_GONE: Final = "WeightsGone"
 REASON_ENGINE_OOM: Final = "EngineOOM"
 REASON_ENGINE_DEAD: Final = "EngineDead"
 REASON_KV_CACHE_TOO_SMALL: Final = "KVCacheTooSmall"
@@ -240,6 +253,7 @@ EXIT_REASONS: Final = {
     EXIT_MODEL_ACCESS_DENIED: REASON_MODEL_ACCESS_DENIED,
     EXIT_CACHE_DISK_FULL: REASON_CACHE_DISK_FULL,
     EXIT_FETCH_FAILED: REASON_FETCH_FAILED,
+    EXIT_WEIGHTS_GONE: REASON_WEIGHTS_GONE,
 }
 """Exit code -> reason (the `reason` field of the termination message)."""
 
@@ -298,6 +312,12 @@ METRIC_STARTUP_STALLED: Final = "vllm_operator_engine_startup_stalled"
 METRIC_STARTUP_LIMIT: Final = "vllm_operator_engine_startup_phase_limit_seconds"
 METRIC_STARTUP_DOWNLOAD: Final = "vllm_operator_engine_startup_download_bytes"
 METRIC_STARTUP_DOWNLOAD_TOTAL: Final = "vllm_operator_engine_startup_download_total_bytes"
+METRIC_STARTUP_DOWNLOAD_FILES: Final = "vllm_operator_engine_startup_download_files"
+"""Files of the download finished and verified (the weights cache's fetch counts them; a download vLLM makes itself
+does not export it)."""
+METRIC_STARTUP_DOWNLOAD_TOTAL_FILES: Final = "vllm_operator_engine_startup_download_total_files"
+METRIC_STARTUP_DOWNLOAD_ETA: Final = "vllm_operator_engine_startup_download_eta_seconds"
+"""Seconds the download still needs at its average rate so far (only once bytes have moved)."""
 METRIC_STARTUP_KV_TOKENS: Final = "vllm_operator_engine_startup_kv_cache_tokens"
 METRIC_STARTUP_DURATION: Final = "vllm_operator_engine_startup_phase_duration_seconds"
 METRIC_PROCESS_START: Final = "vllm_operator_engine_process_start_timestamp_seconds"

@@ -87,6 +87,20 @@ class AdapterStatus(ApiModel):
     loaded_replicas: int = Field(ge=0, description="Engine pods (of those with fresh metrics) that loaded it.")
 
 
+class StartupDownloadStatus(ApiModel):
+    """The download of a pool's least advanced start, in numbers (phase Downloading only)."""
+
+    bytes_done: int = Field(ge=0, description="Bytes on disk so far.")
+    bytes_total: int | None = Field(default=None, ge=0, description="Bytes the model has, where known.")
+    files_done: int | None = Field(
+        default=None, ge=0, description="Files finished and verified; only the weights cache's fetch counts them.")
+    files_total: int | None = Field(default=None, ge=0, description="Files the model has (the fetch's count).")
+    eta_seconds: int | None = Field(
+        default=None, ge=0, description="Seconds still needed at the fetch's average rate so far, as of the last "
+                                        "health check; unset until bytes have moved, and for a download vLLM makes "
+                                        "itself.")
+
+
 class AutoscalerStatus(ApiModel):
     """What the pool's autoscaler (KEDA's HPA, and KEDA itself at zero) last decided."""
 
@@ -132,8 +146,11 @@ class PoolStatus(ApiModel):
     startup_phase_since: Timestamp | None = Field(
         default=None, description="Since when that pod has been in that phase (RFC 3339).")
     startup_progress: Annotated[str, StringConstraints(max_length=256)] | None = Field(
-        default=None, description="What the start last reported, e.g. 3.1 GiB of 15.0 GiB downloaded, KV cache "
-                                  "65,536 tokens, last progress 12s ago (limit 1200s).")
+        default=None, description="What the start last reported, e.g. 3.1 GiB of 15.0 GiB downloaded, 2 of 4 files, "
+                                  "ETA 5m10s, KV cache 65,536 tokens, last progress 12s ago (limit 1200s).")
+    startup_download: StartupDownloadStatus | None = Field(
+        default=None, description="While that pod downloads its weights: bytes and files done of total and the ETA "
+                                  "(the same numbers as startupProgress, for tools).")
     startup_pod: Annotated[str, StringConstraints(max_length=253)] | None = Field(
         default=None, description="The pod the startup fields describe.")
     adapters: list[AdapterStatus] | None = Field(

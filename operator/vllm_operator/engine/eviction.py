@@ -9,9 +9,13 @@ size, or ~95 % of the claim's); the file system's free space is honoured too (a 
 * the engine wrapper of every engine pod holds a shared flock on its entry's `.complete` marker for its lifetime
   (`vllm-operator engine --hold-weights`); eviction takes the exclusive lock without waiting and skips the entry when
   it cannot (the kernel drops a dead process's locks, so a crashed engine never pins an entry);
-* a fetch touches the entry's lease (`.leases/<entry>/<pod uid>`) under the entry's lock when it links a pod to it;
-  an entry leased within `WEIGHTS_LEASE_GRACE_S` is in use too — that covers the minutes between the init container's
-  end and the engine's start, and an engine restarting after a crash within that time;
+* a fetch touches the entry's lease (`.leases/<entry>/<pod uid>`) under the entry's lock when it links a pod to it,
+  and the engine wrapper renews that lease when it starts and every `LEASE_RENEW_S` while it runs
+  (`--weights-leases`, the cache's `.leases` mounted read-write into the engine); an entry leased within
+  `WEIGHTS_LEASE_GRACE_S` is in use too. That covers the minutes between the init container's end and the engine's
+  start, and an engine the kubelet keeps restarting however long: a crash loop's back-off is at most 5 minutes, and
+  every restart renews the lease, so the entry of a pod that still exists is not evicted under it (the fetch
+  container, which alone could fetch it again, runs only when the pod is created);
 * an entry whose fetch lock is held (being fetched, leased or evicted by another pod) is skipped.
 
 Last use is the newest lease's mtime (else the marker's). Eviction renames the entry into `.trash` under its lock
@@ -26,6 +30,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,9 +42,11 @@ log = logging.getLogger("vllm_operator.fetch")
 
 COMPLETE_MARKER = ".complete"
 LOCKS = ".locks"
-LEASES = ".leases"
+LEASES = constants.WEIGHTS_LEASES_DIR
 STAGING = ".staging"
 TRASH = ".trash"
+LEASE_RENEW_S = 60.0
+"""How often a running engine renews its pod's lease: well within `WEIGHTS_LEASE_GRACE_S`."""
 
 
 @dataclass(frozen=True)
@@ -230,3 +237,41 @@ def hold(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     fcntl.flock(fd, fcntl.LOCK_SH)
     return fd
+
+
+def pod_lease(leases: Path, marker: Path, pod_uid: str) -> Path:
+    """This pod's lease of the entry `marker` belongs to: `<leases>/<entry key>/<pod uid>`. The marker is read
+    through the pod's link, so the key is that of the entry the fetch linked."""
+    return leases / entry_key(marker.resolve().parent) / pod_uid
+
+
+def renew(lease: Path) -> None:
+    """Touch the lease (its mtime is the entry's last use); OSError when the lease directory cannot be written."""
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    lease.touch()
+
+
+def keep_renewing(lease: Path, stop: threading.Event, every_s: float = LEASE_RENEW_S) -> threading.Thread:
+    """Renew `lease` now, then every `every_s` until `stop` is set, on a daemon thread (it ends with the process).
+    A failed renewal is logged and tried again: the engine's shared lock still protects the entry while it runs."""
+    first = threading.Event()
+
+    def loop() -> None:
+        failing = False
+        while True:
+            try:
+                renew(lease)
+                failing = False
+            except OSError as err:
+                if not failing:
+                    log.warning("could not renew the weights cache lease %s (%s); the engine's lock still holds "
+                                "the entry while it runs", lease, err)
+                failing = True
+            first.set()
+            if stop.wait(every_s):
+                return
+
+    thread = threading.Thread(target=loop, name="weights-lease", daemon=True)
+    thread.start()
+    first.wait()  # renewed (or tried) before the engine starts
+    return thread

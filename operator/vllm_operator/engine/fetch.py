@@ -32,8 +32,9 @@ Steps, every start:
 
 Progress goes to a JSON file next to the link (`--progress-file`: files and bytes done of total, rate, ETA), to the log,
 and to the pod's status port (`--status-port`, the engine wrapper's port, free while init containers run) as the
-wrapper's start-up metrics in phase Downloading (bytes done and total), which the PodMonitor scrapes and the health loop
-turns into the pool's `startupPhase`/`startupProgress` as for a download the engine makes itself; failures exit with a
+wrapper's start-up metrics in phase Downloading (bytes and files done and total, the ETA at the average rate since
+this fetch began), which the PodMonitor scrapes and the health loop turns into the pool's `startupPhase`,
+`startupProgress` and `startupDownload` as for a download the engine makes itself; failures exit with a
 distinct code and one JSON line in the termination message, as the engine wrapper's do (`constants.py`: HubUnreachable,
 ModelAccessDenied, CacheDiskFull, FetchFailed), so the health loop can say why. A fetch whose bytes stop moving for
 `--stall-seconds` is stopped with StartupStalled (phase downloading).
@@ -176,14 +177,27 @@ def resolve(repo: str, revision: str | None, token: str | None) -> Resolved:
 # --- progress ------------------------------------------------------------------------------------------------------
 
 
+def eta_seconds(bytes_done: int, bytes_total: int, bytes_per_s: float) -> float | None:
+    """Seconds left at `bytes_per_s`: None until bytes have moved (no rate, no estimate), 0 when done."""
+    if bytes_total <= 0 or bytes_done >= bytes_total:
+        return 0.0 if bytes_total > 0 else None
+    if bytes_per_s <= 0:
+        return None
+    return (bytes_total - bytes_done) / bytes_per_s
+
+
 @dataclass
 class Progress:
-    """Counts from the fetch itself: files and bytes done of total, the rate and the ETA (written to `path`)."""
+    """Counts from the fetch itself: files and bytes done of total, the rate and the ETA (written to `path`, and
+    served as the start-up metrics the pool's `startupProgress` and `startupDownload` come from)."""
 
     total_files: int
     total_bytes: int
     path: Path | None = None
     now: Callable[[], float] = time.monotonic
+    start_bytes: int = 0
+    """Bytes already staged when this fetch began (an interrupted fetch resumed): on disk, but not this fetch's
+    rate."""
     files_done: int = 0
     bytes_done: int = 0
     """Bytes of finished files plus those on disk of the file in flight."""
@@ -196,6 +210,7 @@ class Progress:
 
     def __post_init__(self) -> None:
         self.started = self.last_moved = self.now()
+        self.bytes_done = self._last_bytes = self.start_bytes
 
     def update(self, bytes_done: int) -> None:
         with self._lock:
@@ -207,11 +222,12 @@ class Progress:
     def view(self) -> dict[str, Any]:
         with self._lock:
             elapsed = max(self.now() - self.started, 1e-6)
-            rate = self.fetched_bytes / elapsed if self.fetched_bytes else 0.0
-            left = max(self.total_bytes - self.bytes_done, 0)
+            moved = max(self.bytes_done - self.start_bytes, 0)
+            rate = moved / elapsed
+            eta = eta_seconds(self.bytes_done, self.total_bytes, rate)
             return {"filesDone": self.files_done, "filesTotal": self.total_files, "bytesDone": self.bytes_done,
                     "bytesTotal": self.total_bytes, "bytesFetched": self.fetched_bytes,
-                    "bytesPerSecond": round(rate, 1), "etaSeconds": round(left / rate, 1) if rate > 0 else None,
+                    "bytesPerSecond": round(rate, 1), "etaSeconds": round(eta, 1) if eta is not None else None,
                     "secondsSinceProgress": round(self.now() - self.last_moved, 1)}
 
     def write(self) -> None:
@@ -440,7 +456,8 @@ def _watch_stall(progress: Progress, staging: Path, stall_s: float, stop: thread
         progress.write()
         view = progress.view()
         if monitor is not None:
-            monitor.observe_download(view["bytesDone"], total=view["bytesTotal"])
+            monitor.observe_download(view["bytesDone"], total=view["bytesTotal"],
+                                     files=(view["filesDone"], view["filesTotal"]), eta_s=view["etaSeconds"])
         log.info("fetched %d of %d bytes (%d of %d files), ETA %s s", view["bytesDone"], view["bytesTotal"],
                  view["filesDone"], view["filesTotal"], view["etaSeconds"])
         if view["secondsSinceProgress"] >= stall_s:
@@ -511,10 +528,11 @@ def main(argv: Sequence[str]) -> int:
         resolved = resolve(args.repo, args.revision, token)
         log.info("resolved %s@%s to commit %s (%d files, %d bytes)", args.repo, args.revision or "main",
                  resolved.commit, len(resolved.files), resolved.total_bytes)
-        progress = Progress(len(resolved.files), resolved.total_bytes, path=progress_path)
         staging = root / STAGING / repo_key(resolved.repo) / resolved.commit
+        staged = _bytes_on_disk(staging)
+        progress = Progress(len(resolved.files), resolved.total_bytes, path=progress_path, start_bytes=staged)
         if monitor is not None:
-            monitor.observe_download(_bytes_on_disk(staging), total=resolved.total_bytes)
+            monitor.observe_download(staged, total=resolved.total_bytes, files=(0, len(resolved.files)))
         watcher = threading.Thread(target=_watch_stall, args=(progress, staging, args.stall_seconds, stop, stalled,
                                                               monitor), daemon=True)
         watcher.start()

@@ -38,7 +38,7 @@ Usage: vllm-operator engine [--launcher serve|api-server|cli-main] [--python PY]
                             [--status-host H] [--status-port N] [--phase-limit PHASE=SECONDS ...]
                             [--adapters-file PATH] [--adapters-hub-cache DIR]
                             [--idle-probe-after S] [--idle-probe-timeout S] [--idle-probe-failures N]
-                            [--idle-probe-tick S]
+                            [--idle-probe-tick S] [--hold-weights MARKER [--weights-leases DIR] [--pod-uid UID]]
                             -- vllm serve MODEL ARGS…
 """
 
@@ -485,6 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hold-weights", default=None, metavar="MARKER",
                    help="the weights cache entry's .complete marker: held under a shared lock while the wrapper "
                         "runs, so the cache does not evict a model in use (engine/eviction.py)")
+    p.add_argument("--weights-leases", default=None, metavar="DIR",
+                   help="the weights cache's lease directory, mounted read-write: with --hold-weights, this pod's "
+                        "lease of the entry is renewed at every start and every "
+                        f"{eviction.LEASE_RENEW_S:.0f} s, so an engine the kubelet keeps restarting keeps its entry")
+    p.add_argument("--pod-uid", default=os.environ.get("POD_UID"),
+                   help="this pod's UID, the lease's name (default: env POD_UID)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. vllm serve MODEL ARGS")
     return p
 
@@ -508,6 +514,26 @@ def _preflight(mode: str, command: Sequence[str], required: int | None) -> list[
     return problems
 
 
+def hold_weights(marker: Path, leases: str | None, pod_uid: str | None) -> Outcome | None:
+    """Hold the weights cache entry for this process's life (eviction.hold) and renew this pod's lease of it now
+    and while the wrapper runs (eviction.keep_renewing); the outcome to exit with when the entry is gone."""
+    try:
+        eviction.hold(marker)
+    except OSError as err:
+        detail = (f"the cached model's marker {marker} cannot be read ({err.strerror}): the weights cache entry is "
+                  "gone; restarts cannot fetch it again (fetch-weights runs when a pod is created), a replacement "
+                  "pod does")
+        return Outcome(constants.EXIT_WEIGHTS_GONE, constants.REASON_WEIGHTS_GONE, detail, {})
+    log.info("Holding the weights cache entry %s while the engine runs", marker)
+    if leases and pod_uid:
+        lease = eviction.pod_lease(Path(leases), marker, pod_uid)
+        eviction.keep_renewing(lease, threading.Event())
+        log.info("Renewing the weights cache lease %s every %.0f s", lease, eviction.LEASE_RENEW_S)
+    elif leases:
+        log.warning("No pod UID (--pod-uid, env POD_UID): the weights cache lease is not renewed")
+    return None
+
+
 def main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="vllm-operator engine: %(levelname)s %(message)s")
     args = build_parser().parse_args(list(argv))
@@ -517,6 +543,12 @@ def main(argv: Sequence[str]) -> int:
     if not command:
         print("vllm-operator engine: give the command after --, e.g. -- vllm serve MODEL ARGS", file=sys.stderr)
         return 2
+    if args.hold_weights:  # first: a restart renews the lease even when a later check fails
+        refused = hold_weights(Path(args.hold_weights), args.weights_leases, args.pod_uid)
+        if refused is not None:
+            write_termination_message(args.termination_message_path, termination_message(refused, -1))
+            log.error("%s", refused.detail)
+            return refused.exit_code
     try:
         cmd = launch_command(command, args.launcher, args.python)
         limits = phases.parse_limits(args.phase_limit)
@@ -527,18 +559,6 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:
         print(f"vllm-operator engine: {err}", file=sys.stderr)
         return 2
-    if args.hold_weights:
-        try:
-            eviction.hold(Path(args.hold_weights))
-        except OSError as err:
-            detail = (f"the cached model's marker {args.hold_weights} cannot be read ({err.strerror}): the weights "
-                      "cache entry is gone or incomplete; the pod's fetch-weights init container runs again when the "
-                      "pod is replaced")
-            result = Outcome(constants.EXIT_FETCH_FAILED, constants.REASON_FETCH_FAILED, detail, {})
-            write_termination_message(args.termination_message_path, termination_message(result, -1))
-            log.error("%s", detail)
-            return result.exit_code
-        log.info("Holding the weights cache entry %s while the engine runs", args.hold_weights)
     if problems:
         detail = "; ".join(problems)
         result = Outcome(constants.EXIT_PREFLIGHT_FAILED, constants.REASON_PREFLIGHT_FAILED, detail, {})

@@ -13,7 +13,8 @@ The phases, in the order vLLM 0.32 goes through them (the lines that mark them a
 * `Launching` — the process started: imports (torch from a cold disk), platform and distributed set-up, config.
 * `Downloading` — weights are fetched from the Hub. vLLM's own download shows no progress bar, so the wrapper
   measures the bytes arriving in the Hub cache (`observe_download`); a hub client that prints a progress bar
-  (`12.3M/4.97G`) gives the total as well.
+  (`12.3M/4.97G`) gives the total as well. The weights cache's fetch (`fetch.py`) knows more and says it: files
+  done of total and an ETA.
 * `LoadingWeights` — "Starting to load model", the checkpoint-shard progress bar, "Loading weights took".
 * `Compiling` — torch.compile (Dynamo transform, graph compilation, compile-cache loads) and CUDA-graph capture.
   On GPUs the capture comes after the KV cache is sized, so this phase can follow `KVCacheAllocated`.
@@ -98,6 +99,16 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def human_seconds(s: float) -> str:
+    """`45s`, `5m10s`, `2h05m`: an ETA a person reads at a glance."""
+    s = max(0, round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 @dataclass
 class Tracker:
     """Where one start is. Every method takes `now` (epoch seconds), so tests drive the clock."""
@@ -112,6 +123,11 @@ class Tracker:
     """What the start last reported, short: `2.1 GiB of 15.0 GiB`, `shards 3/8`, `65,536 tokens`."""
     download_bytes: int | None = None
     download_total_bytes: int | None = None
+    download_files: int | None = None
+    """Files finished of `download_total_files` (only a fetch that counts them reports these)."""
+    download_total_files: int | None = None
+    download_eta_s: float | None = None
+    """Seconds the download still needs, as its last observation estimated (None: not known yet)."""
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     history: list[tuple[Phase, float]] = field(default_factory=list)
@@ -166,22 +182,40 @@ class Tracker:
             self.progress = f"{m['pct']}%"
         return True
 
-    def observe_download(self, bytes_done: int, now: float, total: int | None = None) -> bool:
+    def observe_download(self, bytes_done: int, now: float, total: int | None = None,
+                         files: tuple[int, int] | None = None, eta_s: float | None = None) -> bool:
         """Bytes in the download so far (measured in the Hub cache, or read off a progress bar); True when they
-        grew. Growth moves a start that is launching or loading into Downloading: vLLM downloads while loading."""
+        grew. Growth moves a start that is launching or loading into Downloading: vLLM downloads while loading.
+        `files` (done, total) and `eta_s` come from a fetch that counts them; they update the progress text but
+        are not progress themselves (only new bytes are)."""
         if total is not None:
             self.download_total_bytes = total
+        if files is not None:
+            self.download_files, self.download_total_files = files
+        self.download_eta_s = eta_s
         grew = self.download_bytes is not None and bytes_done > self.download_bytes
         first = self.download_bytes is None
         self.download_bytes = bytes_done if first else max(bytes_done, self.download_bytes or 0)
-        if not grew or self.phase is Phase.SERVING or self.stalled_at is not None:
+        if self.phase is Phase.SERVING or self.stalled_at is not None:
             return False
-        if self.phase in (Phase.LAUNCHING, Phase.LOADING_WEIGHTS, Phase.DOWNLOADING):
+        if grew and self.phase in (Phase.LAUNCHING, Phase.LOADING_WEIGHTS):
             self._enter(Phase.DOWNLOADING, now)
-            done = human_bytes(self.download_bytes or 0)
-            total_bytes = self.download_total_bytes
-            self.progress = f"{done} of {human_bytes(total_bytes)}" if total_bytes else f"{done} downloaded"
-        return True
+        if self.phase is Phase.DOWNLOADING and (grew or files is not None or first):
+            if grew:
+                self.last_progress_at = now
+            self.progress = self.download_progress()
+        return grew
+
+    def download_progress(self) -> str:
+        """`3.1 GiB of 15.0 GiB, 2 of 4 files, ETA 5m10s` — what of it is known."""
+        done = human_bytes(self.download_bytes or 0)
+        total = self.download_total_bytes
+        parts = [f"{done} of {human_bytes(total)}" if total else f"{done} downloaded"]
+        if self.download_total_files:
+            parts.append(f"{self.download_files or 0} of {self.download_total_files} files")
+        if self.download_eta_s is not None:
+            parts.append(f"ETA {human_seconds(self.download_eta_s)}")
+        return ", ".join(parts)
 
     def limit(self) -> float | None:
         """The current phase's limit in seconds (None: no limit, i.e. Serving)."""
@@ -230,6 +264,9 @@ class Tracker:
             "stalled": self.stalled_at is not None,
             "downloadBytes": self.download_bytes,
             "downloadTotalBytes": self.download_total_bytes,
+            "downloadFiles": self.download_files,
+            "downloadTotalFiles": self.download_total_files,
+            "downloadEtaSeconds": self.download_eta_s,
             "kvCacheTokens": self.kv_cache_tokens,
             "maxConcurrency": self.max_concurrency,
             "history": [{"phase": p.value, "at": at} for p, at in self.history],

@@ -46,6 +46,9 @@ METRIC_STALLED = constants.METRIC_STARTUP_STALLED
 METRIC_LIMIT = constants.METRIC_STARTUP_LIMIT
 METRIC_DOWNLOAD = constants.METRIC_STARTUP_DOWNLOAD
 METRIC_DOWNLOAD_TOTAL = constants.METRIC_STARTUP_DOWNLOAD_TOTAL
+METRIC_DOWNLOAD_FILES = constants.METRIC_STARTUP_DOWNLOAD_FILES
+METRIC_DOWNLOAD_TOTAL_FILES = constants.METRIC_STARTUP_DOWNLOAD_TOTAL_FILES
+METRIC_DOWNLOAD_ETA = constants.METRIC_STARTUP_DOWNLOAD_ETA
 METRIC_KV_TOKENS = constants.METRIC_STARTUP_KV_TOKENS
 METRIC_DURATION = constants.METRIC_STARTUP_DURATION
 METRIC_PROCESS_START = constants.METRIC_PROCESS_START
@@ -76,10 +79,12 @@ class Monitor:
             log.info("Entered start-up phase %s (from %s)", after.value, before.value)
         return advanced
 
-    def observe_download(self, bytes_done: int, now: float | None = None, total: int | None = None) -> bool:
+    def observe_download(self, bytes_done: int, now: float | None = None, total: int | None = None,
+                         files: tuple[int, int] | None = None, eta_s: float | None = None) -> bool:
         with self._lock:
             before = self._tracker.phase
-            grew = self._tracker.observe_download(bytes_done, time.time() if now is None else now, total)
+            grew = self._tracker.observe_download(bytes_done, time.time() if now is None else now, total,
+                                                  files=files, eta_s=eta_s)
             after = self._tracker.phase
         if after is not before:
             log.info("Entered start-up phase %s (from %s): bytes are arriving in the Hub cache", after.value,
@@ -137,6 +142,12 @@ class _Collector(Collector):
                                  (METRIC_DOWNLOAD, "downloadBytes", "Bytes of the Hub download on disk so far."),
                                  (METRIC_DOWNLOAD_TOTAL, "downloadTotalBytes",
                                   "Bytes the Hub download will have, where the hub client reported it."),
+                                 (METRIC_DOWNLOAD_FILES, "downloadFiles",
+                                  "Files of the download finished and verified, where the fetch counts them."),
+                                 (METRIC_DOWNLOAD_TOTAL_FILES, "downloadTotalFiles",
+                                  "Files the download will have, where the fetch counts them."),
+                                 (METRIC_DOWNLOAD_ETA, "downloadEtaSeconds",
+                                  "Seconds the download still needs at its average rate so far."),
                                  (METRIC_KV_TOKENS, "kvCacheTokens", "KV cache size in tokens, as vLLM printed it.")):
             if s[key] is not None:
                 yield GaugeMetricFamily(name, help_, value=float(s[key]))

@@ -42,6 +42,7 @@ class State(enum.StrEnum):
     MODEL_ACCESS_DENIED = "ModelAccessDenied"
     CACHE_DISK_FULL = "CacheDiskFull"
     FETCH_FAILED = "FetchFailed"
+    WEIGHTS_GONE = constants.REASON_WEIGHTS_GONE
     METRICS_UNAVAILABLE = "MetricsUnavailable"
 
     @property
@@ -109,8 +110,13 @@ DESCRIPTIONS: Mapping[State, str] = {
                            "full with entries in use (the message names them). The partial fetch was removed; "
                            "raise the cache's size or free the disk.",
     State.FETCH_FAILED: "The weights fetch failed otherwise (a file still corrupt after a second fetch, an "
-                        "unexpected error; exit code 81), or the engine found its cache entry gone. No "
-                        "half-written model is served: only complete, verified entries are linked.",
+                        "unexpected error; exit code 81). No half-written model is served: only complete, "
+                        "verified entries are linked.",
+    State.WEIGHTS_GONE: "The engine container found its weights cache entry gone (exit code 90): evicted or "
+                        "deleted while no engine of the pod ran for longer than the lease grace. Restarts cannot "
+                        "fetch it again (the fetch is an init container, run when a pod is created), so the "
+                        "operator deletes the pod — on the termination's evidence, within the restart budget and "
+                        "the disruption floor — and its replacement fetches the model.",
     State.METRICS_UNAVAILABLE: "No fresh samples for the pod or pool: Prometheus not configured, unreachable, the "
                                "scrape target down, or samples older than the staleness limit. No destructive "
                                "action is taken on a pod in this state.",
@@ -125,6 +131,7 @@ SEVERITY: tuple[State, ...] = (
     State.STARTUP_STALLED,
     State.STALLED,
     State.ENGINE_UNRESPONSIVE,
+    State.WEIGHTS_GONE,
     State.MODEL_ACCESS_DENIED,
     State.CACHE_DISK_FULL,
     State.FETCH_FAILED,
@@ -142,9 +149,13 @@ SEVERITY: tuple[State, ...] = (
 FAILURE_STATES = frozenset({State.ENGINE_OOM, State.KV_CACHE_TOO_SMALL, State.HOST_OOM_KILLED, State.ENGINE_DEAD,
                             State.STARTUP_STALLED, State.STARTUP_FAILED, State.STALLED, State.ENGINE_UNRESPONSIVE,
                             State.CRASH_LOOPING, State.UNSCHEDULABLE, State.HUB_UNREACHABLE, State.MODEL_ACCESS_DENIED,
-                            State.CACHE_DISK_FULL, State.FETCH_FAILED})
-REPLACED_STATES = frozenset({State.STALLED, State.ENGINE_UNRESPONSIVE})
-"""Serving pods that nothing else restarts: the operator deletes them (policy.py), within the restart budget."""
+                            State.CACHE_DISK_FULL, State.FETCH_FAILED, State.WEIGHTS_GONE})
+REPLACED_STATES = frozenset({State.STALLED, State.ENGINE_UNRESPONSIVE, State.WEIGHTS_GONE})
+"""Pods that nothing else restarts (serving ones), or whose restarts cannot help: the operator deletes them
+(policy.py), within the restart budget."""
+REPLACED_ON_TERMINATION = frozenset({State.WEIGHTS_GONE})
+"""Of those, the ones whose evidence is the kubelet's termination message, not metrics: replaced without fresh
+samples."""
 FETCH_STATES: Mapping[str, State] = {constants.REASON_HUB_UNREACHABLE: State.HUB_UNREACHABLE,
                                      constants.REASON_MODEL_ACCESS_DENIED: State.MODEL_ACCESS_DENIED,
                                      constants.REASON_CACHE_DISK_FULL: State.CACHE_DISK_FULL,
@@ -165,6 +176,19 @@ class TerminationEvent:
 
 
 @dataclass(frozen=True)
+class DownloadView:
+    """A download in progress, from fresh wrapper samples; files and the ETA only where the fetch counts them
+    (the weights cache's fetch-weights container), not for a download vLLM makes itself."""
+
+    bytes_done: int
+    bytes_total: int | None = None
+    files_done: int | None = None
+    files_total: int | None = None
+    eta_s: float | None = None
+    """Seconds left as of the check: the wrapper's estimate less the time since it was sampled."""
+
+
+@dataclass(frozen=True)
 class StartupView:
     """Where one pod's start is, from fresh wrapper samples."""
 
@@ -172,6 +196,8 @@ class StartupView:
     since: float | None
     progress: str
     stalled: bool
+    download: DownloadView | None = None
+    """Set in phase Downloading."""
 
     @property
     def rank(self) -> int:
@@ -252,6 +278,8 @@ def classify(term: Termination) -> State | None:
         return State.STARTUP_STALLED
     if term.wrapper_reason == constants.REASON_STARTUP_FAILED:
         return State.STARTUP_FAILED
+    if term.wrapper_reason == constants.REASON_WEIGHTS_GONE:
+        return State.WEIGHTS_GONE
     if term.wrapper_reason is not None and term.wrapper_reason in FETCH_STATES:
         return FETCH_STATES[term.wrapper_reason]
     if term.exit_code not in (None, 0):
@@ -296,10 +324,15 @@ def _startup(m: PodMetrics | None, now: float, settings: HealthSettings) -> Star
             or now - m.startup_sample_at > settings.stale_after_s):
         return None
     progress = ""
-    if m.startup_phase == Phase.DOWNLOADING.value and m.startup_download_bytes is not None:
-        done = _gib(m.startup_download_bytes)
-        progress = (f"{done} of {_gib(m.startup_download_total_bytes)} downloaded"
-                    if m.startup_download_total_bytes else f"{done} downloaded")
+    download = _download(m, now)
+    if download is not None:
+        done = _gib(download.bytes_done)
+        progress = f"{done} of {_gib(download.bytes_total)} downloaded" if download.bytes_total else \
+            f"{done} downloaded"
+        if download.files_total:
+            progress += f", {download.files_done or 0} of {download.files_total} files"
+        if download.eta_s is not None:
+            progress += f", ETA {_duration(download.eta_s)}"
     elif m.startup_kv_tokens is not None and m.startup_phase in (Phase.KV_CACHE_ALLOCATED.value,
                                                                  Phase.COMPILING.value, Phase.SERVING.value):
         progress = f"KV cache {m.startup_kv_tokens:,} tokens"
@@ -311,11 +344,36 @@ def _startup(m: PodMetrics | None, now: float, settings: HealthSettings) -> Star
             quiet += f" (limit {m.startup_limit_s:.0f}s)"
         progress = f"{progress}, {quiet}" if progress else quiet
     return StartupView(phase=m.startup_phase, since=m.startup_since, progress=progress[:256],
-                       stalled=bool(m.startup_stalled) or over)
+                       stalled=bool(m.startup_stalled) or over, download=download)
+
+
+def _download(m: PodMetrics, now: float) -> DownloadView | None:
+    """The download's counts in phase Downloading; the ETA counted down from the sample to `now`."""
+    if m.startup_phase != Phase.DOWNLOADING.value or m.startup_download_bytes is None:
+        return None
+    eta = m.startup_download_eta_s
+    if eta is not None and m.startup_sample_at is not None:
+        eta = max(0.0, eta - max(0.0, now - m.startup_sample_at))
+    total = m.startup_download_total_bytes
+    return DownloadView(bytes_done=int(m.startup_download_bytes), bytes_total=int(total) if total else None,
+                        files_done=m.startup_download_files, files_total=m.startup_download_total_files,
+                        eta_s=round(eta) if eta is not None else None)
 
 
 def _gib(n: float | None) -> str:
-    return f"{(n or 0) / 2**30:.1f} GiB"
+    """GiB with one decimal; MiB below one GiB (a small model's fetch would read 0.0 GiB of 0.0 GiB)."""
+    n = n or 0
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _duration(s: float) -> str:
+    """`45s`, `5m10s`, `2h05m`."""
+    whole = max(0, round(s))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def stall_clock_start(pod: PodFacts, m: PodMetrics) -> float | None:

@@ -4,7 +4,8 @@ Who restarts what (docs/architecture.md): the kubelet restarts containers that e
 engine dies, the wrapper turns the exit into a reason), the liveness probe catches a hung API server, the scheduler
 owns Pending pods. The operator deletes a pod only for a state nothing else catches — Stalled: Ready and answering
 /health, requests running, no token progress; EngineUnresponsive: Ready and answering /health, idle, and the engine
-wrapper's one-token probes keep failing — and only
+wrapper's one-token probes keep failing — or one the kubelet's restarts cannot help — WeightsGone: the engine found
+its weights cache entry gone, and only a new pod runs the fetch again — and only
 
 * within the pool's restart budget (`remediation.restartBudget` deletions per `budgetWindowSeconds`, sliding), and
 * within the pool's disruption allowance (PodDisruptionBudget `maxUnavailable`, 1 for pool PDBs): a Stalled pod is
@@ -40,11 +41,20 @@ from vllm_operator.api.status import (
     PoolsStatus,
     PoolStatus,
     RestartBudgetStatus,
+    StartupDownloadStatus,
     StepDownRecord,
     StepDownStatus,
     VLLMDeploymentStatus,
 )
-from vllm_operator.health.diagnose import FAILURE_STATES, REPLACED_STATES, Diagnosis, PoolDiagnosis, State
+from vllm_operator.health.diagnose import (
+    FAILURE_STATES,
+    REPLACED_ON_TERMINATION,
+    REPLACED_STATES,
+    Diagnosis,
+    DownloadView,
+    PoolDiagnosis,
+    State,
+)
 from vllm_operator.health.snapshot import format_time, parse_time
 
 LADDER_MEMORY = "memory"
@@ -105,7 +115,8 @@ METRIC_REASONS = {State.HOST_OOM_KILLED: "OOMKilled", State.CRASH_LOOPING: "Erro
 """`vllm_operator_engine_restarts_total{reason}` uses the kubelet's words where the kubelet has them (OOMKilled,
 Error) and the wrapper's otherwise (EngineOOM, EngineDead, KVCacheTooSmall); deletions count as Stalled or
 EngineUnresponsive."""
-DELETION_EVENTS = {State.STALLED: "RestartedStalledPod", State.ENGINE_UNRESPONSIVE: "RestartedUnresponsivePod"}
+DELETION_EVENTS = {State.STALLED: "RestartedStalledPod", State.ENGINE_UNRESPONSIVE: "RestartedUnresponsivePod",
+                   State.WEIGHTS_GONE: "ReplacedPodWithoutWeights"}
 """The event reason of each deletion the operator makes (one per state in diagnose.REPLACED_STATES)."""
 OOM_METRIC_REASONS = ("OOMKilled", "EngineOOM")
 """Reasons the OOM alert counts; the handler creates these series at 0 so `increase()` sees the first OOM."""
@@ -237,7 +248,9 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
                              f"({step.level}); nothing left to step down")
 
     # 5. Stalled and unresponsive pods: delete within budget and disruption allowance; never without fresh samples.
-    stalled = sorted((p for p in pd.pods if p.state in REPLACED_STATES and p.metrics_fresh), key=lambda p: p.pod)
+    #    A pod whose engine found its weights gone: the same, on its termination's evidence (restarts cannot help).
+    stalled = sorted((p for p in pd.pods if p.state in REPLACED_STATES
+                      and (p.metrics_fresh or p.state in REPLACED_ON_TERMINATION)), key=lambda p: p.pod)
     if stalled:
         live = [p for p in pd.pods if not p.deleting]
         missing = max(0, pd.desired_replicas - len(live))
@@ -299,12 +312,20 @@ def _decide_pool(pd: PoolDiagnosis, prev: PoolStatus, settings: HealthSettings, 
     st.startup_phase = start.phase if start is not None else None
     st.startup_phase_since = format_time(start.since) if start is not None and start.since is not None else None
     st.startup_progress = (start.progress or None) if start is not None else None
+    st.startup_download = _download_status(start.download) if start is not None else None
     st.startup_pod = pd.startup_pod if start is not None else None
     if pd.observed_kv_tokens is not None:
         st.observed_kv_tokens = pd.observed_kv_tokens
     if pd.adapters is not None:
         st.adapters = [AdapterStatus(name=n, loaded_replicas=k) for n, k in pd.adapters]
     return out
+
+
+def _download_status(d: DownloadView | None) -> StartupDownloadStatus | None:
+    if d is None:
+        return None
+    return StartupDownloadStatus(bytes_done=d.bytes_done, bytes_total=d.bytes_total, files_done=d.files_done,
+                                 files_total=d.files_total, eta_seconds=int(d.eta_s) if d.eta_s is not None else None)
 
 
 def _reset(status: VLLMDeploymentStatus, token: str, now: str, decision: Decision) -> None:

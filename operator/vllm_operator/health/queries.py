@@ -49,6 +49,10 @@ class DeploymentQueries:
     startup_limit: str
     startup_download: str
     startup_download_total: str
+    startup_download_files: str
+    startup_download_total_files: str
+    startup_download_eta: str
+    """The weights cache fetch's own counts and ETA (engine/fetch.py); absent for a download vLLM makes itself."""
     startup_kv_tokens: str
     process_start: str
     adapters_loaded: str
@@ -84,6 +88,9 @@ def for_deployment(namespace: str, deployment: str, *, stall_s: float, window_s:
         startup_limit=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_LIMIT)})",
         startup_download=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD)})",
         startup_download_total=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD_TOTAL)})",
+        startup_download_files=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD_FILES)})",
+        startup_download_total_files=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD_TOTAL_FILES)})",
+        startup_download_eta=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_DOWNLOAD_ETA)})",
         startup_kv_tokens=f"max by ({BY_POD}) ({wrapped(constants.METRIC_STARTUP_KV_TOKENS)})",
         process_start=f"max by ({BY_POD}) ({wrapped(constants.METRIC_PROCESS_START)})",
         adapters_loaded=f"max by ({BY_POD}, adapter) ({wrapped(constants.METRIC_ADAPTER_LOADED)})",

@@ -115,6 +115,10 @@ class PodMetrics:
     startup_limit_s: float | None = None
     startup_download_bytes: float | None = None
     startup_download_total_bytes: float | None = None
+    startup_download_files: int | None = None
+    startup_download_total_files: int | None = None
+    startup_download_eta_s: float | None = None
+    """As the wrapper estimated it at `startup_sample_at`."""
     startup_kv_tokens: int | None = None
     process_start: float | None = None
     """When the wrapper launched the current vLLM process."""

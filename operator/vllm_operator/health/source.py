@@ -114,11 +114,13 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
     pools: dict[str, str] = {}
     renamed = {"last_sample": "last_sample_at", "startup_sample": "startup_sample_at",
                "startup_limit": "startup_limit_s", "startup_download": "startup_download_bytes",
-               "startup_download_total": "startup_download_total_bytes"}
+               "startup_download_total": "startup_download_total_bytes",
+               "startup_download_eta": "startup_download_eta_s"}
     for key in ("up", "last_sample", "running", "running_min", "generated", "samples", "kv_usage", "kv_usage_avg",
                 "preemptions", "kv_tokens", "startup_phase", "startup_sample", "startup_since",
                 "startup_last_progress", "startup_stalled", "startup_limit", "startup_download",
-                "startup_download_total", "startup_kv_tokens", "process_start", "unresponsive"):
+                "startup_download_total", "startup_download_files", "startup_download_total_files",
+                "startup_download_eta", "startup_kv_tokens", "process_start", "unresponsive"):
         for pod, sample in _by_pod(r[key]).items():
             pools[pod] = sample.labels.get("pool", pools.get(pod, ""))
             entry = pods.setdefault(pod, {})
@@ -130,8 +132,8 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
                 entry["startup_phase"] = sample.labels.get("phase") or None
             elif key in ("startup_stalled", "unresponsive"):
                 entry[key] = sample.value >= 1
-            elif key == "startup_kv_tokens":
-                entry["startup_kv_tokens"] = int(sample.value)
+            elif key in ("startup_kv_tokens", "startup_download_files", "startup_download_total_files"):
+                entry[key] = int(sample.value)
             elif key == "kv_tokens":
                 tokens = sample.labels.get("kv_cache_size_tokens", "")
                 if tokens.isdigit():

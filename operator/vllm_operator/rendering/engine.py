@@ -67,11 +67,13 @@ fetch` with the pod's own token: it resolves the revision to a commit, fetches t
 evicts least-recently-used entries no engine uses to stay under the cache's limit, and links
 /run/vllm-operator/weights/model (a per-pod emptyDir) to the complete entry, which is the engine's model argument
 (vLLM runs with HF_HUB_OFFLINE). The engine wrapper holds a shared lock on the entry's `.complete` marker for its
-lifetime (`--hold-weights`): that is what "in use" means to eviction. The fetch gets the engine container's
-environment (HF_ENDPOINT, proxies, the token) less HF_HUB_OFFLINE, plus its pod's uid for the lease, and the engine's
-resources without accelerators (a pod's effective request is the larger of its init and app containers', so this
-costs no scheduling room). The download happens before the engine starts, so the engine's startup backstop counts
-no download; the Deployment's progress deadline still covers one (a cold node).
+lifetime (`--hold-weights`) and renews its pod's lease at every start and every minute (`--weights-leases`: the
+cache's `.leases`, the only part of the cache the engine mounts read-write; its pod's uid comes from the downward
+API): that is what "in use" means to eviction, also between two restarts of a crash-looping engine. The fetch gets
+the engine container's environment (HF_ENDPOINT, proxies, the token) less HF_HUB_OFFLINE, plus its pod's uid for
+the lease, and the engine's resources without accelerators (a pod's effective request is the larger of its init and
+app containers', so this costs no scheduling room). The download happens before the engine starts, so the engine's
+startup backstop counts no download; the Deployment's progress deadline still covers one (a cold node).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ wrapper itself is not answering."""
 DOWNLOAD_BYTES_PER_S = constants.WEIGHTS_DOWNLOAD_BYTES_PER_S
 CACHE_VOLUME = "weights-cache"
 LINK_VOLUME = "weights-link"
+POD_UID_ENV = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}}
 READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, "successThreshold": 1}
 LIVENESS = {"periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4, "successThreshold": 1}
 PROGRESS_DEADLINE_MARGIN_S = 600
@@ -154,6 +157,8 @@ def env(pool: PoolPlan) -> list[dict[str, Any]]:
     `--host=$(POD_IP)` depends on it."""
     merged = env_map(pool)
     merged["POD_IP"] = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}
+    if pool.weights_cache is not None:
+        merged["POD_UID"] = POD_UID_ENV
     return common.env_list(merged, first=("POD_IP",))
 
 
@@ -187,7 +192,8 @@ def command(pool: PoolPlan) -> list[str]:
         wrapper += [f"--adapters-file={constants.ADAPTERS_MOUNT}/{adapters.file_name(pool.name)}",
                     f"--adapters-hub-cache={constants.ADAPTERS_HUB_CACHE}"]
     if pool.weights_cache is not None:
-        wrapper.append(f"--hold-weights={constants.WEIGHTS_LINK}/.complete")
+        wrapper += [f"--hold-weights={constants.WEIGHTS_LINK}/.complete",
+                    f"--weights-leases={constants.WEIGHTS_LEASES_MOUNT}"]
     return [*wrapper, *launch, pool.model]
 
 
@@ -203,7 +209,9 @@ def volumes(plan: Plan, pool: PoolPlan) -> tuple[list[dict[str, Any]], list[dict
     elif pool.weights_cache is not None:
         vols += cache_volumes(pool)
         mounts += [{"name": CACHE_VOLUME, "mountPath": constants.WEIGHTS_CACHE_MOUNT, "readOnly": True},
-                   {"name": LINK_VOLUME, "mountPath": constants.WEIGHTS_LINK_DIR, "readOnly": True}]
+                   {"name": LINK_VOLUME, "mountPath": constants.WEIGHTS_LINK_DIR, "readOnly": True},
+                   {"name": CACHE_VOLUME, "mountPath": constants.WEIGHTS_LEASES_MOUNT,
+                    "subPath": constants.WEIGHTS_LEASES_DIR}]
     else:
         vols.append({"name": MODEL_VOLUME, "emptyDir": {}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": constants.MODELS_MOUNT})
@@ -227,7 +235,7 @@ def init_containers(pool: PoolPlan) -> list[dict[str, Any]]:
     mounts = [{"name": CACHE_VOLUME, "mountPath": constants.WEIGHTS_CACHE_MOUNT},
               {"name": LINK_VOLUME, "mountPath": constants.WEIGHTS_LINK_DIR}]
     base = {k: v for k, v in env_map(pool).items() if k != "HF_HUB_OFFLINE"}
-    base["POD_UID"] = {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}}
+    base["POD_UID"] = POD_UID_ENV
     fetch_command = ["vllm-operator", "fetch", f"--cache-root={constants.WEIGHTS_CACHE_MOUNT}", f"--repo={cache.repo}",
                      f"--link={constants.WEIGHTS_LINK}", f"--max-bytes={cache.max_bytes}"]
     if cache.revision:

@@ -235,32 +235,33 @@ def test_filling_the_cache_while_a_model_is_in_use_evicts_only_what_no_engine_us
 
 
 def test_a_fetch_shows_its_progress_as_the_wrappers_startup_metrics(hub: HubServer, tmp_path: Path) -> None:
-    """On the pod's status port, in phase Downloading with bytes done and total: what the PodMonitor scrapes and the
-    health loop reads as the pool's startupPhase and startupProgress."""
+    """On the pod's status port, in phase Downloading with bytes and files done and total and the ETA: what the
+    PodMonitor scrapes and the health loop reads as the pool's startupPhase, startupProgress and startupDownload."""
     import urllib.request
 
     port = free_port()
-    hub.state.throttle_bytes_per_s = 2 << 20
+    hub.state.throttle_bytes_per_s = 1 << 20  # ~6 s: the fetch's 2 s samples catch it halfway
     proc = start(hub.url, tmp_path / "cache", tmp_path / "pod-a",
                  extra=(f"--status-port={port}", "--status-host=127.0.0.1"))
+    names = {constants.METRIC_STARTUP_DOWNLOAD_TOTAL: "total", constants.METRIC_STARTUP_DOWNLOAD: "done",
+             constants.METRIC_STARTUP_DOWNLOAD_FILES: "files", constants.METRIC_STARTUP_DOWNLOAD_TOTAL_FILES:
+             "total_files", constants.METRIC_STARTUP_DOWNLOAD_ETA: "eta",
+             'vllm_operator_engine_startup_phase{phase="Downloading"}': "downloading"}
     seen: dict[str, float] = {}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     try:
-        while time.monotonic() < deadline and not 0 < seen.get("done", 0) < seen.get("total", 0):
+        while time.monotonic() < deadline and not (0 < seen.get("done", 0) < seen.get("total", 0) and "eta" in seen):
             time.sleep(0.2)
             try:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             except OSError:
                 continue
-            for line in text.splitlines():
-                if line.startswith('vllm_operator_engine_startup_phase{phase="Downloading"}'):
-                    seen["downloading"] = float(line.split()[-1])
-                elif line.startswith(constants.METRIC_STARTUP_DOWNLOAD_TOTAL + " "):
-                    seen["total"] = float(line.split()[-1])
-                elif line.startswith(constants.METRIC_STARTUP_DOWNLOAD + " "):
-                    seen["done"] = float(line.split()[-1])
+            seen = {names[line.split()[0]]: float(line.split()[-1]) for line in text.splitlines()
+                    if line.split() and line.split()[0] in names}
     finally:
         code, out = finish(proc)
     assert code == 0, out
     assert seen.get("downloading") == 1.0, seen
+    assert seen["total_files"] == len(FILES) and 0 <= seen["files"] < len(FILES), seen
+    assert seen["eta"] > 0, seen
     assert seen["total"] == sum(len(b) for b in FILES.values()) and 0 < seen["done"] < seen["total"], seen

@@ -88,3 +88,34 @@ async def test_phase_since_and_progress_then_a_stuck_phase(prom: Prometheus) -> 
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_a_weights_fetchs_counts_and_eta_reach_pool_status(prom: Prometheus) -> None:
+    """The fetch-weights init container's status port (the monitor `engine/fetch.py` serves, phase Downloading)
+    scraped by Prometheus: files done of total, bytes and the ETA become `startupProgress` and `startupDownload`."""
+    monitor = status.Monitor(phases.Tracker(started_at=time.time(), phase=phases.Phase.DOWNLOADING))
+    monitor.observe_download(0, total=100 << 20, files=(0, 4))
+    server = status.serve(monitor, "127.0.0.1", free_port())
+    try:
+        prom.set_targets([Target(f"127.0.0.1:{server.server_address[1]}", {
+            "namespace": NAMESPACE, "vllmdeployment": DEPLOYMENT, "pod": POD, "pool": "short",
+            "component": "engine"})])
+        source = PrometheusSource(prom.url)
+        monitor.observe_download(60 << 20, total=100 << 20, files=(2, 4), eta_s=3600.0)
+
+        def counted(d: Diagnosis) -> bool:
+            start = d.pools["short"].startup
+            return start is not None and start.download is not None and start.download.files_done == 2
+
+        diag = await until(source, counted)
+        pool = diag.pools["short"]
+        assert pool.state is State.STARTING and pool.startup is not None
+        assert "60.0 MiB of 100.0 MiB downloaded, 2 of 4 files, ETA " in pool.startup.progress
+        entry = decide(diag, None, SETTINGS, {}).status.pools
+        assert entry is not None and entry.short is not None and entry.short.startup_download is not None
+        got = entry.short.startup_download
+        assert (got.bytes_done, got.bytes_total, got.files_done, got.files_total) == (60 << 20, 100 << 20, 2, 4)
+        assert got.eta_seconds is not None and 3000 < got.eta_seconds <= 3600, "counted down from the sample"
+    finally:
+        server.shutdown()
+        server.server_close()

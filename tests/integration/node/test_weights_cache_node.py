@@ -6,9 +6,10 @@ node cache directory of this module's own cluster, never the default host path):
 `fetch-weights` init containers, the cache as a hostPath (or the claim form's PersistentVolumeClaim on a static
 PersistentVolume), the link directory, the security contexts and the pod's token Secret, all as rendered. One thing
 differs: the engine container's child is a reader of the cached model (its `config.json` through the link), not
-vLLM — the engine container keeps its image, mounts and `--hold-weights`; vLLM serving on real nodes is the e2e
-tier's. The Hub is tests/support/hubserver.py, listening in the cluster's network namespace, which the pods reach as
-they reach the API server (no route out anywhere).
+vLLM — the engine container keeps its image, mounts, `--hold-weights` and `--weights-leases`; vLLM serving from
+the cache is the e2e tier's (tests/e2e/test_weights_cache_vllm.py). The stack (tests/support/weights_node.py): the
+Hub is tests/support/hubserver.py, listening in the cluster's network namespace, which the pods reach as they reach
+the API server (no route out anywhere).
 
 Each scenario prints one line: hub requests and bytes sent, and seconds from creating the pods to their
 `fetch-weights` init container finishing (cold and cached in the same run).
@@ -16,58 +17,38 @@ Each scenario prints one line: hub requests and bytes sent, and seconds from cre
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import ctypes
 import functools
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from testcluster import cluster, images, node
-from testcluster.cluster import PROCESS_NODE_HEARTBEATS, Cluster
-from testcluster.node import Node
-from tests.support import images as built_images
-from tests.support import waiting
-from tests.support.hubserver import HubServer, HubState, Repo
+from tests.support import waiting, weights_node
+from tests.support.hubserver import HubState, Repo
+from tests.support.weights_node import HUB_PORT, NS, Stack, get_pod, rendered
 from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
+from vllm_operator.engine import eviction
 from vllm_operator.health.diagnose import State, diagnose
 from vllm_operator.health.snapshot import PoolFacts, Snapshot, pod_facts
-from vllm_operator.planning import cli_inputs
-from vllm_operator.planning.weights_cache import NodeCache
-from vllm_operator.rendering import cli
 
 pytestmark = pytest.mark.integration
 
-NS = "weights"
 REPO = "test-org/tiny-llama"
 GATED = "test-org/gated-llama"
-TOKEN = "token-of-weights-ns"
-HUB_PORT = 18080
 WEIGHTS = os.urandom(24 << 20)
 """A checkpoint big enough for a throttled fetch to be caught halfway; never loaded (the engine's child only reads
 config.json)."""
-CLONE_NEWNET = 0x40000000
 READER = ("import json, time; c = json.load(open('/run/vllm-operator/weights/model/config.json')); "
           "print('read config.json of the cached model:', sorted(c)[:3], flush=True); time.sleep(100000)")
-
-
-@dataclass
-class Stack:
-    kube: Cluster
-    node: Node
-    hub: HubServer
-    cache: Path
-    root: Path
+CRASHER = ("import json, sys; c = json.load(open('/run/vllm-operator/weights/model/config.json')); "
+           "print('read config.json of the cached model, then crashed:', sorted(c)[:3], flush=True); sys.exit(3)")
+"""An engine that crash-loops: the kubelet restarts it, and only it (init containers run once per pod)."""
 
 
 def hub_files() -> dict[str, bytes]:
@@ -77,49 +58,11 @@ def hub_files() -> dict[str, bytes]:
             "tokenizer_config.json": b"{}", "model.safetensors": WEIGHTS}
 
 
-@contextlib.contextmanager
-def hub_in(netns_path: str, state: HubState) -> Iterator[HubServer]:
-    """The Hub server with its listening socket in the cluster's network namespace (entered by one thread: setns
-    changes only the calling thread's namespace, and a bound socket keeps its own)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    box: dict[str, Any] = {}
-
-    def bind() -> None:
-        fd = os.open(netns_path, os.O_RDONLY)
-        try:
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                box["error"] = OSError(ctypes.get_errno(), f"setns {netns_path}")
-                return
-            box["hub"] = HubServer(state, host="0.0.0.0", port=HUB_PORT)
-        except OSError as err:
-            box["error"] = err
-        finally:
-            os.close(fd)
-
-    thread = threading.Thread(target=bind)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    with box["hub"] as hub:
-        yield hub
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("weights-node")
-    engine = built_images.image("engine-cpu")
     state = HubState(repos={REPO: Repo(hub_files()), GATED: Repo(hub_files(), allowed_tokens={"someone-else"})})
-    with cluster.running(root / "kube", kwok=False, heartbeats=PROCESS_NODE_HEARTBEATS) as kube:
-        a = node.start(kube, "node-a", index=0, directory=root / "node-a",
-                       archives=[images.Archive(engine.ref, engine.archive)])
-        try:
-            kube.kubectl("create", "namespace", NS)
-            kube.kubectl("create", "secret", "generic", "hf-token", "-n", NS, f"--from-literal=token={TOKEN}")
-            with hub_in(kube.netns.path, state) as hub:
-                yield Stack(kube, a, hub, root / "node-cache", root)
-        finally:
-            a.stop()
+    with weights_node.running(tmp_path_factory.mktemp("weights-node"), state) as s:
+        yield s
 
 
 def spec_doc(name: str, repo: str = REPO, *, cache: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -142,14 +85,7 @@ def spec_doc(name: str, repo: str = REPO, *, cache: dict[str, Any] | None = None
                      "routing": {"promptLengthThreshold": 512}}}
 
 
-def rendered(s: Stack, doc: dict[str, Any], max_bytes: int = 1 << 30) -> list[dict[str, Any]]:
-    text = json.dumps(doc).replace("{address}", s.kube.netns.address)
-    planned = cli_inputs.plan_documents([json.loads(text)], node_cache=NodeCache(str(s.cache), max_bytes))
-    objects, _ = cli.render_planned(planned, None)
-    return objects
-
-
-def engine_pods(s: Stack, objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+def engine_pods(s: Stack, objects: list[dict[str, Any]], suffix: str, child: str = READER) -> list[dict[str, Any]]:
     """Pods of the rendered pool Deployments' templates, on node-a, the engine's child a reader (module docstring);
     resources lowered to fit two on this machine (the KV math is not under test here)."""
     pods = []
@@ -160,7 +96,7 @@ def engine_pods(s: Stack, objects: list[dict[str, Any]], suffix: str) -> list[di
         spec = template["spec"]
         main = spec["containers"][0]
         wrapper = main["command"][:main["command"].index("--")]
-        main["command"] = [*wrapper, "--preflight=off", "--", "python", "-c", READER]
+        main["command"] = [*wrapper, "--preflight=off", "--", "python", "-c", child]
         main["args"] = []
         for c in [main, *spec.get("initContainers", [])]:
             c["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
@@ -172,9 +108,11 @@ def engine_pods(s: Stack, objects: list[dict[str, Any]], suffix: str) -> list[di
     return pods
 
 
-def get_pod(s: Stack, name: str) -> dict[str, Any]:
-    proc = s.kube.kubectl("get", "pod", name, "-n", NS, "-o", "json", check=False)
-    return dict(json.loads(proc.stdout)) if proc.returncode == 0 else {}
+def engine_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine container of the (one) pool Deployment among `objects`, as rendered."""
+    (container,) = [d["spec"]["template"]["spec"]["containers"][0] for d in objects if d["kind"] == "Deployment"
+                    and constants.LABEL_POOL in d["metadata"]["labels"]]
+    return dict(container)
 
 
 def fetch_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -259,6 +197,55 @@ def test_two_pools_on_one_node_fetch_once_and_a_replacement_fetches_nothing(stac
     report("two pools, replaced on the same node (restart, step-down, wake from zero)", s,
            seconds_to_init_complete=warm_s)
     delete(s, warm)
+
+
+def test_a_crash_looping_engine_renews_its_lease_and_a_step_down_fetches_nothing(stack: Stack) -> None:
+    """The kubelet's restarts of an engine fetch nothing and renew the pod's lease through the `.leases` subPath the
+    engine mounts read-write (so an engine down between restarts for longer than the lease grace keeps its entry);
+    a step-down rung (a new pod template, rolled out as new pods) fetches nothing either."""
+    s = stack
+    repo, commit = "test-org/restart-llama", "3" * 40
+    s.hub.state.repos[repo] = Repo(hub_files(), commit=commit)
+    doc = spec_doc("restart", repo)
+    doc["spec"]["pools"]["short"]["enabled"] = False
+    s.hub.state.reset_counts()
+    objects = rendered(s, doc)
+    first = engine_pods(s, objects, "crashing", child=CRASHER)
+    cold_s = until_fetched(s, first, start(s, first))
+    assert s.hub.state.bytes_sent == sum(len(b) for b in hub_files().values()), s.hub.state.requests
+    report("one pool, cold", s, seconds_to_init_complete=cold_s)
+    name = first[0]["metadata"]["name"]
+    uid = get_pod(s, name)["metadata"]["uid"]
+    lease = s.cache / ".leases" / f"test-org--restart-llama--{commit}" / uid
+
+    def restarts() -> int:
+        statuses = (get_pod(s, name).get("status") or {}).get("containerStatuses") or [{}]
+        return int(statuses[0].get("restartCount", 0))
+
+    wait_for("the engine's first crash", lambda: restarts() >= 1)
+    old = time.time() - 2 * constants.WEIGHTS_LEASE_GRACE_S
+    os.utime(lease, (old, old))  # as if the pod had been created, and its engine last started, long ago
+    s.hub.state.reset_counts()
+    seen = restarts()
+    wait_for("the kubelet restarting the engine", lambda: restarts() > seen)
+    wait_for("the restarted engine renewing its lease", lambda: lease.stat().st_mtime > old + 60)
+    (entry,) = [e for e in eviction.scan(s.cache, time.time()) if e.key == f"test-org--restart-llama--{commit}"]
+    assert entry.in_use is not None, "between two restarts, the crash-looping pod's entry stays in use"
+    assert "Renewing the weights cache lease" in s.kube.kubectl("logs", "-n", NS, name, "-c", "engine",
+                                                                check=False).stdout
+    assert s.hub.state.requests == {} and s.hub.state.bytes_sent == 0, "a container restart fetches nothing"
+    report("one pool, engine container restarted by the kubelet", s, restarts=restarts())
+    delete(s, first)
+
+    doc["status"] = {"pools": {"long": {"stepDown": {"level": 1}}}}
+    stepped_objects = rendered(s, doc)
+    assert engine_container(stepped_objects) != engine_container(objects), "rung 1 is another pod template"
+    stepped = engine_pods(s, stepped_objects, "stepped")
+    s.hub.state.reset_counts()
+    took = until_fetched(s, stepped, start(s, stepped))
+    assert s.hub.state.bytes_sent == 0 and s.hub.state.requests == {"info": 1}, s.hub.state.requests
+    report("one pool, stepped down a rung (new pods)", s, seconds_to_init_complete=took)
+    delete(s, stepped)
 
 
 def test_a_fetch_killed_halfway_is_resumed(stack: Stack) -> None:

@@ -76,9 +76,10 @@ def test_exit_codes_are_distinct_and_named() -> None:
     codes = [constants.EXIT_ENGINE_OOM, constants.EXIT_ENGINE_DEAD, constants.EXIT_KV_CACHE_TOO_SMALL,
              constants.EXIT_PREFLIGHT_FAILED, constants.EXIT_UNEXPECTED, constants.EXIT_LAUNCH_FAILED,
              constants.EXIT_STARTUP_STALLED, constants.EXIT_STARTUP_FAILED, constants.EXIT_HUB_UNREACHABLE,
-             constants.EXIT_MODEL_ACCESS_DENIED, constants.EXIT_CACHE_DISK_FULL, constants.EXIT_FETCH_FAILED]
+             constants.EXIT_MODEL_ACCESS_DENIED, constants.EXIT_CACHE_DISK_FULL, constants.EXIT_FETCH_FAILED,
+             constants.EXIT_WEIGHTS_GONE]
     assert len(set(codes)) == len(codes) and set(constants.EXIT_REASONS) == set(codes)
-    assert all(78 <= c < 90 for c in codes)
+    assert all(78 <= c <= 90 for c in codes)
 
 
 @pytest.mark.parametrize(("launcher", "expect"), [

@@ -380,6 +380,32 @@ def test_startup_phase_reaches_pool_status_and_a_stuck_start_degrades() -> None:
     assert entry is not None and entry.startup_phase == "Serving" and entry.startup_progress is None
 
 
+def test_a_fetchs_counts_and_eta_reach_pool_status_counted_down_to_the_check() -> None:
+    """The weights fetch's own numbers (engine/fetch.py through its start-up metrics): startupProgress says them
+    and startupDownload carries them; the ETA is the wrapper's estimate less the time since its sample."""
+    fetching = run([pod("a", ready=False, started_ago=60)],
+                   {"a": starting("a", "Downloading", since_ago=50, progress_ago=1, limit=600,
+                                  startup_sample_at=NOW - 10, startup_download_bytes=6 * 2**30,
+                                  startup_download_total_bytes=16 * 2**30, startup_download_files=2,
+                                  startup_download_total_files=5, startup_download_eta_s=320.0)})
+    entry = short(fetching)
+    assert entry.startup_progress == ("6.0 GiB of 16.0 GiB downloaded, 2 of 5 files, ETA 5m10s, last progress 1s "
+                                      "ago (limit 600s)")
+    assert entry.startup_download is not None
+    assert entry.startup_download.model_dump(by_alias=True) == {
+        "bytesDone": 6 * 2**30, "bytesTotal": 16 * 2**30, "filesDone": 2, "filesTotal": 5, "etaSeconds": 310}
+    small = run([pod("a", ready=False, started_ago=60)],
+                {"a": starting("a", "Downloading", startup_download_bytes=3 * 2**20,
+                               startup_download_total_bytes=24 * 2**20)})
+    assert short(small).startup_progress is not None
+    assert short(small).startup_progress.startswith("3.0 MiB of 24.0 MiB downloaded, last progress"), \
+        "no counts, no ETA: a download vLLM makes itself"
+    done = short(small).startup_download
+    assert done is not None and (done.files_total, done.eta_seconds) == (None, None)
+    served = run([pod("a")], {"a": busy("a", **serving_since(30))}, status=fetching.status)
+    assert short(served).startup_download is None, "cleared once the pool serves (a settled check writes nothing)"
+
+
 def test_loaded_adapters_go_into_status() -> None:
     d = run([pod("a")], {"a": busy("a", adapters=(("sql", True), ("new", False)))})
     assert [(a.name, a.loaded_replicas) for a in short(d).adapters or []] == [("new", 0), ("sql", 1)]
@@ -429,3 +455,36 @@ def test_a_failed_fetch_is_a_reason_in_status_and_an_event_and_nothing_is_delete
     assert len(observed) == 1 and "what the fetch said" in observed[0].message
     again = run([p], status=d.status)
     assert [e for e in again.events if e.reason == f"Observed{reason}"] == [], "one event per termination"
+
+
+# --------------------------------------------------------------------------- an engine whose weights are gone
+WEIGHTS_GONE = term(constants.EXIT_WEIGHTS_GONE, wrapper=constants.REASON_WEIGHTS_GONE,
+                    detail="the cached model's marker /run/vllm-operator/weights/model/.complete cannot be read (No "
+                           "such file or directory): the weights cache entry is gone")
+
+
+@pytest.mark.parametrize("prometheus", [True, False], ids=["metrics-on", "metrics-off"])
+def test_an_engine_whose_weights_are_gone_is_replaced_not_restarted_forever(prometheus: bool) -> None:
+    """The fetch is an init container: the kubelet's restarts of the engine never fetch the entry again, so the pod
+    would fail at every restart. Its replacement runs the fetch. The termination is the evidence (no metrics
+    needed: a pod whose engine cannot start has none); budget and disruption floor apply as for Stalled."""
+    gone = pod("a", ready=False, waiting="CrashLoopBackOff", restarts=3, last=WEIGHTS_GONE)
+    d = run([gone, pod("b")], {"b": busy("b")} if prometheus else None, prometheus=prometheus)
+    assert short(d).diagnosis == constants.REASON_WEIGHTS_GONE
+    assert [(x.pod, x.uid) for x in d.deletions] == [("a", "uid-a")]
+    assert d.deletions[0].message.startswith("WeightsGone: pod a: WeightsGone: exit code 90")
+    assert [e.reason for e in d.events if e.reason.startswith("Replaced")] == ["ReplacedPodWithoutWeights"]
+    assert (short(d).restart_budget.used, d.actions) == (1, [("short", "delete_pod")])
+    assert cond(d, constants.COND_DEGRADED) == ("True", constants.REASON_WEIGHTS_GONE)
+    spent = status_with(restart_budget=RestartBudgetStatus(restarts=[ago(60)] * 3, used=3))
+    held = run([gone, pod("b")], {"b": busy("b")} if prometheus else None, status=spent, prometheus=prometheus)
+    assert held.deletions == [] and cond(held, constants.COND_REMEDIATING)[1] == "BudgetExhausted"
+
+
+def test_a_failed_fetch_container_is_not_weights_gone() -> None:
+    """FetchFailed of the fetch init container: the kubelet's retries do fetch again; nothing is deleted."""
+    from tests.unit.health.builders import fetch_term, fetching
+
+    d = run([fetching("a", waiting="CrashLoopBackOff", restarts=2,
+                      last=fetch_term(constants.REASON_FETCH_FAILED, "corrupt after a second fetch"))])
+    assert short(d).diagnosis == constants.REASON_FETCH_FAILED and d.deletions == []

@@ -63,8 +63,17 @@ def test_both_pools_fetch_into_the_node_cache_and_the_engine_reads_it_read_only(
         assert fetch["terminationMessagePath"] == "/dev/termination-log"
         assert mounts(fetch) == {engine.CACHE_VOLUME: (constants.WEIGHTS_CACHE_MOUNT, False),
                                  engine.LINK_VOLUME: (constants.WEIGHTS_LINK_DIR, False)}
-        assert mounts(main)[engine.CACHE_VOLUME] == (constants.WEIGHTS_CACHE_MOUNT, True)
-        assert mounts(main)[engine.LINK_VOLUME] == (constants.WEIGHTS_LINK_DIR, True)
+        by_path = {m["mountPath"]: m for m in main["volumeMounts"]}
+        assert by_path[constants.WEIGHTS_CACHE_MOUNT] == {"name": engine.CACHE_VOLUME, "readOnly": True,
+                                                          "mountPath": constants.WEIGHTS_CACHE_MOUNT}
+        assert by_path[constants.WEIGHTS_LINK_DIR]["name"] == engine.LINK_VOLUME
+        assert by_path[constants.WEIGHTS_LINK_DIR]["readOnly"] is True
+        assert by_path[constants.WEIGHTS_LEASES_MOUNT] == {
+            "name": engine.CACHE_VOLUME, "mountPath": constants.WEIGHTS_LEASES_MOUNT, "subPath": ".leases"}, \
+            "the only part of the cache the engine writes: its lease, renewed while it (re)starts"
+        assert f"--weights-leases={constants.WEIGHTS_LEASES_MOUNT}" in main["command"]
+        main_env = {e["name"]: e for e in main["env"]}
+        assert main_env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid", "the lease's name"
         assert engine.MODEL_VOLUME not in mounts(main), "no per-pod download directory"
         assert main["command"][-1] == constants.WEIGHTS_LINK
         assert f"--hold-weights={constants.WEIGHTS_LINK}/.complete" in main["command"]
