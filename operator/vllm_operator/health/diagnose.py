@@ -18,6 +18,7 @@ from vllm_operator import constants
 from vllm_operator.api.remediation import HealthSettings
 from vllm_operator.constants import STARTUP_PHASES as PHASES
 from vllm_operator.constants import StartupPhase as Phase
+from vllm_operator.engine.phases import human_bytes, human_seconds
 from vllm_operator.health.snapshot import PodFacts, PodMetrics, Snapshot, Termination
 
 
@@ -326,13 +327,13 @@ def _startup(m: PodMetrics | None, now: float, settings: HealthSettings) -> Star
     progress = ""
     download = _download(m, now)
     if download is not None:
-        done = _gib(download.bytes_done)
-        progress = f"{done} of {_gib(download.bytes_total)} downloaded" if download.bytes_total else \
+        done = human_bytes(download.bytes_done)
+        progress = f"{done} of {human_bytes(download.bytes_total)} downloaded" if download.bytes_total else \
             f"{done} downloaded"
         if download.files_total:
             progress += f", {download.files_done or 0} of {download.files_total} files"
         if download.eta_s is not None:
-            progress += f", ETA {_duration(download.eta_s)}"
+            progress += f", ETA {human_seconds(download.eta_s)}"
     elif m.startup_kv_tokens is not None and m.startup_phase in (Phase.KV_CACHE_ALLOCATED.value,
                                                                  Phase.COMPILING.value, Phase.SERVING.value):
         progress = f"KV cache {m.startup_kv_tokens:,} tokens"
@@ -358,22 +359,6 @@ def _download(m: PodMetrics, now: float) -> DownloadView | None:
     return DownloadView(bytes_done=int(m.startup_download_bytes), bytes_total=int(total) if total else None,
                         files_done=m.startup_download_files, files_total=m.startup_download_total_files,
                         eta_s=round(eta) if eta is not None else None)
-
-
-def _gib(n: float | None) -> str:
-    """GiB with one decimal; MiB below one GiB (a small model's fetch would read 0.0 GiB of 0.0 GiB)."""
-    n = n or 0
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def _duration(s: float) -> str:
-    """`45s`, `5m10s`, `2h05m`."""
-    whole = max(0, round(s))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def stall_clock_start(pod: PodFacts, m: PodMetrics) -> float | None:
