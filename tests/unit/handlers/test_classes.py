@@ -4,7 +4,7 @@ who depends on a class edit, and when a dependent counts as rolled out (the roll
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -28,6 +28,7 @@ from vllm_operator.handlers.classes import (
 from vllm_operator.handlers.reconcile import child_selector
 from vllm_operator.handlers.watched import OWNED, OWNED_DEPLOYMENTS, WatchedChildren
 from vllm_operator.k8s import DEPLOYMENTS, VLLM_DEPLOYMENTS, KubeApi, Resource
+from vllm_operator.planning.profiles import NamedClass
 
 CHAT = parse_resource(yaml.safe_load((ROOT / "examples" / "chat.yaml").read_text())).spec
 AGENT = yaml.safe_load((ROOT / "examples" / "classes" / "agent.yaml").read_text())
@@ -73,6 +74,18 @@ def dependent(name: str, workload_class: str | None = "agent") -> dict[str, Any]
     return doc
 
 
+async def agent_edited(api: FakeKubeApi) -> tuple[
+        ClassIndex, dict[str, NamedClass], dict[str, dict[str, Any]], list[Mapping[str, Any]]]:
+    """An index that has seen class `agent` at generation 1 and then its edit to generation 2 (maxModelLen 8192):
+    the index, its snapshot and objects before the edit, and the edit's dependents among `api`'s objects in ml."""
+    index = ClassIndex()
+    index._loaded = True  # as after the first list
+    index.observe(agent(1))
+    before, objects = index.snapshot(), index.objects()
+    index.observe(agent(2, 8192))
+    return index, before, objects, dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
+
+
 async def test_a_pinned_dependent_keeps_the_class_it_had() -> None:
     index = ClassIndex()
     index._loaded = True
@@ -95,12 +108,7 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
     for name in ("a", "b"):
         await api.create(VLLM_DEPLOYMENTS, "ml", dependent(name))
     await api.create(VLLM_DEPLOYMENTS, "ml", dependent("c", "chat"))  # another class: not a dependent
-    index = ClassIndex()
-    index._loaded = True
-    index.observe(agent(1))
-    before, objects = index.snapshot(), index.objects()
-    index.observe(agent(2, 8192))
-    targets = dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
+    index, before, objects, targets = await agent_edited(api)
     assert [t["metadata"]["name"] for t in targets] == ["a", "b"]
     started = asyncio.Event()
 
@@ -222,12 +230,7 @@ async def test_a_roll_out_waits_on_the_watched_deployments_without_listing_them_
     await api.create(VLLM_DEPLOYMENTS, "ml", dependent("a"))
     labels = {**OWNED, constants.LABEL_DEPLOYMENT: "a"}
     await api.create(DEPLOYMENTS, "ml", {"metadata": {"name": "a-short", "labels": labels}, "spec": {"replicas": 1}})
-    index = ClassIndex()
-    index._loaded = True
-    index.observe(agent(1))
-    before, objects = index.snapshot(), index.objects()
-    index.observe(agent(2, 8192))
-    targets = dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
+    index, before, objects, targets = await agent_edited(api)
     api.calls.clear()
     children = WatchedChildren(api, watcher, ("ml",), watched=OWNED_DEPLOYMENTS)
     watching = asyncio.create_task(children.run())
