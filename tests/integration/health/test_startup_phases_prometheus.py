@@ -6,6 +6,7 @@ StartupStalled, from the wrapper's series and the label contract alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -33,6 +34,20 @@ def prom() -> Iterator[Prometheus]:
         yield p
 
 
+@contextlib.contextmanager
+def scraped(prom: Prometheus, monitor: status.Monitor) -> Iterator[PrometheusSource]:
+    """`monitor` served on its status port, as the engine pod's, scraped by `prom`; the health loop's source."""
+    server = status.serve(monitor, "127.0.0.1", free_port())
+    try:
+        prom.set_targets([Target(f"127.0.0.1:{server.server_address[1]}", {
+            "namespace": NAMESPACE, "vllmdeployment": DEPLOYMENT, "pod": POD, "pool": "short",
+            "component": "engine"})])
+        yield PrometheusSource(prom.url)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 async def check(source: PrometheusSource) -> Diagnosis:
     metrics = await read_metrics(source, NAMESPACE, DEPLOYMENT, SETTINGS)
     pods = (pod_facts(pod_json(POD, "short", ready=False, started_ago=30)),)
@@ -55,12 +70,7 @@ async def until(source: PrometheusSource, predicate: object, timeout: float = 40
 async def test_phase_since_and_progress_then_a_stuck_phase(prom: Prometheus) -> None:
     monitor = status.Monitor(phases.Tracker(started_at=time.time(), limits={
         **phases.DEFAULT_LIMITS_S, phases.Phase.PROFILING_MEMORY: 4.0}))
-    server = status.serve(monitor, "127.0.0.1", free_port())
-    try:
-        prom.set_targets([Target(f"127.0.0.1:{server.server_address[1]}", {
-            "namespace": NAMESPACE, "vllmdeployment": DEPLOYMENT, "pod": POD, "pool": "short",
-            "component": "engine"})])
-        source = PrometheusSource(prom.url)
+    with scraped(prom, monitor) as source:
         monitor.feed("(Worker pid=3) INFO [cpu_model_runner.py:68] Starting to load model /models/m...")
         monitor.feed("Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:03<00:03,  3.10s/it]")
         diag = await until(source, lambda d: d.pools["short"].startup is not None
@@ -85,9 +95,6 @@ async def test_phase_since_and_progress_then_a_stuck_phase(prom: Prometheus) -> 
         assert degraded.status.value == "True" and degraded.reason == "StartupStalled"
         assert "start stuck in phase ProfilingMemory" in degraded.message
         assert decision.deletions == []
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_a_weights_fetchs_counts_and_eta_reach_pool_status(prom: Prometheus) -> None:
@@ -95,12 +102,7 @@ async def test_a_weights_fetchs_counts_and_eta_reach_pool_status(prom: Prometheu
     scraped by Prometheus: files done of total, bytes and the ETA become `startupProgress` and `startupDownload`."""
     monitor = status.Monitor(phases.Tracker(started_at=time.time(), phase=phases.Phase.DOWNLOADING))
     monitor.observe_download(0, total=100 << 20, files=(0, 4))
-    server = status.serve(monitor, "127.0.0.1", free_port())
-    try:
-        prom.set_targets([Target(f"127.0.0.1:{server.server_address[1]}", {
-            "namespace": NAMESPACE, "vllmdeployment": DEPLOYMENT, "pod": POD, "pool": "short",
-            "component": "engine"})])
-        source = PrometheusSource(prom.url)
+    with scraped(prom, monitor) as source:
         monitor.observe_download(60 << 20, total=100 << 20, files=(2, 4), eta_s=3600.0)
 
         def counted(d: Diagnosis) -> bool:
@@ -116,6 +118,3 @@ async def test_a_weights_fetchs_counts_and_eta_reach_pool_status(prom: Prometheu
         got = entry.short.startup_download
         assert (got.bytes_done, got.bytes_total, got.files_done, got.files_total) == (60 << 20, 100 << 20, 2, 4)
         assert got.eta_seconds is not None and 3000 < got.eta_seconds <= 3600, "counted down from the sample"
-    finally:
-        server.shutdown()
-        server.server_close()
