@@ -311,15 +311,7 @@ def _watch(child: subprocess.Popen[bytes], monitor: status.Monitor, options: Sta
             stop.set()
             scanner.stopping = True
             log.error("Stopped vLLM (pid %d): its start stalled, %s", child.pid, stalled[0])
-            with contextlib.suppress(ProcessLookupError):
-                child.terminate()
-            try:
-                child.wait(options.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                log.error("vLLM (pid %d) did not stop within %.0fs of SIGTERM; killed it", child.pid,
-                          options.stop_grace_s)
-                with contextlib.suppress(ProcessLookupError):
-                    child.kill()
+            _terminate(child, options.stop_grace_s)
             return
         scanner.wake.wait(options.watch_interval_s)
 
@@ -337,12 +329,17 @@ def _end_dead_engine(child: subprocess.Popen[bytes], options: StartupOptions, st
     stop.set()
     log.warning("Stopped vLLM (pid %d): its engine core died (%s), and vLLM's own watchdog would notice only on "
                 "its next round", child.pid, scanner.seen.get(constants.REASON_ENGINE_DEAD, "")[:200])
+    _terminate(child, options.stop_grace_s)
+
+
+def _terminate(child: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM, and SIGKILL if vLLM has not exited `grace_s` later."""
     with contextlib.suppress(ProcessLookupError):
         child.terminate()
     try:
-        child.wait(options.stop_grace_s)
+        child.wait(grace_s)
     except subprocess.TimeoutExpired:
-        log.error("vLLM (pid %d) did not stop within %.0fs of SIGTERM; killed it", child.pid, options.stop_grace_s)
+        log.error("vLLM (pid %d) did not stop within %.0fs of SIGTERM; killed it", child.pid, grace_s)
         with contextlib.suppress(ProcessLookupError):
             child.kill()
 
