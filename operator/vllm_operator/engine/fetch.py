@@ -428,9 +428,7 @@ def lease(root: Path, resolved: Resolved, pod_uid: str | None) -> None:
     """Record that this pod uses the entry (its mtime is the entry's last use: least-recently-used eviction)."""
     if not pod_uid:
         return
-    leases = root / LEASES / f"{repo_key(resolved.repo)}--{resolved.commit}"
-    leases.mkdir(parents=True, exist_ok=True)
-    (leases / pod_uid).touch()
+    eviction.renew(eviction.lease_dir(root, f"{repo_key(resolved.repo)}--{resolved.commit}") / pod_uid)
 
 
 def link(link_path: Path, entry: Path) -> None:
