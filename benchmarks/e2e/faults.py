@@ -12,9 +12,9 @@ for the system to be Ready between runs:
 * oom: the engine container taken past its memory limit (tests/support/e2e_stack.exceed_memory_limit) -> the
   kernel's OOM kill of a vLLM process, the container reported OOMKilled, the health loop's step down (oomCount 1 in
   the benchmark's variant of cpu-dev.yaml), the next rung's pod Ready, the first 200 from the pool after it. A pool
-  at a rung already is reset (`spec.remediation.resetToken`) and the system Ready again before the next OOM. On the
-  stack's two 2-CPU nodes the next rung's surge pod only fits when the router (rolled with the rung) lands on the
-  other node than the OOMKilled engine; otherwise it stays Pending and the run fails after its 600 s wait.
+  at a rung already is reset (`spec.remediation.resetToken`) and the system Ready again before the next OOM. A
+  pool on a rung rolls without a surge pod (the OOMKilled pod goes first: rendering/engine.py), so the next rung's
+  pod fits on the stack's two 2-CPU nodes wherever the router (rolled with the rung) lands.
 
 Where the time of a restart goes is read off the containers' logs (`kubectl logs --timestamps`: the runtime's time
 of each line): the old container's last line (the wrapper exiting), the new container's first line (the wrapper

@@ -1,8 +1,10 @@
 """Self-healing with real engines on the real control plane, on the session's `cpu_dev` system (tests/e2e/conftest.py,
 tests/support/e2e_stack.py): an engine core killed under traffic (/health 503, the router ejects the engine and
 serves short prompts from the long pool, vLLM exits, the wrapper reports EngineDead through terminationMessagePath,
-the real kubelet restarts the container, the router readmits it, the operator observes it), and an engine core
-frozen mid-step (the health loop diagnoses Stalled and deletes the pod, the ReplicaSet's replacement starts).
+the real kubelet restarts the container, the router readmits it, the operator observes it), an engine container
+taken past its memory limit (the kernel OOM-kills a vLLM process, the kubelet reports OOMKilled, the health loop
+steps the pool down a rung and the pod at that rung serves), and an engine core frozen mid-step (the health loop
+diagnoses Stalled and deletes the pod, the ReplicaSet's replacement starts).
 
 These are the `cpu_dev` modules' only faults, in a module of their own so that they run after the others
 (test_operator_vllm, test_router_vllm: pytest runs modules in name order) and nobody waits for their healing: the
@@ -16,23 +18,29 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support import vllm_cpu
 from tests.support.e2e_stack import (
     EXAMPLE,
+    NAME,
+    NS,
     RESTART_READY_TIMEOUT_S,
     PodContainer,
     Stack,
     Traffic,
+    cond,
     engine_core_pid,
     engine_url,
+    exceed_memory_limit,
     kill_engine_core,
     metrics_text,
     router_metric,
 )
 from vllm_operator import constants
+from vllm_operator.k8s import VLLM_DEPLOYMENTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # start-up and healing of real engines on 2 cores
 
@@ -98,6 +106,76 @@ def test_engine_core_death_ejects_restarts_and_readmits(healthy: Stack) -> None:
     record("engine core SIGKILL", {"health_503_s": unhealthy - killed, "router_ejected_s": ejected - killed,
                                    "ready_again_s": ready - killed, "serving_again_s": serving - killed})
     print(f"startupPhase in status during the restart: {phases_seen}")
+
+
+def test_engine_oomkilled_by_the_kernel_steps_the_pool_down_and_the_next_rung_serves(healthy: Stack) -> None:
+    """The short engine's container goes past its memory limit (tests/support/e2e_stack.exceed_memory_limit): the
+    kernel kills one of vLLM's processes, the kubelet reports the container OOMKilled with the wrapper's exit code
+    and message, the health loop diagnoses HostOOMKilled (on CPU the engine's own memory) and takes the memory
+    ladder's next rung (oomCount 1 here: one OOM is enough), and the pool's pod at that rung (less KV memory) serves
+    through the router. The OOMKilled pod is replaced, not surged beside: on these two 2-CPU nodes the next rung's
+    pod found no room when the router (rolled with the rung) landed beside the OOMKilled engine. Runs before the
+    stall test, which leaves its replacement starting."""
+    pool = "short"
+    pools = healthy.obj().get("status", {}).get("pools", {})
+    level = ((pools.get(pool) or {}).get("stepDown") or {}).get("level", 0)
+    container = healthy.engine(pool)
+    pod = container.pod
+    kv_bytes = engine_flag(container.obj(), "--kv-cache-memory-bytes")
+    thresholds = EXAMPLE["spec"]["remediation"]["thresholds"]
+    healthy.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME,
+                                   {"spec": {"remediation": {"thresholds": {"oomCount": 1}}}}))
+    try:
+        with Traffic(healthy) as traffic:
+            healthy.wait(lambda: traffic.first(0, pool), 60, what="traffic on the short pool")
+            oom = exceed_memory_limit(healthy, pool)
+            exited = healthy.wait(lambda: (t := container.last_terminated) and t.get("reason") == "OOMKilled" and t,
+                                  60, interval=0.2, what=f"{pod}'s engine container reported OOMKilled")
+            healthy.wait(lambda: any(e.get("reason") == "ObservedHostOOMKilled" and pod in e.get("message", "")
+                                     for e in healthy.events()), 60, interval=0.5,
+                         what=f"the operator observed {pod} HostOOMKilled")
+            healthy.wait(
+                lambda: (healthy.obj()["status"]["pools"][pool].get("stepDown") or {}).get("level", 0) == level + 1,
+                60, interval=0.5, what="the pool stepped down one rung")
+            healthy.wait(lambda: any(e.get("reason") == "SteppedDown" for e in healthy.events()), 30,
+                         interval=0.5, what="the SteppedDown event")
+
+            live_pods: list[int] = []  # pods of the pool not being deleted, at each look
+
+            def next_rung_ready() -> float | None:
+                pods = healthy.pods(pool, terminating=True)
+                live_pods.append(sum(not p["metadata"].get("deletionTimestamp") for p in pods))
+                if len(pods) != 1 or pods[0]["metadata"]["name"] == pod:
+                    return None
+                return time.monotonic() if cond(pods[0], "Ready").get("status") == "True" else None
+
+            ready = healthy.wait(next_rung_ready, RESTART_READY_TIMEOUT_S, interval=0.5,
+                                 what="the next rung's pod Ready and the OOMKilled pod gone")
+            assert max(live_pods) == 1, f"a pod surged beside the OOMKilled one (pods alive at each look: {live_pods})"
+        # The rung is in the router's pool table too, so the router pod is replaced with it (a new address): the
+        # system Ready, then traffic through the router of now.
+        healthy.wait_ready()
+        with Traffic(healthy) as after:
+            serving = healthy.wait(lambda: after.first(0, pool), 120, interval=0.2,
+                                   what="the short pool served by the next rung's pod")
+        new = healthy.engine(pool)
+        assert engine_flag(new.obj(), "--kv-cache-memory-bytes") < kv_bytes, "the next rung has less KV memory"
+        # the wrapper's exit code and termination message stay beside the kubelet's reason
+        assert exited["exitCode"] != 0 and exited.get("message"), exited
+    finally:  # back to the example's thresholds (a merge patch deletes a key set to null)
+        healthy.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME,
+                                       {"spec": {"remediation": {"thresholds": {"oomCount": None}}}}))
+        assert healthy.obj()["spec"]["remediation"]["thresholds"] == thresholds
+    record("engine OOMKilled by the kernel", {"allocation_to_kill_s": oom.killed - oom.started,
+                                              "next_rung_ready_s": ready - oom.killed,
+                                              "next_rung_serving_s": serving - oom.killed})
+    print(f"OOM victim: {oom.victim_title} (pid {oom.victim}); {exited.get('message', '')[:200]}")
+
+
+def engine_flag(pod: dict[str, Any], flag: str) -> int:
+    """An integer engine argument `--flag=N` of a pod's engine container."""
+    args = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")["args"]
+    return int(next(a for a in args if a.startswith(flag + "=")).split("=", 1)[1])
 
 
 def test_stalled_engine_core_is_diagnosed_and_its_pod_replaced(healthy: Stack) -> None:

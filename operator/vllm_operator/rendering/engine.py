@@ -34,8 +34,13 @@ its failure budget is only a backstop for a wrapper that cannot answer at all:
 
 Strategy: GPU pools roll with `maxSurge: 0, maxUnavailable: 1` — there is no spare GPU for a surge pod, and a surge
 pod would sit Pending until the rollout deadline. CPU pools surge one pod first (`maxSurge: 1, maxUnavailable: 0`):
-memory is usually there, and capacity never dips. `progressDeadlineSeconds` covers the longest startup probe window,
-so a slow but healthy model load is not reported as a failed rollout.
+memory is usually there, and capacity never dips — except a CPU pool the health loop has moved on its ladder (a
+step-down after OOM, a KV rung after KVCacheTooSmall), which rolls like a GPU pool: its pods are crash-looping, so
+there is no capacity to keep, and the node's room is what ran out. A surge pod beside the failing one can find no
+node (seen on real kubelets: the next rung's pod Pending while `maxUnavailable: 0` kept the OOMKilled pod, until the
+rollout deadline); without the surge the Deployment controller removes the failing pod first.
+`progressDeadlineSeconds` covers the longest startup probe window, so a slow but healthy model load is not reported as
+a failed rollout.
 
 Security context: every engine container drops all capabilities and may not gain privileges, and every engine pod runs
 under the runtime's default seccomp profile; vLLM needs none of what those take away (NCCL between the GPUs of one pod
@@ -367,7 +372,8 @@ def deployment(plan: Plan, pool: PoolPlan) -> common.Manifest:
         pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]
     if pool.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in pool.image_pull_secrets]
-    strategy = ({"maxSurge": 0, "maxUnavailable": 1} if gpu else {"maxSurge": 1, "maxUnavailable": 0})
+    replace_first = gpu or pool.step_down_level > 0 or pool.kv_level > 0
+    strategy = {"maxSurge": 0, "maxUnavailable": 1} if replace_first else {"maxSurge": 1, "maxUnavailable": 0}
     name = names.pool(plan.name, pool.name)
     return {
         "apiVersion": "apps/v1",

@@ -208,6 +208,18 @@ def test_cpu_pool_specifics() -> None:
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "1Gi"
 
 
+@pytest.mark.parametrize("rung", [{"step_down_level": 1}, {"kv_level": 1}], ids=["step-down", "kv-rung"])
+def test_a_cpu_pool_moved_on_its_ladder_replaces_its_failing_pod_instead_of_surging(rung: dict[str, int]) -> None:
+    """A rung is taken because the pool's pods crash-loop (OOM, KV cache too small): a surge pod beside the failing
+    one may find no node, and `maxUnavailable: 0` would keep the failing pod until the rollout deadline. The other
+    pool, on rung 0, keeps its surge."""
+    plan, _ = cpu_case()
+    moved = plan.model_copy(update={"pools": {**plan.pools, "short": plan.pools["short"].model_copy(update=rung)}})
+    deps = by_kind(render(moved), "Deployment")
+    assert deps["cpu-dev-short"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert deps["cpu-dev-long"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
 def test_spec_extras_reach_the_engine_pods() -> None:
     spec = spec_from({
         "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "workloadClass": "chat",
