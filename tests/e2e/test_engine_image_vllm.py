@@ -8,7 +8,7 @@ substitute the pod's IP. The request goes from the host through the namespace's 
 
 Cold: the image's /opt/vllm is dropped from the page cache first, as on a node that never ran it, so the container
 is charged the torch and vLLM pages it reads; vLLM's CPU worker then has to be shown the working set (the engine
-wrapper's vllm_operator/engine/cgroup.py) or it refuses the planned KV cache.
+wrapper's vllm_operator/engine/vllm_site/_vllm_operator_working_set.py) or it refuses the planned KV cache.
 """
 
 from __future__ import annotations

@@ -97,8 +97,9 @@ def evict_page_cache(name: str, path: str) -> None:
     their pages (on cgroup v1 a page is charged to the cgroup that first reads it). vLLM's CPU worker counted those
     pages as memory taken and refused the planned KV cache of cpu-dev's 4 GiB pod ("Available memory on node 0
     (0.88/4.0 GiB) on kv cache allocation is less than requested"); the engine wrapper shows it
-    the usage without the page cache no process maps instead (vllm_operator/engine/cgroup.py). Pages mapped by a
-    running process elsewhere stay cached."""
+    the usage without the page cache no process maps instead
+    (vllm_operator/engine/vllm_site/_vllm_operator_working_set.py). Pages mapped by a running process elsewhere stay
+    cached."""
     mount = podman("image", "mount", image(name).image_id).stdout.strip()
     try:
         subprocess.run(["vmtouch", "-q", "-e", f"{mount}{path}"], check=True, timeout=600)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tests.support.net import free_port
 from tests.support.paths import ROOT
-from vllm_operator.engine import amx
+from vllm_operator.engine import amx, childsite
 
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
@@ -342,7 +342,7 @@ def start_vllm(model_dir: Path, engine_args: Sequence[str], port: int | None = N
     `log_path` (default: a file named after the port in the system temp directory).
 
     On AMX hosts the server's processes get the tile permission the way the product's engine wrapper gives it
-    (`vllm_operator.engine.amx.child_env`): plain vLLM 0.32 dies of SIGILL on a first request of one token
+    (`vllm_operator.engine.childsite.child_env`): plain vLLM 0.32 dies of SIGILL on a first request of one token
     (measured 2026-12-03: "Worker proc VllmWorker-0 died unexpectedly (exit code: -4)", then 500 and exit), and a
     CI run lost test_vllm_signals that way. Every pod the operator renders runs vLLM through the wrapper, so the
     plain engines stand for what the product runs; the wrapper's own e2e test is the one that proves the fix.
@@ -353,7 +353,7 @@ def start_vllm(model_dir: Path, engine_args: Sequence[str], port: int | None = N
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=amx.child_env(env if env is not None else cpu_env(), amx.host_has_amx_tile()),
+                                env=childsite.child_env(env if env is not None else cpu_env(), amx.host_has_amx_tile()),
                                 cwd=str(model_dir.parent),
                                 start_new_session=True)
     server = VllmServer(proc=proc, argv=argv, host=host, port=port, log_path=log_path)

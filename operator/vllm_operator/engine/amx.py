@@ -12,20 +12,15 @@ VllmWorker-0 died unexpectedly"), the engine core reports EngineDead and every r
 prompt goes through oneDNN's AMX matmul first and hides it.
 
 No option of vLLM's or torch's steers that choice, and nothing the wrapper does in its own process survives vLLM's
-exec, so the wrapper gives every Python process of vLLM's the permission at interpreter start: the directory
-`amx_site/` (a `sitecustomize` that asks for it and then runs any other `sitecustomize` on the path, so an image's
-own keeps working) goes first on the child's PYTHONPATH, which vLLM's spawned processes inherit. Only on hosts whose
-CPU has `amx_tile`; the request is harmless where the kernel refuses it.
+exec, so the wrapper gives every Python process of vLLM's the permission at interpreter start, through the
+`sitecustomize` that `childsite.py` puts first on vLLM's PYTHONPATH. Only on hosts whose CPU has `amx_tile`; the
+request is harmless where the kernel refuses it.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 
-SITE_DIR = Path(__file__).resolve().parent / "amx_site"
-"""Holds the `sitecustomize.py` that asks for the tile permission (stdlib only: it runs in vLLM's interpreter)."""
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -44,13 +39,3 @@ def host_has_amx_tile(cpuinfo: Path = CPUINFO) -> bool:
     except OSError:
         return False
 
-
-def child_env(env: Mapping[str, str], amx_tile: bool) -> dict[str, str]:
-    """`env` for vLLM's process: with `amx_tile`, `SITE_DIR` first on PYTHONPATH (kept once, the rest kept)."""
-    out = dict(env)
-    if not amx_tile:
-        return out
-    site = str(SITE_DIR)
-    rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
-    out["PYTHONPATH"] = os.pathsep.join([site, *rest])
-    return out

@@ -10,10 +10,10 @@ tell a slow start from a hung one. This wrapper
   `python -m vllm.entrypoints.openai.api_server --model MODEL ARGS…` with `--launcher api-server`), passes its
   stdout and stderr through unchanged, and forwards SIGTERM/SIGINT for a graceful drain; on a CPU with AMX tiles
   its processes get the tile permission that vLLM's CPU attention assumes (`amx.py`), and every one of them counts
-  the cgroup's memory in use, not the page cache it read, as used memory (`cgroup.py`: vLLM refused a CPU pod's
-  planned KV cache on a node with a cold page cache); a CPU engine without cores of its own (no static CPU
-  manager) has its OpenMP threads left to the kernel's scheduler, as many as its CPU limit (`cpubind.py`: vLLM pins
-  every engine of a node to the node's first cores);
+  the cgroup's memory in use, not the page cache it read, as used memory (vLLM refused a CPU pod's planned KV cache
+  on a node with a cold page cache), both through the `sitecustomize` of `childsite.py`; a CPU engine without
+  cores of its own (no static CPU manager) has its OpenMP threads left to the kernel's scheduler, as many as its CPU
+  limit (`cpubind.py`: vLLM pins every engine of a node to the node's first cores);
 * follows the start as phases (`phases.py`: launching, downloading, loading weights, compiling, profiling memory,
   KV cache allocated, serving) from the log — progress bars' `\r` updates included — and from the bytes arriving
   in the Hub cache (`downloads.py`), and serves them on its own port (`status.py`: `/startup` for the kubelet's
@@ -65,7 +65,7 @@ from vllm_operator import constants
 from vllm_operator.engine import (
     adapters,
     amx,
-    cgroup,
+    childsite,
     cpubind,
     downloads,
     eviction,
@@ -566,8 +566,8 @@ def main(argv: Sequence[str]) -> int:
     amx_tile = amx.host_has_amx_tile()
     if amx_tile:
         log.info("This CPU has AMX tiles: vLLM's processes ask for the tile state at start (%s on PYTHONPATH; "
-                 "vllm_operator/engine/amx.py says why)", amx.SITE_DIR)
-    env, bound = cpubind.child_env(amx.child_env(cgroup.child_env(os.environ), amx_tile))
+                 "vllm_operator/engine/amx.py says why)", childsite.SITE_DIR)
+    env, bound = cpubind.child_env(childsite.child_env(os.environ, amx_tile))
     if bound is not None:
         log.info("This CPU engine %s (%s)", bound.reason,
                  ", ".join(f"{k}={v}" for k, v in bound.env.items()))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_operator.engine import amx
+from vllm_operator.engine import amx, childsite
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,8 @@ if __name__ == "__main__":
     spawned = queue.get(timeout=60)
     proc.join()
     print("REPORT " + json.dumps({"main": {"perm": perm(), "image_site": os.environ.get("IMAGE_SITE_RAN")},
-                                  "spawned": spawned, "pythonpath": os.environ.get("PYTHONPATH", "")}))
+                                  "spawned": spawned, "pythonpath": os.environ.get("PYTHONPATH", ""),
+                                  "amx_switch": os.environ.get("VLLM_OPERATOR_AMX_TILE")}))
 """
 
 
@@ -68,10 +69,11 @@ def test_vllms_spawned_processes_may_use_amx_tiles_and_the_images_sitecustomize_
     assert isinstance(main, dict) and isinstance(spawned, dict)
     # the image's own sitecustomize ran in both processes, whatever the CPU
     assert main["image_site"] and spawned["image_site"] and main["image_site"] != spawned["image_site"]
+    assert str(report["pythonpath"]).split(":")[0] == str(childsite.SITE_DIR)
     if amx.host_has_amx_tile():
         assert main["perm"] & XTILEDATA, report
         assert spawned["perm"] & XTILEDATA, report
-        assert str(report["pythonpath"]).split(":")[0] == str(amx.SITE_DIR)
+        assert report["amx_switch"] == "1"
         assert "This CPU has AMX tiles" in str(report["wrapper_log"])
     else:
-        assert str(amx.SITE_DIR) not in str(report["pythonpath"]), report
+        assert report["amx_switch"] is None, report

@@ -276,26 +276,16 @@ def test_engine_wrapper_runs_with_what_the_vllm_image_has(engine_env: Path, tmp_
     assert "usage:" in proc.stdout
 
 
-def test_engine_install_ships_the_amx_sitecustomize(engine_env: Path, tmp_path: Path) -> None:
-    """The wrapper puts engine/amx_site first on vLLM's PYTHONPATH (engine/amx.py): a wheel without the file would
-    leave vLLM's CPU workers to die of SIGILL on AMX hosts."""
-    code = "from vllm_operator.engine import amx; print(amx.SITE_DIR / 'sitecustomize.py')"
-    proc = subprocess.run([str(engine_env / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, check=True)
-    shipped = Path(proc.stdout.strip())
-    assert str(engine_env) in str(shipped) and shipped.is_file(), proc.stdout
-    assert "ARCH_REQ_XCOMP_PERM" in shipped.read_text()
-
-
-def test_engine_install_ships_the_working_set_sitecustomize(engine_env: Path, tmp_path: Path) -> None:
-    """The wrapper puts engine/vllm_site first on vLLM's PYTHONPATH (engine/cgroup.py): a wheel without its two
-    files would leave vLLM's CPU worker to refuse its KV cache on a node with a cold page cache."""
-    code = "from vllm_operator.engine import cgroup; print(cgroup.SITE_DIR)"
+def test_engine_install_ships_the_sitecustomize(engine_env: Path, tmp_path: Path) -> None:
+    """The wrapper puts engine/vllm_site first on vLLM's PYTHONPATH (engine/childsite.py): a wheel without its two
+    files would leave vLLM's CPU workers to die of SIGILL on AMX hosts and to refuse their KV cache on a node with a
+    cold page cache."""
+    code = "from vllm_operator.engine import childsite; print(childsite.SITE_DIR)"
     proc = subprocess.run([str(engine_env / "bin" / "python"), "-c", code], capture_output=True, text=True,
                           cwd=tmp_path, check=True)
     site = Path(proc.stdout.strip())
     assert str(engine_env) in str(site), proc.stdout
-    assert "_vllm_operator_working_set" in (site / "sitecustomize.py").read_text()
+    assert "ARCH_REQ_XCOMP_PERM" in (site / "sitecustomize.py").read_text()
     assert "total_inactive_file" in (site / "_vllm_operator_working_set.py").read_text()
 
 

@@ -20,7 +20,7 @@ def test_the_wrapper_loads_only_itself_and_the_contract_module() -> None:
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(done.stdout) == ["vllm_operator", "vllm_operator.constants", "vllm_operator.engine",
                                        "vllm_operator.engine.adapters", "vllm_operator.engine.amx",
-                                       "vllm_operator.engine.cgroup", "vllm_operator.engine.cpubind",
+                                       "vllm_operator.engine.childsite", "vllm_operator.engine.cpubind",
                                        "vllm_operator.engine.downloads",
                                        "vllm_operator.engine.eviction", "vllm_operator.engine.idleprobe",
                                        "vllm_operator.engine.main",

@@ -1,9 +1,9 @@
-"""engine/cgroup.py and its vllm_site: vLLM is shown the cgroup usage without the page cache no process maps."""
+"""engine/vllm_site/_vllm_operator_working_set.py: vLLM is shown the cgroup usage without the page cache no process
+maps."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import types
 from collections.abc import Iterator
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_operator.engine import cgroup
+from vllm_operator.engine import childsite
 
 V1_STAT = """cache 1879048192
 rss 1073741824
@@ -29,7 +29,7 @@ V2_STAT = "anon 1073741824\nfile 1879048192\ninactive_file 1610612736\nactive_fi
 @pytest.fixture
 def ws() -> Iterator[types.ModuleType]:
     """The stdlib-only module as vLLM's interpreter imports it (from the site directory, not as a package)."""
-    path = cgroup.SITE_DIR / "_vllm_operator_working_set.py"
+    path = childsite.SITE_DIR / "_vllm_operator_working_set.py"
     spec = importlib.util.spec_from_file_location("_vllm_operator_working_set_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -108,9 +108,3 @@ def test_off_switch(ws: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> No
     ws.install()
     assert sys.meta_path == before
 
-
-def test_child_env_puts_the_site_first_once() -> None:
-    site = str(cgroup.SITE_DIR)
-    env = cgroup.child_env({"PYTHONPATH": f"/a{os.pathsep}{site}{os.pathsep}/b", "X": "1"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [site, "/a", "/b"] and env["X"] == "1"
-    assert cgroup.child_env({})["PYTHONPATH"] == site
