@@ -262,10 +262,11 @@ def _check(stack: Stack, sent: Sent) -> None:
     assert re.fullmatch(rb"HTTP/1\.1 \d{3} [\w -]+", status_line), answer[:200]
     status = int(status_line.split()[1])
     event(f"{sent.path if sent.path in (CHAT, COMPLETIONS) else 'other'} {status}")  # --hypothesis-show-statistics
-    errors = [f"{r.getMessage()} {r.exc_info[1]!r}" if r.exc_info else r.getMessage()
+    # logger and thread named: a record from a thread another module left running would read differently
+    errors = [f"[{r.name} on {r.threadName}] {r.getMessage()}" + (f" {r.exc_info[1]!r}" if r.exc_info else "")
               for r in stack.errors.records[seen:]]
     assert status < 500, answer[:600]
-    assert errors == []
+    assert errors == [], answer[:600]
     if status >= 400 and sent.method != "HEAD":
         body = answer.split(b"\r\n\r\n", 1)[1]
         if not sent.chunked or b"Transfer-Encoding: chunked" not in answer:
