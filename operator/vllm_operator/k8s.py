@@ -81,8 +81,6 @@ PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")  # 
 SECRETS = Resource("", "v1", "secrets", "Secret")  # the webhook CA's Secret only (handlers/webhook.py)
 VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                                "ValidatingWebhookConfiguration", namespaced=False)
-CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
-                namespaced=False)
 
 # Every kind the operator renders as a child, keyed by (apiVersion, kind).
 CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
