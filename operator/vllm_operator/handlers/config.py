@@ -27,3 +27,7 @@ class OperatorConfig:
     class_rollout_timeout: float = 600.0  # seconds a class roll-out waits for one dependent before the next
     max_concurrent_reconciles: int = 4  # reconciles/health checks in flight at once, refreshes as many (queue.py)
     extra: dict[str, str] = field(default_factory=dict)
+
+
+DEFAULT_CONFIG = OperatorConfig()
+"""What a reconcile or plan outside an operator run (tests, benchmarks) plans with."""

@@ -33,7 +33,7 @@ from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.handlers import childplan, conditions, scaling
 from vllm_operator.handlers.childplan import ChildAction, ChildPlan, is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
+from vllm_operator.handlers.config import DEFAULT_CONFIG, OperatorConfig
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
@@ -51,7 +51,6 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.planning import PlanContext, plan_for
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
-from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 from vllm_operator.rendering import RenderOptions, render
 
 log = logging.getLogger(__name__)
@@ -160,18 +159,19 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
     return chosen, note
 
 
-async def plan_context(kube: KubeApi, resource: VLLMDeployment, images: ImageDefaults = DEFAULT_IMAGES,
-                       classes: ClassIndex | None = None, node_cache: NodeCache = DEFAULT_NODE_CACHE) -> PlanContext:
+async def plan_context(kube: KubeApi, resource: VLLMDeployment, config: OperatorConfig = DEFAULT_CONFIG,
+                       classes: ClassIndex | None = None) -> PlanContext:
     """What the operator plans a VLLMDeployment with (`planning.plan_for`): `auto` resolved from the nodes, with
-    its explanation; its class from `classes` (None: the built-in table); the operator's --image-repository. Every
+    its explanation; its class from `classes` (None: the built-in table); the operator's --image-repository and
+    weights cache (`config`). Every
     reader — reconcile, the status refresh, the health loop, admission — plans with this, so they plan the same
     (the health loop once planned with the accelerator from status and the default images; the refresh without
     the note dropped it from status ~2 s after every reconcile)."""
     accelerator, note = await resolve_accelerator(kube, resource.spec)
     meta = resource.metadata
     klass = await classes.resolve(kube, (meta.namespace, meta.name), resource.spec) if classes else None
-    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=images,
-                       node_cache=node_cache)
+    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=config.images,
+                       node_cache=config.node_cache)
 
 
 EVENT_MESSAGE_LIMIT = 1024
@@ -297,13 +297,11 @@ async def _post_wake_events(kube: KubeApi, obj: Mapping[str, Any], events: Seque
         await _emit(kube, obj, "Normal", event.reason, event.message)
 
 
-async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
-                    images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                    prometheus_url: str | None = None, node_cache: NodeCache = DEFAULT_NODE_CACHE,
+async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfig = DEFAULT_CONFIG,
+                    classes: ClassIndex | None = None, *, status: VLLMDeploymentStatus | None = None
                     ) -> ReconcileOutcome:
-    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring); `images`: the
-    operator's --image-repository; `classes`: the cluster's VLLMWorkloadClasses (None: the built-in table);
-    `prometheus_url`: the Prometheus the autoscaling triggers query (the operator's --prometheus-url)."""
+    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring), planned as
+    `plan_context` says; `config.prometheus_url`: the Prometheus the autoscaling triggers query."""
     meta = obj["metadata"]
     generation = meta.get("generation")
     now = now_rfc3339()
@@ -322,7 +320,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
 
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
-        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache), base_status)
+        the_plan = plan_for(resource, await plan_context(kube, resource, config, classes), base_status)
     except SpecError as err:
         outcome.spec_error = refusal = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
@@ -343,8 +341,8 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         return outcome
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    autoscaling = await _autoscaling_state(kube, the_plan, bool(prometheus_url))
-    options = RenderOptions(prometheus_url=prometheus_url if autoscaling.active else None)
+    autoscaling = await _autoscaling_state(kube, the_plan, bool(config.prometheus_url))
+    options = RenderOptions(prometheus_url=config.prometheus_url if autoscaling.active else None)
     manifests = [m for m in render(the_plan, options=options)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
     existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring, autoscaling.keda)
@@ -409,10 +407,9 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
     return status
 
 
-async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
-                         deployments: Sequence[Mapping[str, Any]] | None = None,
-                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                         node_cache: NodeCache = DEFAULT_NODE_CACHE) -> bool:
+async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfig = DEFAULT_CONFIG,
+                         classes: ClassIndex | None = None, *, deployments: Sequence[Mapping[str, Any]] | None = None
+                         ) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
     `obj` and `deployments` may come from the operator's watches (handlers/watched.py), so that the only
@@ -426,7 +423,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
         prev = VLLMDeploymentStatus.of(current)
         try:
             resource = parse_resource(dict(current))
-            the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache), prev)
+            the_plan = plan_for(resource, await plan_context(kube, resource, config, classes), prev)
         except SpecError:
             return None  # the spec is refused; the lifecycle handler owns that status
         found = deployments if deployments is not None else await kube.list(
