@@ -56,28 +56,24 @@ def _builtins() -> str:
     return ", ".join(c.value for c in profiles.BUILTINS)
 
 
-def class_object(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """What `profiles.parse_class` reads of a VLLMWorkloadClass (its name, generation and spec): what a pin keeps."""
-    meta = raw.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "generation": meta.get("generation")},
-            "spec": copy.deepcopy(raw.get("spec") or {})}
-
-
 class Pin:
     """A dependent's class until its turn: `for_class` is the spec's workloadClass when it was pinned (None: the
     default), `profile` the class it resolved to then (None: it did not resolve, so it plans with the current
-    classes and only its turn is kept, in memory), and `obj` that class's object (None: the built-in table)."""
+    classes and only its turn is kept, in memory)."""
 
-    def __init__(self, for_class: str | None, profile: profiles.NamedClass | None,
-                 obj: Mapping[str, Any] | None) -> None:
+    def __init__(self, for_class: str | None, profile: profiles.NamedClass | None) -> None:
         self.for_class = for_class
         self.profile = profile
-        self.obj = dict(obj) if obj is not None else None
 
     def annotation(self) -> str:
-        assert self.profile is not None, "a turn without a class is not persisted"
-        return json.dumps({"for": self.for_class, "class": self.profile.name, "object": self.obj},
-                          sort_keys=True, separators=(",", ":"))
+        """The class whole, as `profiles.parse_class` reads it back (name, generation and spec), or only its name
+        for a built-in from the table (no generation)."""
+        klass = self.profile
+        assert klass is not None, "a turn without a class is not persisted"
+        obj = None if klass.generation is None else {
+            "metadata": {"name": klass.name, "generation": klass.generation}, "spec": klass.spec.to_wire()}
+        return json.dumps({"for": self.for_class, "class": klass.name, "object": obj}, sort_keys=True,
+                          separators=(",", ":"))
 
     @classmethod
     def parse(cls, text: str) -> Pin:
@@ -88,7 +84,7 @@ class Pin:
             profile = profiles.parse_class(obj) if obj is not None else profiles.builtin(str(data["class"]))
         except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as err:
             raise ValueError(f"not a workload-class pin: {err}") from err
-        return cls(data.get("for"), profile, obj)
+        return cls(data.get("for"), profile)
 
     def applies(self, spec: VLLMDeploymentSpec) -> bool:
         """A spec that names another class than it did when pinned plans with that one, at once."""
@@ -101,7 +97,6 @@ class ClassIndex:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._classes: dict[str, profiles.NamedClass] = {}
-        self._objects: dict[str, dict[str, Any]] = {}  # class_object() of each, what a pin keeps
         self._broken: dict[str, str] = {}  # stored objects that do not parse (written before a CRD upgrade)
         self._pinned: dict[Key, Pin] = {}
         self._loaded = False
@@ -137,29 +132,21 @@ class ClassIndex:
         old = self._classes.get(name)
         try:
             self._classes[name] = profiles.parse_class(raw)
-            self._objects[name] = class_object(raw)
             self._broken.pop(name, None)
         except ValidationError as err:
             self._classes.pop(name, None)
-            self._objects.pop(name, None)
             first = err.errors()[0]
             self._broken[name] = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
         return old
 
     def forget(self, name: str) -> profiles.NamedClass | None:
         self._broken.pop(name, None)
-        self._objects.pop(name, None)
         return self._classes.pop(name, None)
 
     def snapshot(self) -> dict[str, profiles.NamedClass]:
         return dict(self._classes)
 
-    def objects(self) -> dict[str, dict[str, Any]]:
-        """The classes' objects as `class_object` keeps them (what `snapshot()`'s profiles were parsed from)."""
-        return copy.deepcopy(self._objects)
-
-    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.NamedClass],
-            objects: Mapping[str, Mapping[str, Any]]) -> Pin | None:
+    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.NamedClass]) -> Pin | None:
         """Pin a dependent (in memory) to the class it resolves to among `before`; a dependent already pinned keeps
         its older pin, and one that did not resolve before keeps only its turn (it plans with the current classes at
         once: it had no plan to keep). Returns the new pin when it is to be persisted."""
@@ -170,15 +157,14 @@ class ClassIndex:
         try:
             spec = parse_resource(dict(obj)).spec
         except SpecError:
-            self._pinned[key] = Pin(None, None, None)
+            self._pinned[key] = Pin(None, None)
             return None
         try:
             profile = resolve_class(spec, before)
         except SpecError:
-            self._pinned[key] = Pin(spec.workload_class, None, None)
+            self._pinned[key] = Pin(spec.workload_class, None)
             return None
-        pin = Pin(spec.workload_class, profile, objects.get(profile.name) if profile.name in before else None)
-        self._pinned[key] = pin
+        pin = self._pinned[key] = Pin(spec.workload_class, profile)
         return pin
 
     def restore(self, obj: Mapping[str, Any]) -> str | None:
@@ -224,12 +210,11 @@ class ClassIndex:
     # --- roll-out ---------------------------------------------------------------------------------------------
 
     def start_rollout(self, name: str, dependents: Sequence[Mapping[str, Any]], before: Mapping[str, Any],
-                      objects: Mapping[str, Mapping[str, Any]], run: Callable[[], Coroutine[Any, Any, None]],
-                      kube: KubeApi) -> None:
+                      run: Callable[[], Coroutine[Any, Any, None]], kube: KubeApi) -> None:
         """Pin each dependent to its class as it was `before` the edit (in memory at once, so no handler re-plans
         it early), then persist the new pins and run the roll-out, replacing one in progress for the same class (its
         dependents still pinned stay on their older classes until their turn)."""
-        pins = [(dep, pin) for dep in dependents if (pin := self.pin(dep, before, objects)) is not None]
+        pins = [(dep, pin) for dep in dependents if (pin := self.pin(dep, before)) is not None]
 
         async def persist_then_run() -> None:
             await asyncio.gather(*(write_pin(kube, dep, pin) for dep, pin in pins))

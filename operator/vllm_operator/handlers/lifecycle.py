@@ -157,7 +157,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         index: ClassIndex = memo.classes
         await index.load(memo.kube)
         name = body["metadata"]["name"]
-        before, objects = index.snapshot(), index.objects()
+        before = index.snapshot()
         if event.get("type") == "DELETED":
             old, new = index.forget(name), None
         else:
@@ -174,7 +174,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         logging.getLogger(__name__).info("VLLMWorkloadClass %s was %s; re-planning %d VLLMDeployment(s) one at a "
                                          "time", name, what, len(targets))
 
-        index.start_rollout(name, targets, before, objects, _roll_out(memo, config, name, targets), memo.kube)
+        index.start_rollout(name, targets, before, _roll_out(memo, config, name, targets), memo.kube)
 
     @kopf.on.startup(registry=registry)
     async def _resume_rollouts(memo: kopf.Memo, logger: Any, **_: Any) -> None:
