@@ -298,18 +298,19 @@ def rolled_out(deployments: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-async def wait_rolled_out(children: Lister, namespace: str, selector: str, timeout: float, poll: float = 1.0
-                          ) -> bool:
-    """Whether the Deployments `selector` matches rolled out within `timeout`, read every `poll` seconds from
-    `children`: the operator's Deployment watch (`watched.WatchedChildren`), so waiting costs no request; up to
-    issue 39 it LISTed them from the API server every second of every dependent's roll-out."""
+async def wait_rolled_out(children: Lister, namespace: str, dependent: str, selector: Callable[[str], str],
+                          name: str, timeout: float, poll: float = 1.0) -> None:
+    """Wait up to `timeout` for the Deployments of `dependent` (`selector`) to roll out after class `name` changed
+    (a warning if they did not; the roll-out goes on), read every `poll` seconds from `children`: the operator's
+    Deployment watch (`watched.WatchedChildren`), so waiting costs no request; up to issue 39 it LISTed them from
+    the API server every second of every dependent's roll-out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while True:
-        if rolled_out(await children.list(DEPLOYMENTS, namespace, selector)):
-            return True
+    while not rolled_out(await children.list(DEPLOYMENTS, namespace, selector(dependent))):
         if loop.time() >= deadline:
-            return False
+            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
+                        "went on with the next dependent", namespace, dependent, timeout, name)
+            return
         await asyncio.sleep(poll)
 
 
@@ -321,10 +322,7 @@ async def roll_out(index: ClassIndex, kube: KubeApi, children: Lister, name: str
     `children` (the operator's watch). `settle`: dependents re-planned already (a resumed roll-out's: the one whose
     turn it was when the operator stopped) to wait for first."""
     for obj in settle:
-        meta = obj["metadata"]
-        if not await wait_rolled_out(children, meta["namespace"], selector(meta["name"]), timeout):
-            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
-                        "went on with the next dependent", meta["namespace"], meta["name"], timeout, name)
+        await wait_rolled_out(children, obj["metadata"]["namespace"], obj["metadata"]["name"], selector, name, timeout)
     for obj in targets:
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
@@ -349,9 +347,7 @@ async def roll_out(index: ClassIndex, kube: KubeApi, children: Lister, name: str
         if not changed:
             continue
         log.info("Re-planned VLLMDeployment %s/%s for VLLMWorkloadClass %s; waiting for it to roll out", *key, name)
-        if not await wait_rolled_out(children, key[0], selector(key[1]), timeout):
-            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
-                        "went on with the next dependent", *key, timeout, name)
+        await wait_rolled_out(children, *key, selector, name, timeout)
     log.info("Rolled VLLMWorkloadClass %s out to %d VLLMDeployment(s)", name, len(targets))
 
 
