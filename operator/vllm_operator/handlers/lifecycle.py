@@ -27,7 +27,6 @@ import kopf
 
 from vllm_operator import constants
 from vllm_operator.handlers import classes
-from vllm_operator.handlers.childplan import is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
@@ -142,8 +141,7 @@ async def _queued(memo: Any, config: OperatorConfig, what: str, key: Key) -> Non
         return
     meta = parent["metadata"]
     found = await memo.children.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-    await refresh_status(memo.kube, parent, config, memo.classes,
-                         deployments=[d for d in found if is_owned_by(d, meta["uid"])])
+    await refresh_status(memo.kube, parent, config, memo.classes, deployments=found)
 
 
 CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)

@@ -368,8 +368,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfi
     async def desired(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
         if current is not obj and moved_on(current):
             return None
-        listed = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
-                  for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
+        listed = await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
         new = _status_from_children(base(current), the_plan, listed, generation, now, monitoring, autoscaling)
         new, wakes[:] = await _with_autoscalers(kube, current, VLLMDeploymentStatus.of(current), new, the_plan,
                                                 autoscaling, now)
@@ -382,15 +381,13 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfi
     return outcome
 
 
-def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
-                          children: Mapping[tuple[str, str, str], Mapping[str, Any]], generation: int | None,
-                          now: str, monitoring: bool, autoscaling: AutoscalingState | None = None
-                          ) -> VLLMDeploymentStatus:
+def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan, children: Sequence[Mapping[str, Any]],
+                          generation: int | None, now: str, monitoring: bool,
+                          autoscaling: AutoscalingState | None = None) -> VLLMDeploymentStatus:
+    """The status from the plan and the VLLMDeployment's Deployments (`children`: the pools' and the router's)."""
     deployments: dict[str, Mapping[str, Any] | None] = {p: None for p in constants.POOLS}
     router: Mapping[str, Any] | None = None
-    for (_, kind, _), child in children.items():
-        if kind != DEPLOYMENTS.kind:
-            continue
+    for child in children:
         labels = child.get("metadata", {}).get("labels", {})
         if labels.get(constants.LABEL_COMPONENT) == constants.COMPONENT_ROUTER:
             router = child
@@ -428,8 +425,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], config: Operator
             return None  # the spec is refused; the lifecycle handler owns that status
         found = deployments if deployments is not None else await kube.list(
             DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-        children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d for d in found
-                    if is_owned_by(d, meta["uid"])}
+        children = [d for d in found if is_owned_by(d, meta["uid"])]
         has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
         # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile.
         observed = prev.observed_generation if prev else None
