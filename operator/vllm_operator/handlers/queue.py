@@ -143,9 +143,7 @@ class WorkQueue:
                 async with self.slot(key[0]):
                     await action()
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # logged; retried unless a newer request supersedes it
+            except Exception as err:  # logged; retried unless a newer request supersedes it (a cancel is no Exception)
                 if backoff is None:
                     log.error("Gave up the %s of VLLMDeployment %s/%s after %d attempts: %s", *key, attempt + 1, err)
                     return
