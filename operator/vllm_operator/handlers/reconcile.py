@@ -42,7 +42,6 @@ from vllm_operator.k8s import (
     POD_MONITORS,
     PROMETHEUS_RULES,
     SCALED_OBJECTS,
-    VLLM_DEPLOYMENTS,
     KubeApi,
     KubeError,
     Resource,
@@ -337,7 +336,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfi
                                                         generation=generation, now=now)
             return outcome.status.to_wire()
 
-        outcome.status_patched = (await write_status(kube, VLLM_DEPLOYMENTS, obj, refused)).written
+        outcome.status_patched = (await write_status(kube, obj, refused)).written
         return outcome
     outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
@@ -375,7 +374,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfi
         outcome.status = new
         return new.to_wire()
 
-    outcome.status_patched = (await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)).written
+    outcome.status_patched = (await write_status(kube, obj, desired)).written
     if outcome.status_patched:
         await _post_wake_events(kube, obj, wakes)
     return outcome
@@ -436,7 +435,7 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], config: Operator
         new, wakes[:] = await _with_autoscalers(kube, current, prev, new, the_plan, autoscaling, now)
         return new.to_wire()
 
-    written = (await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)).written
+    written = (await write_status(kube, obj, desired)).written
     if written:
         await _post_wake_events(kube, obj, wakes)
     return written

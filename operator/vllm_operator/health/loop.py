@@ -29,7 +29,7 @@ from vllm_operator.health import policy
 from vllm_operator.health.rungs import ladder_views
 from vllm_operator.health.snapshot import Snapshot
 from vllm_operator.health.source import Lister, MetricsSource, take_snapshot
-from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError, write_status
+from vllm_operator.k8s import PODS, KubeApi, KubeError, write_status
 from vllm_operator.planning import PlanContext, plan_for
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
             chosen = await recheck(current)
         return chosen.decision.status.to_wire() if chosen is not None else None
 
-    write = await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)
+    write = await write_status(kube, obj, desired)
     if chosen is None or write.obj is None:
         return
     decision = chosen.decision
