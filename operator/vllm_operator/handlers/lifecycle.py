@@ -32,7 +32,7 @@ from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
 from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
 from vllm_operator.handlers.watched import ChangeListener, Key, key_of
-from vllm_operator.k8s import DEPLOYMENTS, KubeError
+from vllm_operator.k8s import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,8 @@ async def _queued(memo: Any, config: OperatorConfig, what: str, key: Key) -> Non
         return
     if what == "reconcile":
         await run_reconcile(memo, config, parent, slot=False)
-        return
-    meta = parent["metadata"]
-    found = await memo.children.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-    await refresh_status(memo.kube, parent, config, memo.classes, deployments=found)
+    else:
+        await refresh_status(memo.kube, parent, config, memo.classes, children=memo.children)
 
 
 CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)

@@ -34,6 +34,7 @@ from vllm_operator.handlers import childplan, conditions, scaling
 from vllm_operator.handlers.childplan import ChildAction, ChildPlan, is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import DEFAULT_CONFIG, OperatorConfig
+from vllm_operator.health.source import Lister
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
@@ -404,13 +405,13 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan, chi
 
 
 async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfig = DEFAULT_CONFIG,
-                         classes: ClassIndex | None = None, *, deployments: Sequence[Mapping[str, Any]] | None = None
-                         ) -> bool:
+                         classes: ClassIndex | None = None, *, children: Lister | None = None) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
-    `obj` and `deployments` may come from the operator's watches (handlers/watched.py), so that the only
-    request is the status PATCH; without `deployments` they are listed. The write goes through the one status
-    writer: a 409 (someone wrote since, or the cache lagged) re-reads the object and computes again.
+    `obj` may come from the operator's watch of VLLMDeployments and the Deployments are read from `children` (its
+    watch of them, handlers/watched.py; None: listed through `kube`), so that the only request is the status
+    PATCH. The write goes through the one status writer: a 409 (someone wrote since, or the cache lagged) re-reads
+    the object and computes again.
     """
     wakes: list[scaling.WakeEvent] = []
 
@@ -422,14 +423,13 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], config: Operator
             the_plan = plan_for(resource, await plan_context(kube, resource, config, classes), prev)
         except SpecError:
             return None  # the spec is refused; the lifecycle handler owns that status
-        found = deployments if deployments is not None else await kube.list(
-            DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-        children = [d for d in found if is_owned_by(d, meta["uid"])]
+        found = await (children or kube).list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
+        owned = [d for d in found if is_owned_by(d, meta["uid"])]
         has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
         # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile.
         observed = prev.observed_generation if prev else None
         now = now_rfc3339()
-        new = _status_from_children(prev, the_plan, children, observed, now, has_monitoring)
+        new = _status_from_children(prev, the_plan, owned, observed, now, has_monitoring)
         # The refresh has no --prometheus-url; whether KEDA scales the pools is what the last reconcile said.
         autoscaling = await _autoscaling_state(kube, the_plan, _autoscaling_applied(prev))
         new, wakes[:] = await _with_autoscalers(kube, current, prev, new, the_plan, autoscaling, now)
