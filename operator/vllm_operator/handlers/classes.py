@@ -52,10 +52,6 @@ NO_READER = ("the operator may not read VLLMWorkloadClasses ({why}); only the bu
              "used: grant list/watch on vllmworkloadclasses (chart value rbac.workloadClassReader: true)")
 
 
-def _builtins() -> str:
-    return ", ".join(c.value for c in profiles.BUILTINS)
-
-
 class Pin:
     """A dependent's class until its turn: `for_class` is the spec's workloadClass when it was pinned (None: the
     default), `profile` the class it resolved to then (None: it did not resolve, so it plans with the current
@@ -196,7 +192,7 @@ class ClassIndex:
                 return profiles.builtin(name)
             why = self._forbidden or "started with --no-workload-classes"
             raise SpecError("spec.workloadClass", ("unset: " if name is None else f"{name!r}: ") +
-                            NO_READER.format(why=why, builtins=_builtins()))
+                            NO_READER.format(why=why, builtins=", ".join(c.value for c in profiles.BUILTINS)))
         await self.load(kube)
         if self._forbidden:
             return await self.resolve(kube, key, spec)
