@@ -84,7 +84,8 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
 
 class AdmissionLogFilter(logging.Filter):
     """kopf logs every refusal as "Webhook 'validate-plan' failed permanently" at ERROR and every answer as
-    "succeeded" at INFO; a refused spec is the user's mistake, which `review`'s caller logs once as a WARNING."""
+    "succeeded" at INFO; a refused spec is the user's mistake, which `review`'s caller logs once as a WARNING.
+    Installed by `run.quiet_routine_successes` with the operator's other kopf log filters."""
 
     PREFIX = f"Webhook {WEBHOOK_ID!r} "
 
@@ -92,15 +93,8 @@ class AdmissionLogFilter(logging.Filter):
         return not record.getMessage().startswith(self.PREFIX)
 
 
-def quiet_admission_logs() -> None:
-    logger = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, AdmissionLogFilter) for f in logger.filters):
-        logger.addFilter(AdmissionLogFilter())
-
-
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """The validating handler (the memo must carry `kube`). Served only when settings.admission.server is set."""
-    quiet_admission_logs()
     webhook_config = config.webhook
     if webhook_config is None:
         raise ValueError("the admission webhook needs OperatorConfig.webhook")
