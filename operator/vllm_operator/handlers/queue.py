@@ -71,7 +71,6 @@ class WorkQueue:
                  retry_delays: Sequence[float] = RETRY_DELAYS_S) -> None:
         if limit < 1:
             raise ValueError(f"max concurrent reconciles must be at least 1, got {limit}")
-        self.limit = limit
         self.delay = delay
         self.retry_delays = tuple(retry_delays)
         self._lanes = {lane: _Lane(limit) for lane in sorted(set(LANE.values()))}

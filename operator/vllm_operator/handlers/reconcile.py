@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,15 +215,6 @@ async def _existing_children(kube: KubeApi, namespace: str, name: str, monitorin
             for res, items in zip(kinds, listed, strict=True) for item in items}
 
 
-async def _all(steps: list[Awaitable[None]]) -> None:
-    """Run independent API calls concurrently; when some fail, let the others finish, then raise the first error
-    (nothing is left running behind the reconcile's back, and whatever succeeded is reported)."""
-    results = await asyncio.gather(*steps, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-
-
 async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPlan,
                    outcome: ReconcileOutcome) -> None:
     """Carry out a ChildPlan: each wave's applies concurrently, then the deletes (the decisions are all made).
@@ -249,7 +240,11 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         (outcome.created if action.reason is childplan.Reason.MISSING else outcome.updated).append(label)
 
     for wave in child_plan.applies:
-        await _all([apply(a) for a in wave])
+        # A wave's applies run concurrently; when some fail, the others finish, then the first error is raised
+        # (nothing is left running behind the reconcile's back, and whatever succeeded is reported).
+        for result in await asyncio.gather(*(apply(a) for a in wave), return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
     for action in child_plan.deletes:
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         await kube.delete(res, namespace, action.name, uid=action.uid)
