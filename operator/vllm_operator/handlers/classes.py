@@ -82,10 +82,6 @@ class Pin:
             raise ValueError(f"not a workload-class pin: {err}") from err
         return cls(data.get("for"), profile)
 
-    def applies(self, spec: VLLMDeploymentSpec) -> bool:
-        """A spec that names another class than it did when pinned plans with that one, at once."""
-        return self.profile is not None and spec.workload_class == self.for_class
-
 
 class ClassIndex:
     """The VLLMWorkloadClasses by name, with the per-dependent pins of a roll-out in progress."""
@@ -199,7 +195,8 @@ class ClassIndex:
         if name is not None and name in self._broken:
             raise SpecError("spec.workloadClass", f"VLLMWorkloadClass {name} is invalid: {self._broken[name]}")
         pin = self._pinned.get(key)
-        if pin is not None and pin.profile is not None and pin.applies(spec):
+        # a spec that names another class than it did when pinned plans with that one, at once
+        if pin is not None and pin.profile is not None and spec.workload_class == pin.for_class:
             return pin.profile
         return resolve_class(spec, self._classes)
 
