@@ -95,13 +95,11 @@ class AutoscalingState:
 class ReconcileOutcome:
     """What one reconcile did."""
 
-    plan: Plan | None = None
     spec_error: SpecError | None = None
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     status_patched: bool = False
-    status: VLLMDeploymentStatus | None = None
 
     @property
     def changed(self) -> bool:
@@ -328,13 +326,11 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfi
         async def refused(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
             if current is not obj and moved_on(current):
                 return None
-            outcome.status = conditions.with_spec_error(base(current), refusal.field, refusal.message,
-                                                        generation=generation, now=now)
-            return outcome.status.to_wire()
+            return conditions.with_spec_error(base(current), refusal.field, refusal.message, generation=generation,
+                                              now=now).to_wire()
 
         outcome.status_patched = (await write_status(kube, obj, refused)).written
         return outcome
-    outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
     autoscaling = await _autoscaling_state(kube, the_plan, bool(config.prometheus_url))
     options = RenderOptions(prometheus_url=config.prometheus_url if autoscaling.active else None)
@@ -367,7 +363,6 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfi
         new = _status_from_children(base(current), the_plan, listed, generation, now, monitoring, autoscaling)
         new, wakes[:] = await _with_autoscalers(kube, current, VLLMDeploymentStatus.of(current), new, the_plan,
                                                 autoscaling, now)
-        outcome.status = new
         return new.to_wire()
 
     outcome.status_patched = (await write_status(kube, obj, desired)).written
