@@ -81,8 +81,6 @@ PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")  # 
 SECRETS = Resource("", "v1", "secrets", "Secret")  # the webhook CA's Secret only (handlers/webhook.py)
 VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                                "ValidatingWebhookConfiguration", namespaced=False)
-CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
-                namespaced=False)
 
 # Every kind the operator renders as a child, keyed by (apiVersion, kind).
 CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
@@ -203,21 +201,22 @@ class StatusWrite:
     obj: Mapping[str, Any] | None
 
 
-async def write_status(kube: KubeApi, res: Resource, obj: Mapping[str, Any], desired: DesiredStatus, *,
-                       attempts: int = STATUS_WRITE_ATTEMPTS) -> StatusWrite:
-    """The one status writer (docs/architecture.md, Status): every status write of the operator comes through here.
+async def write_status(kube: KubeApi, obj: Mapping[str, Any], desired: DesiredStatus) -> StatusWrite:
+    """The one status writer (docs/architecture.md, Status): every status write of the operator (to a VLLMDeployment,
+    the only object whose status it writes) comes through here.
 
     `desired(obj)` computes the whole status from the object as read; the write is the diff against that object's
     status with nulls for what went away (a disabled pool's `status.pools.long` and `status.plan.long` are removed,
     which the whole-status merge patch this replaced could not do), guarded by that object's resourceVersion. An
     unchanged status sends nothing. A 409 means someone wrote since the read: the object is read again and
     `desired` runs again on it, so no writer's update is lost and none acts on what it did not see; after
-    `attempts` reads the conflict goes to the caller, whose own retry (kopf's, or the next check) takes over.
+    `STATUS_WRITE_ATTEMPTS` reads the conflict goes to the caller, whose own retry (kopf's, or the next check)
+    takes over.
     """
     meta = obj["metadata"]
     namespace, name = meta.get("namespace"), meta["name"]
     current: Mapping[str, Any] = obj
-    for attempt in range(1, attempts + 1):
+    for attempt in range(1, STATUS_WRITE_ATTEMPTS + 1):
         want = await desired(current)
         if want is None:
             return StatusWrite(False, current)
@@ -229,11 +228,11 @@ async def write_status(kube: KubeApi, res: Resource, obj: Mapping[str, Any], des
         if version:
             body["metadata"] = {"resourceVersion": version}
         try:
-            return StatusWrite(True, await kube.patch_status(res, namespace, name, body))
+            return StatusWrite(True, await kube.patch_status(VLLM_DEPLOYMENTS, namespace, name, body))
         except KubeError as err:
-            if not err.conflict or attempt == attempts:
+            if not err.conflict or attempt == STATUS_WRITE_ATTEMPTS:
                 raise
-        fresh = await kube.get(res, namespace, name)
+        fresh = await kube.get(VLLM_DEPLOYMENTS, namespace, name)
         if fresh is None:
             return StatusWrite(False, None)
         current = fresh

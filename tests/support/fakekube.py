@@ -73,7 +73,6 @@ from typing import Any
 
 from vllm_operator import constants, k8s
 from vllm_operator.k8s import (
-    CRDS,
     DEPLOYMENTS,
     EVENTS,
     HPAS,
@@ -100,7 +99,7 @@ BUILT_IN: tuple[Resource, ...] = tuple(r for r in vars(k8s).values()
 the add-ons'. Read from the module so that a kind added there is served here without a second list."""
 
 STATUS_SUBRESOURCE = frozenset((r.group, r.plural) for r in (
-    DEPLOYMENTS, SERVICES, PODS, NODES, PDBS, HPAS, VLLM_DEPLOYMENTS, SCALED_OBJECTS, CRDS))
+    DEPLOYMENTS, SERVICES, PODS, NODES, PDBS, HPAS, VLLM_DEPLOYMENTS, SCALED_OBJECTS))
 """(group, plural) of the kinds among `BUILT_IN` and the add-ons that have a status subresource."""
 
 VERBS = frozenset({"get", "list", "list_versioned", "create", "patch", "patch_status", "apply", "delete",

@@ -28,12 +28,10 @@ from vllm_operator.api.resource import parse_resource
 from vllm_operator.api.spec import AcceleratorType
 from vllm_operator.handlers import webhook
 from vllm_operator.handlers.classes import ClassIndex
-from vllm_operator.handlers.config import OperatorConfig
+from vllm_operator.handlers.config import DEFAULT_CONFIG, OperatorConfig
 from vllm_operator.handlers.reconcile import plan_context
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
 from vllm_operator.k8s import KubeApi, KubeError
 from vllm_operator.planning import plan_for
-from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +55,7 @@ def _spec_unchanged(operation: str, obj: Mapping[str, Any], old: Mapping[str, An
 
 
 async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None,
-                 images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                 node_cache: NodeCache = DEFAULT_NODE_CACHE) -> Verdict:
+                 config: OperatorConfig = DEFAULT_CONFIG, classes: ClassIndex | None = None) -> Verdict:
     """Plan the object as reconcile would and say whether the API server may store it. A workload class that
     cannot be resolved now is not a refusal: classes are separate objects that may be applied after (or with) the
     VLLMDeployment, and the dependent says so in its SpecValid condition until they exist."""
@@ -69,7 +66,7 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
     except SpecError as err:
         return Verdict(False, str(err))
     try:
-        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache))
+        the_plan = plan_for(resource, await plan_context(kube, resource, config, classes))
     except SpecError as err:
         if err.field == "spec.workloadClass":
             return Verdict(True, warnings=[f"{err}; not judged at admission: the operator plans it once the class "
@@ -87,7 +84,8 @@ async def review(kube: KubeApi, operation: str, obj: Mapping[str, Any], old: Map
 
 class AdmissionLogFilter(logging.Filter):
     """kopf logs every refusal as "Webhook 'validate-plan' failed permanently" at ERROR and every answer as
-    "succeeded" at INFO; a refused spec is the user's mistake, which `review`'s caller logs once as a WARNING."""
+    "succeeded" at INFO; a refused spec is the user's mistake, which `review`'s caller logs once as a WARNING.
+    Installed by `run.quiet_routine_successes` with the operator's other kopf log filters."""
 
     PREFIX = f"Webhook {WEBHOOK_ID!r} "
 
@@ -95,15 +93,8 @@ class AdmissionLogFilter(logging.Filter):
         return not record.getMessage().startswith(self.PREFIX)
 
 
-def quiet_admission_logs() -> None:
-    logger = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, AdmissionLogFilter) for f in logger.filters):
-        logger.addFilter(AdmissionLogFilter())
-
-
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """The validating handler (the memo must carry `kube`). Served only when settings.admission.server is set."""
-    quiet_admission_logs()
     webhook_config = config.webhook
     if webhook_config is None:
         raise ValueError("the admission webhook needs OperatorConfig.webhook")
@@ -116,8 +107,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def _validate(body: kopf.Body, dryrun: bool, warnings: list[str], memo: kopf.Memo, **kwargs: Any) -> None:
         operation: str = kwargs["operation"]
         old = kwargs.get("old")
-        verdict = await review(memo.kube, operation, dict(body), dict(old) if old is not None else None,
-                               config.images, memo.classes, config.node_cache)
+        verdict = await review(memo.kube, operation, dict(body), dict(old) if old is not None else None, config,
+                               memo.classes)
         warnings.extend(verdict.warnings)
         if not verdict.allowed:
             meta = body.get("metadata", {})

@@ -52,32 +52,24 @@ NO_READER = ("the operator may not read VLLMWorkloadClasses ({why}); only the bu
              "used: grant list/watch on vllmworkloadclasses (chart value rbac.workloadClassReader: true)")
 
 
-def _builtins() -> str:
-    return ", ".join(c.value for c in profiles.BUILTINS)
-
-
-def class_object(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """What `profiles.parse_class` reads of a VLLMWorkloadClass (its name, generation and spec): what a pin keeps."""
-    meta = raw.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "generation": meta.get("generation")},
-            "spec": copy.deepcopy(raw.get("spec") or {})}
-
-
 class Pin:
     """A dependent's class until its turn: `for_class` is the spec's workloadClass when it was pinned (None: the
     default), `profile` the class it resolved to then (None: it did not resolve, so it plans with the current
-    classes and only its turn is kept, in memory), and `obj` that class's object (None: the built-in table)."""
+    classes and only its turn is kept, in memory)."""
 
-    def __init__(self, for_class: str | None, profile: profiles.NamedClass | None,
-                 obj: Mapping[str, Any] | None) -> None:
+    def __init__(self, for_class: str | None, profile: profiles.NamedClass | None) -> None:
         self.for_class = for_class
         self.profile = profile
-        self.obj = dict(obj) if obj is not None else None
 
     def annotation(self) -> str:
-        assert self.profile is not None, "a turn without a class is not persisted"
-        return json.dumps({"for": self.for_class, "class": self.profile.name, "object": self.obj},
-                          sort_keys=True, separators=(",", ":"))
+        """The class whole, as `profiles.parse_class` reads it back (name, generation and spec), or only its name
+        for a built-in from the table (no generation)."""
+        klass = self.profile
+        assert klass is not None, "a turn without a class is not persisted"
+        obj = None if klass.generation is None else {
+            "metadata": {"name": klass.name, "generation": klass.generation}, "spec": klass.spec.to_wire()}
+        return json.dumps({"for": self.for_class, "class": klass.name, "object": obj}, sort_keys=True,
+                          separators=(",", ":"))
 
     @classmethod
     def parse(cls, text: str) -> Pin:
@@ -88,11 +80,7 @@ class Pin:
             profile = profiles.parse_class(obj) if obj is not None else profiles.builtin(str(data["class"]))
         except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as err:
             raise ValueError(f"not a workload-class pin: {err}") from err
-        return cls(data.get("for"), profile, obj)
-
-    def applies(self, spec: VLLMDeploymentSpec) -> bool:
-        """A spec that names another class than it did when pinned plans with that one, at once."""
-        return self.profile is not None and spec.workload_class == self.for_class
+        return cls(data.get("for"), profile)
 
 
 class ClassIndex:
@@ -101,7 +89,6 @@ class ClassIndex:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._classes: dict[str, profiles.NamedClass] = {}
-        self._objects: dict[str, dict[str, Any]] = {}  # class_object() of each, what a pin keeps
         self._broken: dict[str, str] = {}  # stored objects that do not parse (written before a CRD upgrade)
         self._pinned: dict[Key, Pin] = {}
         self._loaded = False
@@ -137,29 +124,21 @@ class ClassIndex:
         old = self._classes.get(name)
         try:
             self._classes[name] = profiles.parse_class(raw)
-            self._objects[name] = class_object(raw)
             self._broken.pop(name, None)
         except ValidationError as err:
             self._classes.pop(name, None)
-            self._objects.pop(name, None)
             first = err.errors()[0]
             self._broken[name] = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
         return old
 
     def forget(self, name: str) -> profiles.NamedClass | None:
         self._broken.pop(name, None)
-        self._objects.pop(name, None)
         return self._classes.pop(name, None)
 
     def snapshot(self) -> dict[str, profiles.NamedClass]:
         return dict(self._classes)
 
-    def objects(self) -> dict[str, dict[str, Any]]:
-        """The classes' objects as `class_object` keeps them (what `snapshot()`'s profiles were parsed from)."""
-        return copy.deepcopy(self._objects)
-
-    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.NamedClass],
-            objects: Mapping[str, Mapping[str, Any]]) -> Pin | None:
+    def pin(self, obj: Mapping[str, Any], before: Mapping[str, profiles.NamedClass]) -> Pin | None:
         """Pin a dependent (in memory) to the class it resolves to among `before`; a dependent already pinned keeps
         its older pin, and one that did not resolve before keeps only its turn (it plans with the current classes at
         once: it had no plan to keep). Returns the new pin when it is to be persisted."""
@@ -170,15 +149,14 @@ class ClassIndex:
         try:
             spec = parse_resource(dict(obj)).spec
         except SpecError:
-            self._pinned[key] = Pin(None, None, None)
+            self._pinned[key] = Pin(None, None)
             return None
         try:
             profile = resolve_class(spec, before)
         except SpecError:
-            self._pinned[key] = Pin(spec.workload_class, None, None)
+            self._pinned[key] = Pin(spec.workload_class, None)
             return None
-        pin = Pin(spec.workload_class, profile, objects.get(profile.name) if profile.name in before else None)
-        self._pinned[key] = pin
+        pin = self._pinned[key] = Pin(spec.workload_class, profile)
         return pin
 
     def restore(self, obj: Mapping[str, Any]) -> str | None:
@@ -210,26 +188,26 @@ class ClassIndex:
                 return profiles.builtin(name)
             why = self._forbidden or "started with --no-workload-classes"
             raise SpecError("spec.workloadClass", ("unset: " if name is None else f"{name!r}: ") +
-                            NO_READER.format(why=why, builtins=_builtins()))
+                            NO_READER.format(why=why, builtins=", ".join(c.value for c in profiles.BUILTINS)))
         await self.load(kube)
         if self._forbidden:
             return await self.resolve(kube, key, spec)
         if name is not None and name in self._broken:
             raise SpecError("spec.workloadClass", f"VLLMWorkloadClass {name} is invalid: {self._broken[name]}")
         pin = self._pinned.get(key)
-        if pin is not None and pin.profile is not None and pin.applies(spec):
+        # a spec that names another class than it did when pinned plans with that one, at once
+        if pin is not None and pin.profile is not None and spec.workload_class == pin.for_class:
             return pin.profile
         return resolve_class(spec, self._classes)
 
     # --- roll-out ---------------------------------------------------------------------------------------------
 
     def start_rollout(self, name: str, dependents: Sequence[Mapping[str, Any]], before: Mapping[str, Any],
-                      objects: Mapping[str, Mapping[str, Any]], run: Callable[[], Coroutine[Any, Any, None]],
-                      kube: KubeApi) -> None:
+                      run: Callable[[], Coroutine[Any, Any, None]], kube: KubeApi) -> None:
         """Pin each dependent to its class as it was `before` the edit (in memory at once, so no handler re-plans
         it early), then persist the new pins and run the roll-out, replacing one in progress for the same class (its
         dependents still pinned stay on their older classes until their turn)."""
-        pins = [(dep, pin) for dep in dependents if (pin := self.pin(dep, before, objects)) is not None]
+        pins = [(dep, pin) for dep in dependents if (pin := self.pin(dep, before)) is not None]
 
         async def persist_then_run() -> None:
             await asyncio.gather(*(write_pin(kube, dep, pin) for dep, pin in pins))
@@ -313,18 +291,19 @@ def rolled_out(deployments: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-async def wait_rolled_out(children: Lister, namespace: str, selector: str, timeout: float, poll: float = 1.0
-                          ) -> bool:
-    """Whether the Deployments `selector` matches rolled out within `timeout`, read every `poll` seconds from
-    `children`: the operator's Deployment watch (`watched.WatchedChildren`), so waiting costs no request; up to
-    issue 39 it LISTed them from the API server every second of every dependent's roll-out."""
+async def wait_rolled_out(children: Lister, namespace: str, dependent: str, selector: Callable[[str], str],
+                          name: str, timeout: float, poll: float = 1.0) -> None:
+    """Wait up to `timeout` for the Deployments of `dependent` (`selector`) to roll out after class `name` changed
+    (a warning if they did not; the roll-out goes on), read every `poll` seconds from `children`: the operator's
+    Deployment watch (`watched.WatchedChildren`), so waiting costs no request; up to issue 39 it LISTed them from
+    the API server every second of every dependent's roll-out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while True:
-        if rolled_out(await children.list(DEPLOYMENTS, namespace, selector)):
-            return True
+    while not rolled_out(await children.list(DEPLOYMENTS, namespace, selector(dependent))):
         if loop.time() >= deadline:
-            return False
+            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
+                        "went on with the next dependent", namespace, dependent, timeout, name)
+            return
         await asyncio.sleep(poll)
 
 
@@ -336,10 +315,7 @@ async def roll_out(index: ClassIndex, kube: KubeApi, children: Lister, name: str
     `children` (the operator's watch). `settle`: dependents re-planned already (a resumed roll-out's: the one whose
     turn it was when the operator stopped) to wait for first."""
     for obj in settle:
-        meta = obj["metadata"]
-        if not await wait_rolled_out(children, meta["namespace"], selector(meta["name"]), timeout):
-            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
-                        "went on with the next dependent", meta["namespace"], meta["name"], timeout, name)
+        await wait_rolled_out(children, obj["metadata"]["namespace"], obj["metadata"]["name"], selector, name, timeout)
     for obj in targets:
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
@@ -364,9 +340,7 @@ async def roll_out(index: ClassIndex, kube: KubeApi, children: Lister, name: str
         if not changed:
             continue
         log.info("Re-planned VLLMDeployment %s/%s for VLLMWorkloadClass %s; waiting for it to roll out", *key, name)
-        if not await wait_rolled_out(children, key[0], selector(key[1]), timeout):
-            log.warning("VLLMDeployment %s/%s did not roll out within %.0f s after VLLMWorkloadClass %s changed; "
-                        "went on with the next dependent", *key, timeout, name)
+        await wait_rolled_out(children, *key, selector, name, timeout)
     log.info("Rolled VLLMWorkloadClass %s out to %d VLLMDeployment(s)", name, len(targets))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm_operator.handlers.webhook import WebhookConfig
 from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
@@ -26,4 +26,7 @@ class OperatorConfig:
     workload_classes: bool = True  # read VLLMWorkloadClasses (False: --no-workload-classes, built-ins only)
     class_rollout_timeout: float = 600.0  # seconds a class roll-out waits for one dependent before the next
     max_concurrent_reconciles: int = 4  # reconciles/health checks in flight at once, refreshes as many (queue.py)
-    extra: dict[str, str] = field(default_factory=dict)
+
+
+DEFAULT_CONFIG = OperatorConfig()
+"""What a reconcile or plan outside an operator run (tests, benchmarks) plans with."""

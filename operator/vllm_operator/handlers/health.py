@@ -114,12 +114,9 @@ async def check_one(memo: Any, config: OperatorConfig, source: PrometheusSource 
     kube = memo.kube
     memo.metrics.health_checks.inc()
     check = functools.partial(loop.check, kube, source, interval_override=config.health_interval_override,
-                              context=functools.partial(plan_context, kube, images=config.images,
-                                                        classes=memo.classes, node_cache=config.node_cache),
+                              context=functools.partial(plan_context, kube, config=config, classes=memo.classes),
                               children=memo.children)
     result = await check(body)
     if result is not None:
         await loop.execute(kube, body, result, counters=memo.metrics, recheck=check,
-                           reconcile=functools.partial(reconcile, images=config.images, classes=memo.classes,
-                                                       prometheus_url=config.prometheus_url,
-                                                       node_cache=config.node_cache))
+                           reconcile=functools.partial(reconcile, config=config, classes=memo.classes))

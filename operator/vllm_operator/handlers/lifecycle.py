@@ -20,22 +20,19 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import kopf
 
 from vllm_operator import constants
 from vllm_operator.handlers import classes
-from vllm_operator.handlers.childplan import is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
 from vllm_operator.handlers.config import OperatorConfig
 from vllm_operator.handlers.metrics import OperatorMetrics
-from vllm_operator.handlers.queue import WorkQueue
 from vllm_operator.handlers.reconcile import child_selector, reconcile, refresh_status
 from vllm_operator.handlers.watched import ChangeListener, Key, key_of
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
-from vllm_operator.k8s import DEPLOYMENTS, KubeApi, KubeError
-from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
+from vllm_operator.k8s import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +57,17 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.execution.max_workers = 8
 
 
-async def run_reconcile(kube: KubeApi, metrics: OperatorMetrics, body: Any,
-                        images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                        queue: WorkQueue | None = None, prometheus_url: str | None = None,
-                        node_cache: NodeCache = DEFAULT_NODE_CACHE) -> bool:
-    """Reconcile one VLLMDeployment for a handler (in a slot of `queue` when given; None: the caller holds one);
-    True when children were written. `prometheus_url`: the operator's --prometheus-url, which the ScaledObjects of
-    autoscaled pools query."""
-    if queue is not None:
+async def run_reconcile(memo: Any, config: OperatorConfig, body: Any, *, slot: bool = True) -> bool:
+    """Reconcile one VLLMDeployment for a handler, in a slot of the memo's queue (`slot=False`: the caller holds
+    one); True when children were written."""
+    metrics: OperatorMetrics = memo.metrics
+    if slot:
         queued = time.monotonic()
-        async with queue.slot():
+        async with memo.queue.slot():
             metrics.reconcile_wait.observe(time.monotonic() - queued)
-            return await run_reconcile(kube, metrics, body, images, classes, prometheus_url=prometheus_url,
-                                       node_cache=node_cache)
+            return await run_reconcile(memo, config, body, slot=False)
     try:
-        outcome = await reconcile(kube, body, images=images, classes=classes, prometheus_url=prometheus_url,
-                                  node_cache=node_cache)
+        outcome = await reconcile(memo.kube, body, config, memo.classes)
     except KubeError as err:
         metrics.reconcile_errors.inc()
         # A conflict means someone else wrote first: re-read and retry at once; anything else backs off.
@@ -105,8 +97,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await run_reconcile(memo.kube, memo.metrics, body, config.images, memo.classes, memo.queue,
-                            config.prometheus_url, config.node_cache)
+        await run_reconcile(memo, config, body)
 
     @kopf.on.event(*RESOURCE, id=WATCH_ID, registry=registry)
     async def _watched(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -146,13 +137,9 @@ async def _queued(memo: Any, config: OperatorConfig, what: str, key: Key) -> Non
     if parent is None or parent["metadata"].get("deletionTimestamp"):
         return
     if what == "reconcile":
-        await run_reconcile(memo.kube, memo.metrics, parent, config.images, memo.classes,
-                            prometheus_url=config.prometheus_url, node_cache=config.node_cache)
-        return
-    meta = parent["metadata"]
-    found = await memo.children.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-    await refresh_status(memo.kube, parent, deployments=[d for d in found if is_owned_by(d, meta["uid"])],
-                         images=config.images, classes=memo.classes, node_cache=config.node_cache)
+        await run_reconcile(memo, config, parent, slot=False)
+    else:
+        await refresh_status(memo.kube, parent, config, memo.classes, children=memo.children)
 
 
 CLASS_RESOURCE = (constants.GROUP, constants.VERSION, constants.CLASS_PLURAL)
@@ -166,7 +153,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         index: ClassIndex = memo.classes
         await index.load(memo.kube)
         name = body["metadata"]["name"]
-        before, objects = index.snapshot(), index.objects()
+        before = index.snapshot()
         if event.get("type") == "DELETED":
             old, new = index.forget(name), None
         else:
@@ -183,9 +170,7 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         logging.getLogger(__name__).info("VLLMWorkloadClass %s was %s; re-planning %d VLLMDeployment(s) one at a "
                                          "time", name, what, len(targets))
 
-        index.start_rollout(name, targets, before, objects, functools.partial(
-            classes.roll_out, index, memo.kube, memo.children, name, targets, _reconciler(memo, config), child_selector,
-            config.class_rollout_timeout), memo.kube)
+        index.start_rollout(name, targets, before, _roll_out(memo, config, name, targets), memo.kube)
 
     @kopf.on.startup(registry=registry)
     async def _resume_rollouts(memo: kopf.Memo, logger: Any, **_: Any) -> None:
@@ -206,12 +191,13 @@ def register_classes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
             settle = [o for o in unpinned if classes.depends_on(o, {name}, default)]
             logger.info("Resumed the roll-out of VLLMWorkloadClass %s: %d VLLMDeployment(s) still pinned", name,
                         len(targets))
-            index.resume(name, functools.partial(classes.roll_out, index, memo.kube, memo.children, name, targets,
-                                                 _reconciler(memo, config), child_selector,
-                                                 config.class_rollout_timeout, settle))
+            index.resume(name, _roll_out(memo, config, name, targets, settle))
 
 
-def _reconciler(memo: Any, config: OperatorConfig) -> classes.Reconcile:
-    """A class roll-out's reconcile of one dependent: through the queue, like every other."""
-    return functools.partial(run_reconcile, memo.kube, memo.metrics, images=config.images, classes=memo.classes,
-                             queue=memo.queue, prometheus_url=config.prometheus_url, node_cache=config.node_cache)
+def _roll_out(memo: Any, config: OperatorConfig, name: str, targets: Sequence[Mapping[str, Any]],
+              settle: Sequence[Mapping[str, Any]] = ()) -> Callable[[], Coroutine[Any, Any, None]]:
+    """The roll-out of class `name` over `targets` (`classes.roll_out`); each dependent's reconcile goes through
+    the queue, like every other."""
+    return functools.partial(classes.roll_out, memo.classes, memo.kube, memo.children, name, targets,
+                             functools.partial(run_reconcile, memo, config), child_selector,
+                             config.class_rollout_timeout, settle)

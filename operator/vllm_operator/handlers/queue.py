@@ -71,7 +71,6 @@ class WorkQueue:
                  retry_delays: Sequence[float] = RETRY_DELAYS_S) -> None:
         if limit < 1:
             raise ValueError(f"max concurrent reconciles must be at least 1, got {limit}")
-        self.limit = limit
         self.delay = delay
         self.retry_delays = tuple(retry_delays)
         self._lanes = {lane: _Lane(limit) for lane in sorted(set(LANE.values()))}
@@ -143,9 +142,7 @@ class WorkQueue:
                 async with self.slot(key[0]):
                     await action()
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # logged; retried unless a newer request supersedes it
+            except Exception as err:  # logged; retried unless a newer request supersedes it (a cancel is no Exception)
                 if backoff is None:
                     log.error("Gave up the %s of VLLMDeployment %s/%s after %d attempts: %s", *key, attempt + 1, err)
                     return

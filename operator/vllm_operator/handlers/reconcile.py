@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,8 @@ from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.handlers import childplan, conditions, scaling
 from vllm_operator.handlers.childplan import ChildAction, ChildPlan, is_owned_by
 from vllm_operator.handlers.classes import ClassIndex
-from vllm_operator.images import DEFAULT_IMAGES, ImageDefaults
+from vllm_operator.handlers.config import DEFAULT_CONFIG, OperatorConfig
+from vllm_operator.health.source import Lister
 from vllm_operator.k8s import (
     CHILD_RESOURCES,
     DEPLOYMENTS,
@@ -42,7 +43,6 @@ from vllm_operator.k8s import (
     POD_MONITORS,
     PROMETHEUS_RULES,
     SCALED_OBJECTS,
-    VLLM_DEPLOYMENTS,
     KubeApi,
     KubeError,
     Resource,
@@ -51,7 +51,6 @@ from vllm_operator.k8s import (
 )
 from vllm_operator.planning import PlanContext, plan_for
 from vllm_operator.planning.catalog import accelerator_from_node_labels, shared_gpu
-from vllm_operator.planning.weights_cache import DEFAULT_NODE_CACHE, NodeCache
 from vllm_operator.rendering import RenderOptions, render
 
 log = logging.getLogger(__name__)
@@ -96,13 +95,11 @@ class AutoscalingState:
 class ReconcileOutcome:
     """What one reconcile did."""
 
-    plan: Plan | None = None
     spec_error: SpecError | None = None
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     status_patched: bool = False
-    status: VLLMDeploymentStatus | None = None
 
     @property
     def changed(self) -> bool:
@@ -160,18 +157,19 @@ async def resolve_accelerator(kube: KubeApi, spec: VLLMDeploymentSpec) -> tuple[
     return chosen, note
 
 
-async def plan_context(kube: KubeApi, resource: VLLMDeployment, images: ImageDefaults = DEFAULT_IMAGES,
-                       classes: ClassIndex | None = None, node_cache: NodeCache = DEFAULT_NODE_CACHE) -> PlanContext:
+async def plan_context(kube: KubeApi, resource: VLLMDeployment, config: OperatorConfig = DEFAULT_CONFIG,
+                       classes: ClassIndex | None = None) -> PlanContext:
     """What the operator plans a VLLMDeployment with (`planning.plan_for`): `auto` resolved from the nodes, with
-    its explanation; its class from `classes` (None: the built-in table); the operator's --image-repository. Every
+    its explanation; its class from `classes` (None: the built-in table); the operator's --image-repository and
+    weights cache (`config`). Every
     reader — reconcile, the status refresh, the health loop, admission — plans with this, so they plan the same
     (the health loop once planned with the accelerator from status and the default images; the refresh without
     the note dropped it from status ~2 s after every reconcile)."""
     accelerator, note = await resolve_accelerator(kube, resource.spec)
     meta = resource.metadata
     klass = await classes.resolve(kube, (meta.namespace, meta.name), resource.spec) if classes else None
-    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=images,
-                       node_cache=node_cache)
+    return PlanContext(accelerator=accelerator, accelerator_note=note, workload_class=klass, images=config.images,
+                       node_cache=config.node_cache)
 
 
 EVENT_MESSAGE_LIMIT = 1024
@@ -215,15 +213,6 @@ async def _existing_children(kube: KubeApi, namespace: str, name: str, monitorin
             for res, items in zip(kinds, listed, strict=True) for item in items}
 
 
-async def _all(steps: list[Awaitable[None]]) -> None:
-    """Run independent API calls concurrently; when some fail, let the others finish, then raise the first error
-    (nothing is left running behind the reconcile's back, and whatever succeeded is reported)."""
-    results = await asyncio.gather(*steps, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-
-
 async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPlan,
                    outcome: ReconcileOutcome) -> None:
     """Carry out a ChildPlan: each wave's applies concurrently, then the deletes (the decisions are all made).
@@ -249,7 +238,11 @@ async def _execute(kube: KubeApi, parent: Mapping[str, Any], child_plan: ChildPl
         (outcome.created if action.reason is childplan.Reason.MISSING else outcome.updated).append(label)
 
     for wave in child_plan.applies:
-        await _all([apply(a) for a in wave])
+        # A wave's applies run concurrently; when some fail, the others finish, then the first error is raised
+        # (nothing is left running behind the reconcile's back, and whatever succeeded is reported).
+        for result in await asyncio.gather(*(apply(a) for a in wave), return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
     for action in child_plan.deletes:
         res = CHILD_RESOURCES[(action.key[0], action.key[1])]
         await kube.delete(res, namespace, action.name, uid=action.uid)
@@ -297,13 +290,11 @@ async def _post_wake_events(kube: KubeApi, obj: Mapping[str, Any], events: Seque
         await _emit(kube, obj, "Normal", event.reason, event.message)
 
 
-async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploymentStatus | None = None,
-                    images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                    prometheus_url: str | None = None, node_cache: NodeCache = DEFAULT_NODE_CACHE,
+async def reconcile(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfig = DEFAULT_CONFIG,
+                    classes: ClassIndex | None = None, *, status: VLLMDeploymentStatus | None = None
                     ) -> ReconcileOutcome:
-    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring); `images`: the
-    operator's --image-repository; `classes`: the cluster's VLLMWorkloadClasses (None: the built-in table);
-    `prometheus_url`: the Prometheus the autoscaling triggers query (the operator's --prometheus-url)."""
+    """Bring one VLLMDeployment's children and status in line with its spec (see module docstring), planned as
+    `plan_context` says; `config.prometheus_url`: the Prometheus the autoscaling triggers query."""
     meta = obj["metadata"]
     generation = meta.get("generation")
     now = now_rfc3339()
@@ -322,7 +313,7 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
 
     try:
         resource: VLLMDeployment = parse_resource(dict(obj))
-        the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache), base_status)
+        the_plan = plan_for(resource, await plan_context(kube, resource, config, classes), base_status)
     except SpecError as err:
         outcome.spec_error = refusal = err
         new = conditions.with_spec_error(base_status, err.field, err.message, generation=generation, now=now)
@@ -335,16 +326,14 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
         async def refused(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
             if current is not obj and moved_on(current):
                 return None
-            outcome.status = conditions.with_spec_error(base(current), refusal.field, refusal.message,
-                                                        generation=generation, now=now)
-            return outcome.status.to_wire()
+            return conditions.with_spec_error(base(current), refusal.field, refusal.message, generation=generation,
+                                              now=now).to_wire()
 
-        outcome.status_patched = (await write_status(kube, VLLM_DEPLOYMENTS, obj, refused)).written
+        outcome.status_patched = (await write_status(kube, obj, refused)).written
         return outcome
-    outcome.plan = the_plan
     monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
-    autoscaling = await _autoscaling_state(kube, the_plan, bool(prometheus_url))
-    options = RenderOptions(prometheus_url=prometheus_url if autoscaling.active else None)
+    autoscaling = await _autoscaling_state(kube, the_plan, bool(config.prometheus_url))
+    options = RenderOptions(prometheus_url=config.prometheus_url if autoscaling.active else None)
     manifests = [m for m in render(the_plan, options=options)
                  if monitoring or (m["apiVersion"], m["kind"]) not in MONITORING_KINDS]
     existing = await _existing_children(kube, meta["namespace"], meta["name"], monitoring, autoscaling.keda)
@@ -370,29 +359,25 @@ async def reconcile(kube: KubeApi, obj: Mapping[str, Any], *, status: VLLMDeploy
     async def desired(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
         if current is not obj and moved_on(current):
             return None
-        listed = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d
-                  for d in await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))}
+        listed = await kube.list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
         new = _status_from_children(base(current), the_plan, listed, generation, now, monitoring, autoscaling)
         new, wakes[:] = await _with_autoscalers(kube, current, VLLMDeploymentStatus.of(current), new, the_plan,
                                                 autoscaling, now)
-        outcome.status = new
         return new.to_wire()
 
-    outcome.status_patched = (await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)).written
+    outcome.status_patched = (await write_status(kube, obj, desired)).written
     if outcome.status_patched:
         await _post_wake_events(kube, obj, wakes)
     return outcome
 
 
-def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
-                          children: Mapping[tuple[str, str, str], Mapping[str, Any]], generation: int | None,
-                          now: str, monitoring: bool, autoscaling: AutoscalingState | None = None
-                          ) -> VLLMDeploymentStatus:
+def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan, children: Sequence[Mapping[str, Any]],
+                          generation: int | None, now: str, monitoring: bool,
+                          autoscaling: AutoscalingState | None = None) -> VLLMDeploymentStatus:
+    """The status from the plan and the VLLMDeployment's Deployments (`children`: the pools' and the router's)."""
     deployments: dict[str, Mapping[str, Any] | None] = {p: None for p in constants.POOLS}
     router: Mapping[str, Any] | None = None
-    for (_, kind, _), child in children.items():
-        if kind != DEPLOYMENTS.kind:
-            continue
+    for child in children:
         labels = child.get("metadata", {}).get("labels", {})
         if labels.get(constants.LABEL_COMPONENT) == constants.COMPONENT_ROUTER:
             router = child
@@ -409,15 +394,14 @@ def _status_from_children(prev: VLLMDeploymentStatus | None, the_plan: Plan,
     return status
 
 
-async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
-                         deployments: Sequence[Mapping[str, Any]] | None = None,
-                         images: ImageDefaults = DEFAULT_IMAGES, classes: ClassIndex | None = None,
-                         node_cache: NodeCache = DEFAULT_NODE_CACHE) -> bool:
+async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], config: OperatorConfig = DEFAULT_CONFIG,
+                         classes: ClassIndex | None = None, *, children: Lister | None = None) -> bool:
     """Cheap status refresh after an owned Deployment changed: replan (pure) and recount the pools.
 
-    `obj` and `deployments` may come from the operator's watches (handlers/watched.py), so that the only
-    request is the status PATCH; without `deployments` they are listed. The write goes through the one status
-    writer: a 409 (someone wrote since, or the cache lagged) re-reads the object and computes again.
+    `obj` may come from the operator's watch of VLLMDeployments and the Deployments are read from `children` (its
+    watch of them, handlers/watched.py; None: listed through `kube`), so that the only request is the status
+    PATCH. The write goes through the one status writer: a 409 (someone wrote since, or the cache lagged) re-reads
+    the object and computes again.
     """
     wakes: list[scaling.WakeEvent] = []
 
@@ -426,24 +410,22 @@ async def refresh_status(kube: KubeApi, obj: Mapping[str, Any], *,
         prev = VLLMDeploymentStatus.of(current)
         try:
             resource = parse_resource(dict(current))
-            the_plan = plan_for(resource, await plan_context(kube, resource, images, classes, node_cache), prev)
+            the_plan = plan_for(resource, await plan_context(kube, resource, config, classes), prev)
         except SpecError:
             return None  # the spec is refused; the lifecycle handler owns that status
-        found = deployments if deployments is not None else await kube.list(
-            DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
-        children = {(DEPLOYMENTS.api_version, DEPLOYMENTS.kind, d["metadata"]["name"]): d for d in found
-                    if is_owned_by(d, meta["uid"])}
+        found = await (children or kube).list(DEPLOYMENTS, meta["namespace"], child_selector(meta["name"]))
+        owned = [d for d in found if is_owned_by(d, meta["uid"])]
         has_monitoring = await kube.has_resource(POD_MONITORS.group, POD_MONITORS.version, POD_MONITORS.plural)
         # observedGeneration is the reconcile's to advance: a refresh may run before this generation's reconcile.
         observed = prev.observed_generation if prev else None
         now = now_rfc3339()
-        new = _status_from_children(prev, the_plan, children, observed, now, has_monitoring)
+        new = _status_from_children(prev, the_plan, owned, observed, now, has_monitoring)
         # The refresh has no --prometheus-url; whether KEDA scales the pools is what the last reconcile said.
         autoscaling = await _autoscaling_state(kube, the_plan, _autoscaling_applied(prev))
         new, wakes[:] = await _with_autoscalers(kube, current, prev, new, the_plan, autoscaling, now)
         return new.to_wire()
 
-    written = (await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)).written
+    written = (await write_status(kube, obj, desired)).written
     if written:
         await _post_wake_events(kube, obj, wakes)
     return written

@@ -84,15 +84,14 @@ RETRY_LOGGERS = ("kopf._cogs.clients.watching", "kopf.objects")
 
 
 def quiet_routine_successes() -> None:
-    """Install `RoutineSuccessFilter` on kopf's per-object logger and `RetriedRequestFilter` on the loggers kopf's
-    request retries come from, once per process."""
-    logger = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, RoutineSuccessFilter) for f in logger.filters):
-        logger.addFilter(RoutineSuccessFilter())
-    for name in RETRY_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, RetriedRequestFilter) for f in logger.filters):
-            logger.addFilter(RetriedRequestFilter())
+    """Install `RoutineSuccessFilter` and `admission.AdmissionLogFilter` on kopf's per-object logger and
+    `RetriedRequestFilter` on the loggers kopf's request retries come from, once per process."""
+    for names, kind in ((("kopf.objects",), RoutineSuccessFilter), (("kopf.objects",), admission.AdmissionLogFilter),
+                        (RETRY_LOGGERS, RetriedRequestFilter)):
+        for name in names:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, kind) for f in logger.filters):
+                logger.addFilter(kind())
 
 
 def build_registry(config: OperatorConfig, login: Callable[[], Awaitable[Connection]] | None = None

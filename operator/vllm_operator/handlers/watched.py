@@ -29,6 +29,7 @@ API server sends only changes; a check reads memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,30 +43,22 @@ OWNED: dict[str, str] = {constants.LABEL_NAME: constants.APP_NAME}
 """The label every child carries."""
 
 
-def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return {k: v for k, v in meta.items() if k != "managedFields"} if isinstance(meta, Mapping) else {}
+def child_view(obj: dict[str, Any], *, spec: str | None = None, status: bool = True) -> dict[str, Any]:
+    """A child as its readers read it: identity and metadata without managedFields, `spec.<spec>` alone, and its
+    status (a pod's: `pod_view`, no spec: the health loop reads its labels, timestamps and status)."""
+    meta, whole = obj.get("metadata"), obj.get("spec")
+    out = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+           "metadata": {k: v for k, v in meta.items() if k != "managedFields"} if isinstance(meta, Mapping) else {}}
+    if spec is not None:
+        out["spec"] = {spec: whole[spec]} if isinstance(whole, Mapping) and spec in whole else {}
+    if status:
+        out["status"] = obj.get("status") or {}
+    return out
 
 
-def _spec_field(name: str, *, status: bool = False) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def view(obj: dict[str, Any]) -> dict[str, Any]:
-        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-        out = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": _metadata(obj),
-               "spec": {name: spec[name]} if isinstance(spec, Mapping) and name in spec else {}}
-        if status:
-            out["status"] = obj.get("status") or {}
-        return out
-    return view
-
-
-def pod_view(obj: dict[str, Any]) -> dict[str, Any]:
-    """A pod as the health loop reads it: identity, labels, timestamps and status (no spec)."""
-    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": _metadata(obj),
-            "status": obj.get("status") or {}}
-
-
-deployment_view = _spec_field("replicas", status=True)
-pdb_view = _spec_field("maxUnavailable")
+pod_view = child_view
+deployment_view = functools.partial(child_view, spec="replicas")
+pdb_view = functools.partial(child_view, spec="maxUnavailable", status=False)
 
 Watched = tuple[Resource, Mapping[str, str], Callable[[dict[str, Any]], dict[str, Any]]]
 WATCHED: tuple[Watched, ...] = (

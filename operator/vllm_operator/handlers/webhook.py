@@ -31,7 +31,6 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import kopf
 from aiohttp import web
@@ -83,11 +82,6 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class Certificates(Protocol):
-    async def refresh(self, context: ssl.SSLContext) -> None:
-        """Load a current serving certificate into `context` when it has none or its certificate is due."""
-
-
 class CertKeeper:
     """The CA in a Secret, serving certificates it signs, and the caBundle that trusts them (see the module doc)."""
 
@@ -98,6 +92,7 @@ class CertKeeper:
         self.published: bytes | None = None
 
     async def refresh(self, context: ssl.SSLContext) -> None:
+        """Load a current serving certificate into `context` when it has none or its certificate is due."""
         now = _now()
         ca, previous = await self._ensure_ca(now)
         bundle = certs.bundle([ca.cert_pem, *([previous] if previous else [])], now)
@@ -117,40 +112,34 @@ class CertKeeper:
     async def _ensure_ca(self, now: dt.datetime) -> tuple[certs.KeyPair, bytes | None]:
         cfg = self.config
         secret = await self.kube.get(SECRETS, cfg.namespace, cfg.ca_secret)
-        if secret is None:
-            ca = certs.new_ca(f"{cfg.service}-ca", now, cfg.ca_lifetime)
-            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        try:
+            if secret is None:
+                ca = certs.new_ca(f"{cfg.service}-ca", now, cfg.ca_lifetime)
+                await self.kube.create(SECRETS, cfg.namespace, {
+                    "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                     "metadata": {"name": cfg.ca_secret, "namespace": cfg.namespace},
-                    "data": _b64({CA_CERT: ca.cert_pem, CA_KEY: ca.key_pem})}
-            try:
-                await self.kube.create(SECRETS, cfg.namespace, body)
-            except KubeError as err:
-                if not err.conflict:
-                    raise
-                return await self._ensure_ca(now)  # created meanwhile by another operator process
-            log.info("Created the webhook CA in Secret %s/%s (valid until %s)", cfg.namespace, cfg.ca_secret,
-                     ca.not_after.isoformat())
-            return ca, None
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        if CA_CERT not in data or CA_KEY not in data:
-            raise KubeError(422, "Invalid", f"Secret {cfg.namespace}/{cfg.ca_secret} lacks {CA_CERT} or {CA_KEY}; "
-                            "delete it and the operator creates a new CA")
-        ca = certs.KeyPair(data[CA_CERT], data[CA_KEY])
-        previous = data.get(PREVIOUS_CA_CERT)
-        if certs.due(ca.cert_pem, now, cfg.ca_renew_before):
+                    "data": _b64({CA_CERT: ca.cert_pem, CA_KEY: ca.key_pem})})
+                log.info("Created the webhook CA in Secret %s/%s (valid until %s)", cfg.namespace, cfg.ca_secret,
+                         ca.not_after.isoformat())
+                return ca, None
+            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+            if CA_CERT not in data or CA_KEY not in data:
+                raise KubeError(422, "Invalid", f"Secret {cfg.namespace}/{cfg.ca_secret} lacks {CA_CERT} or "
+                                f"{CA_KEY}; delete it and the operator creates a new CA")
+            ca = certs.KeyPair(data[CA_CERT], data[CA_KEY])
+            if not certs.due(ca.cert_pem, now, cfg.ca_renew_before):
+                return ca, data.get(PREVIOUS_CA_CERT)
             renewed = certs.new_ca(f"{cfg.service}-ca", now, cfg.ca_lifetime)
-            patch = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
-                     "data": _b64({CA_CERT: renewed.cert_pem, CA_KEY: renewed.key_pem, PREVIOUS_CA_CERT: ca.cert_pem})}
-            try:
-                await self.kube.patch(SECRETS, cfg.namespace, cfg.ca_secret, patch)
-            except KubeError as err:
-                if not err.conflict:
-                    raise
-                return await self._ensure_ca(now)
-            log.info("Renewed the webhook CA in Secret %s/%s (old one valid until %s, new one until %s)",
-                     cfg.namespace, cfg.ca_secret, ca.not_after.isoformat(), renewed.not_after.isoformat())
-            return renewed, ca.cert_pem
-        return ca, previous
+            await self.kube.patch(SECRETS, cfg.namespace, cfg.ca_secret, {
+                "metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
+                "data": _b64({CA_CERT: renewed.cert_pem, CA_KEY: renewed.key_pem, PREVIOUS_CA_CERT: ca.cert_pem})})
+        except KubeError as err:
+            if not err.conflict:
+                raise
+            return await self._ensure_ca(now)  # created or renewed meanwhile by another operator process
+        log.info("Renewed the webhook CA in Secret %s/%s (old one valid until %s, new one until %s)",
+                 cfg.namespace, cfg.ca_secret, ca.not_after.isoformat(), renewed.not_after.isoformat())
+        return renewed, ca.cert_pem
 
     async def _publish(self, bundle: bytes) -> bool:
         """Write `bundle` into every webhook of the configuration; True when it changed there."""
@@ -201,7 +190,7 @@ class WebhookServer:
 
     def __init__(self, config: WebhookConfig, kube: KubeApi) -> None:
         self.config = config
-        self.certificates: Certificates = FileCerts(config.cert_dir) if config.cert_dir else CertKeeper(config, kube)
+        self.certificates = FileCerts(config.cert_dir) if config.cert_dir else CertKeeper(config, kube)
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.bound_port: int | None = None
 

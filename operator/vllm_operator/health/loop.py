@@ -1,6 +1,6 @@
 """One health check of one VLLMDeployment: snapshot -> diagnose -> decide, then carry the decision out.
 
-`check()` does the reading and the thinking and returns the decision and the new status; `execute()` does the
+`check()` does the reading and the thinking and returns the decision (with the new status); `execute()` does the
 writing, in an order chosen for crash safety: status first (the restart budget is spent and the rung recorded before
 any pod goes or any Deployment changes, so a crash in between never spends more than the budget or loses a rung),
 then pod deletions, events and counters, and finally — after a rung change — the controller's own reconcile with
@@ -15,33 +15,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vllm_operator import constants
 from vllm_operator.api import remediation
 from vllm_operator.api.errors import SpecError
-from vllm_operator.api.plan import Plan
 from vllm_operator.api.resource import VLLMDeployment, parse_resource
 from vllm_operator.api.status import VLLMDeploymentStatus
 from vllm_operator.health import diagnose as diagnose_mod
 from vllm_operator.health import policy
 from vllm_operator.health.rungs import ladder_views
-from vllm_operator.health.snapshot import Snapshot
 from vllm_operator.health.source import Lister, MetricsSource, take_snapshot
-from vllm_operator.k8s import PODS, VLLM_DEPLOYMENTS, KubeApi, KubeError, write_status
+from vllm_operator.k8s import PODS, KubeApi, KubeError, write_status
 from vllm_operator.planning import PlanContext, plan_for
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    snapshot: Snapshot
-    diagnosis: diagnose_mod.Diagnosis
-    decision: policy.Decision
-    settings: remediation.HealthSettings
-    plan: Plan
 
 
 class Reconciler(Protocol):
@@ -63,7 +51,7 @@ PlanContextOf = Callable[[VLLMDeployment], Awaitable[PlanContext]]
 
 async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, Any], *,
                 interval_override: float | None = None, context: PlanContextOf | None = None,
-                children: Lister | None = None) -> CheckResult | None:
+                children: Lister | None = None) -> policy.Decision | None:
     """Read, diagnose, decide. None when the spec cannot be planned (the controller reports that).
     `context`: what the operator plans with (`planning.plan_for`), the same as its reconcile (None: the built-in
     classes and default images, catalog accelerators only). `children`: where pods, Deployments and PDBs are read
@@ -81,17 +69,16 @@ async def check(kube: KubeApi, source: MetricsSource | None, obj: Mapping[str, A
                                   interval_override=interval_override)
     enabled = {p: pool.replicas for p, pool in the_plan.pools.items() if pool.enabled}
     snap = await take_snapshot(children or kube, source, namespace, name, settings, enabled)
-    diag = diagnose_mod.diagnose(snap, settings)
-    decision = policy.decide(diag, status, settings, ladder_views(the_plan, settings.allow_lower_max_model_len),
-                             generation=meta.get("generation"), metrics_configured=source is not None)
-    return CheckResult(snapshot=snap, diagnosis=diag, decision=decision, settings=settings, plan=the_plan)
+    return policy.decide(diagnose_mod.diagnose(snap, settings), status, settings,
+                         ladder_views(the_plan, settings.allow_lower_max_model_len),
+                         generation=meta.get("generation"), metrics_configured=source is not None)
 
 
-Recheck = Callable[[Mapping[str, Any]], Awaitable["CheckResult | None"]]
+Recheck = Callable[[Mapping[str, Any]], Awaitable["policy.Decision | None"]]
 """`check` bound to its readers: the decision made again on an object read afresh."""
 
 
-async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *, reconcile: Reconciler,
+async def execute(kube: KubeApi, obj: Mapping[str, Any], decision: policy.Decision, *, reconcile: Reconciler,
                   recheck: Recheck, counters: Counters | None = None) -> None:
     """Carry out one decision (order: see module docstring). The status goes through the operator's one writer
     (`k8s.write_status`): when someone wrote since `obj` was read, the decision is made again on the object read
@@ -99,19 +86,19 @@ async def execute(kube: KubeApi, obj: Mapping[str, Any], result: CheckResult, *,
     status that was not seen."""
     meta = obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    chosen: CheckResult | None = result
+    chosen: policy.Decision | None = decision
 
     async def desired(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
         nonlocal chosen
         if current is not obj:
             log.info("Decided again on VLLMDeployment %s/%s: its status changed since it was read", namespace, name)
             chosen = await recheck(current)
-        return chosen.decision.status.to_wire() if chosen is not None else None
+        return chosen.status.to_wire() if chosen is not None else None
 
-    write = await write_status(kube, VLLM_DEPLOYMENTS, obj, desired)
+    write = await write_status(kube, obj, desired)
     if chosen is None or write.obj is None:
         return
-    decision = chosen.decision
+    decision = chosen  # made again when the status had changed since `obj` was read
     for deletion in decision.deletions:
         try:
             await kube.delete(PODS, namespace, deletion.pod, uid=deletion.uid,

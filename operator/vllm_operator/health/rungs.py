@@ -18,11 +18,8 @@ def ladder_views(the_plan: Plan, allow_lower_max_model_len: bool) -> dict[str, p
     for name, pool in the_plan.pools.items():
         if not pool.enabled:
             continue
-        mem = ladder.next_step_down_level(the_plan, name)
-        kv = ladder.next_kv_level(the_plan, name, allow_lower_max_model_len)
         views[name] = policy.LadderView(
-            next_memory=(mem, ladder.describe_rung(the_plan, name, mem)) if mem is not None else None,
-            next_kv=(kv, ladder.describe_kv_rung(the_plan, name, kv, allow_lower_max_model_len))
-            if kv is not None else None,
+            next_memory=ladder.next_rung(the_plan, name),
+            next_kv=ladder.next_rung(the_plan, name, kv=True, allow_lower_max_model_len=allow_lower_max_model_len),
             host_memory=not the_plan.accelerator.is_gpu)
     return views

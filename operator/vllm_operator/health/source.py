@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_api_client import PrometheusConnect
@@ -102,26 +102,23 @@ async def read_metrics(source: MetricsSource, namespace: str, deployment: str, s
                        ) -> MetricsSnapshot:
     """Ask Prometheus every per-pod and per-pool question of one check (concurrently)."""
     qs = queries.for_deployment(namespace, deployment, stall_s=settings.stall_s, window_s=settings.window_s)
-    names_ = [f.name for f in fields(qs)]
     started = time.time()
     try:
-        results = await asyncio.gather(*(source.query(getattr(qs, n)) for n in names_))
+        results = await asyncio.gather(*(source.query(promql) for promql in qs.values()))
     except MetricsError as err:
         log.warning("Could not read metrics of VLLMDeployment %s/%s: %s", namespace, deployment, err)
         return MetricsSnapshot(fetched_at=started, error=str(err))
-    r = dict(zip(names_, results, strict=True))
+    r = dict(zip(qs, results, strict=True))
     pods: dict[str, dict[str, Any]] = {}
     pools: dict[str, str] = {}
     renamed = {"last_sample": "last_sample_at", "startup_sample": "startup_sample_at",
                "startup_limit": "startup_limit_s", "startup_download": "startup_download_bytes",
                "startup_download_total": "startup_download_total_bytes",
                "startup_download_eta": "startup_download_eta_s"}
-    for key in ("up", "last_sample", "running", "running_min", "generated", "samples", "kv_usage", "kv_usage_avg",
-                "preemptions", "kv_tokens", "startup_phase", "startup_sample", "startup_since",
-                "startup_last_progress", "startup_stalled", "startup_limit", "startup_download",
-                "startup_download_total", "startup_download_files", "startup_download_total_files",
-                "startup_download_eta", "startup_kv_tokens", "process_start", "unresponsive"):
-        for pod, sample in _by_pod(r[key]).items():
+    for key, samples in r.items():
+        if key in ("finished", "finished_length", "adapters_loaded"):
+            continue  # per pool, or per pod and adapter: read below
+        for pod, sample in _by_pod(samples).items():
             pools[pod] = sample.labels.get("pool", pools.get(pod, ""))
             entry = pods.setdefault(pod, {})
             if key == "up":

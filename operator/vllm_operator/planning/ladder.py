@@ -14,7 +14,7 @@ Two paths, because the two failures need different medicine (docs/architecture.m
   because it changes what clients may send.
 
 Levels are positions in these tuples: level N applies rungs 1..N. A rung that cannot change anything for a pool
-(FP8 on a GPU that refuses it, a value at its floor) is a no-op, and `next_step_down_level` skips it. The functions
+(FP8 on a GPU that refuses it, a value at its floor) is a no-op, and `next_rung` skips it. The functions
 that take a `Plan` serve the health policy: it holds the plan in effect and asks whether another rung exists and
 what moving there changes (for events and `status.pools.<p>.stepDown.history`).
 """
@@ -138,32 +138,16 @@ def settings_of(plan: Plan, pool_name: str, cpu_kv_fraction: float = 1.0) -> Set
                     max_tokens=pool.max_tokens, fp8_allowed=pool.fp8_kv_allowed, min_max_model_len=floor)
 
 
-def _next_level(ladder: tuple[Rung, ...], settings: Settings, current: int) -> int | None:
-    for level in range(current + 1, len(ladder) + 1):
-        if ladder[level - 1].apply(settings) != settings:
-            return level
+def next_rung(plan: Plan, pool: str, *, kv: bool = False, allow_lower_max_model_len: bool = False
+              ) -> tuple[int, str] | None:
+    """The next rung above the pool's current level that changes something, and what moving there changes (e.g.
+    `gpu-memory-utilization 0.9->0.85`): on the EngineOOM ladder, or with `kv` on the KVCacheTooSmall one; None
+    when the ladder has nothing left."""
+    the_pool = plan.pools[pool]
+    rungs, current = ((kv_ladder_for(allow_lower_max_model_len), the_pool.kv_level) if kv
+                      else (STEP_DOWN_LADDER, the_pool.step_down_level))
+    settings = settings_of(plan, pool)
+    for level in range(current + 1, len(rungs) + 1):
+        if rungs[level - 1].apply(settings) != settings:
+            return level, describe_change(settings, apply_levels(rungs, settings, level, current))
     return None
-
-
-def next_step_down_level(plan: Plan, pool: str) -> int | None:
-    """The next EngineOOM rung above the pool's current level that changes something, or None (ladder exhausted)."""
-    return _next_level(STEP_DOWN_LADDER, settings_of(plan, pool), plan.pools[pool].step_down_level)
-
-
-def describe_rung(plan: Plan, pool: str, level: int) -> str:
-    """What moving the pool from its current level to `level` changes, e.g. `gpu-memory-utilization 0.9->0.85`."""
-    settings = settings_of(plan, pool)
-    after = apply_levels(STEP_DOWN_LADDER, settings, level, plan.pools[pool].step_down_level)
-    return describe_change(settings, after)
-
-
-def next_kv_level(plan: Plan, pool: str, allow_lower_max_model_len: bool) -> int | None:
-    """The next KVCacheTooSmall rung that changes something, or None."""
-    return _next_level(kv_ladder_for(allow_lower_max_model_len), settings_of(plan, pool), plan.pools[pool].kv_level)
-
-
-def describe_kv_rung(plan: Plan, pool: str, level: int, allow_lower_max_model_len: bool) -> str:
-    settings = settings_of(plan, pool)
-    after = apply_levels(kv_ladder_for(allow_lower_max_model_len), settings, level, plan.pools[pool].kv_level)
-    return describe_change(settings, after)
-

@@ -165,16 +165,11 @@ def is_builtin(name: str) -> bool:
     return name in {c.value for c in WorkloadClass}
 
 
-def class_object(name: str, spec: VLLMWorkloadClassSpec) -> dict[str, Any]:
-    """A VLLMWorkloadClass object (apiVersion, kind, metadata, spec)."""
-    return {"apiVersion": constants.API_VERSION, "kind": constants.CLASS_KIND,
-            "metadata": {"name": name, "labels": {constants.LABEL_NAME: constants.APP_NAME}},
-            "spec": spec.to_wire()}
-
-
 def builtin_classes() -> list[dict[str, Any]]:
     """The four built-in VLLMWorkloadClass objects, in table order."""
-    return [class_object(name.value, spec) for name, spec in BUILTINS.items()]
+    return [{"apiVersion": constants.API_VERSION, "kind": constants.CLASS_KIND,
+             "metadata": {"name": name.value, "labels": {constants.LABEL_NAME: constants.APP_NAME}},
+             "spec": spec.to_wire()} for name, spec in BUILTINS.items()]
 
 
 def parse_class(obj: Mapping[str, Any]) -> NamedClass:

@@ -57,10 +57,6 @@ def _regex_literal(text: str) -> str:
     return text.replace(".", "\\\\.")
 
 
-def _signals(plan: Plan, by: str = POD_LABELS) -> Signals:
-    return Signals(plan.namespace, plan.name, by)
-
-
 def oom_restarts_expr(plan: Plan, count: int, window_s: float) -> str:
     """`count` or more OOM restarts of a pool within the window: the rule the health loop steps a pool down by."""
     reasons = "|".join(OOM_REASONS)
@@ -86,35 +82,6 @@ def oom_restarts_expr(plan: Plan, count: int, window_s: float) -> str:
     return f"({operator}) or ({kube_state})"
 
 
-def scrape_down_expr(plan: Plan) -> str:
-    """A pod one of whose endpoints does not answer its scrape: the health loop's `up`."""
-    return f"{_signals(plan).up()} == 0"
-
-
-def length_share_expr(plan: Plan, share: float, window_s: float) -> str:
-    """The share of finished requests that stopped at max_tokens: the health loop's two counts, divided."""
-    signals = _signals(plan, ENGINE_LABELS)
-    return f"({signals.finished(window_s, 'length')} / {signals.finished(window_s)}) > {share:g}"
-
-
-def no_progress_expr(plan: Plan, stall_seconds: float) -> str:
-    """Requests running for the whole stall window and no token generated: the health loop's Stalled rule."""
-    signals = _signals(plan)
-    return (f"({signals.running_min(stall_seconds)} > 0) and on ({POD_LABELS}) "
-            f"({signals.generated(stall_seconds)} == 0)")
-
-
-def unresponsive_expr(plan: Plan) -> str:
-    """An engine whose idle-engine probes keep failing while /health answers: the health loop's EngineUnresponsive
-    rule (the wrapper already required `failures` probes in a row, so no extra `for`)."""
-    return f"{_signals(plan).unresponsive()} >= 1"
-
-
-def kv_usage_expr(plan: Plan, usage: float, window_s: float) -> str:
-    """A pod whose KV cache usage averaged `usage` or more over the window: the health loop's KVPressure rule."""
-    return f"{_signals(plan).kv_usage_avg(window_s)} >= {usage:g}"
-
-
 def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, description: str) -> dict[str, Any]:
     rule: dict[str, Any] = {
         "alert": alert,
@@ -129,8 +96,12 @@ def _rule(alert: str, expr: str, for_: str | None, severity: str, summary: str, 
 
 def alert_groups(plan: Plan, settings: HealthSettings | None = None) -> list[dict[str, Any]]:
     """The rule groups of one VLLMDeployment, with the thresholds the health loop uses (`remediation.resolve` of the
-    spec's remediation; the defaults without one)."""
+    spec's remediation; the defaults without one). Each expression is the health loop's signal (`api.signals`)
+    thresholded: `up` for the scrape, Stalled, EngineUnresponsive, KVPressure, and its two finished-request counts
+    divided for the length share."""
     s = settings or HealthSettings()
+    signals = Signals(plan.namespace, plan.name, POD_LABELS)
+    per_pool = Signals(plan.namespace, plan.name, ENGINE_LABELS)
     share, usage, stall = s.length_share_alert, s.kv_pressure, s.stall_s
     oom_count, oom_window, window = s.oom_count, duration(s.oom_window_s), duration(s.window_s)
     who = f"{plan.namespace}/{plan.name}"
@@ -141,25 +112,27 @@ def alert_groups(plan: Plan, settings: HealthSettings | None = None) -> list[dic
               f"Engines of {who} pool {pool} restarted for out-of-memory {oom_count} or more times in {oom_window}",
               f"{{{{ $value | humanize }}}} OOM restarts (OOMKilled or EngineOOM) in {oom_window}. The operator steps "
               "the pool down its ladder after repeated OOMs; check status.pools.<pool>.stepDown."),
-        _rule("VLLMEngineScrapeDown", scrape_down_expr(plan), SCRAPE_DOWN_FOR, "critical",
+        _rule("VLLMEngineScrapeDown", f"{signals.up()} == 0", SCRAPE_DOWN_FOR, "critical",
               f"Engine {pod} of {who} pool {pool} cannot be scraped",
               f"Prometheus has failed to scrape /metrics of {pod} for {SCRAPE_DOWN_FOR}: the engine is down, hung or "
               "unreachable, and the health loop is blind to it."),
-        _rule("VLLMLengthShareHigh", length_share_expr(plan, share, s.window_s), LENGTH_FOR, "warning",
+        _rule("VLLMLengthShareHigh", f"({per_pool.finished(s.window_s, 'length')} / {per_pool.finished(s.window_s)}) "
+              f"> {share:g}", LENGTH_FOR, "warning",
               f"Over {share:.0%} of requests to {who} pool {pool} stop at max_tokens",
               f"{{{{ $value | humanizePercentage }}}} of finished requests ended with finished_reason=length over "
               f"{window}, for {LENGTH_FOR}: generations run into the cap (runaway output or caps too low)."),
-        _rule("VLLMNoTokenProgress", no_progress_expr(plan, stall), None, "critical",
+        _rule("VLLMNoTokenProgress", f"({signals.running_min(stall)} > 0) and on ({POD_LABELS}) "
+              f"({signals.generated(stall)} == 0)", None, "critical",
               f"Engine {pod} of {who} pool {pool} has requests running but generates no tokens",
               f"Requests were running on {pod} for the whole last {duration(stall)} and "
               "vllm:generation_tokens_total did not move: the engine is stalled (the operator deletes the pod "
               "within its restart budget)."),
-        _rule("VLLMEngineUnresponsive", unresponsive_expr(plan), None, "critical",
+        _rule("VLLMEngineUnresponsive", f"{signals.unresponsive()} >= 1", None, "critical",
               f"Engine {pod} of {who} pool {pool} answers /health but does not generate",
               f"The engine wrapper's one-token probes of the idle engine {pod} failed several times in a row "
               "while vLLM's /health answered 200: the engine core hangs (a zombie). The operator deletes the pod "
               "within its restart budget."),
-        _rule("VLLMKVCacheUsageHigh", kv_usage_expr(plan, usage, s.window_s), None, "info",
+        _rule("VLLMKVCacheUsageHigh", f"{signals.kv_usage_avg(s.window_s)} >= {usage:g}", None, "info",
               f"KV cache of {pod} ({who} pool {pool}) averaged {usage:.0%} or more over {window}",
               f"vllm:kv_cache_usage_perc averaged {{{{ $value | humanizePercentage }}}} over {window}: requests "
               "queue or get preempted; add replicas or lower max_num_seqs."),

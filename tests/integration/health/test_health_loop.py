@@ -424,7 +424,7 @@ async def test_a_decision_on_a_stale_status_is_made_again_on_the_fresh_one(setup
     async def kv_seen() -> Any:
         obj = await kube.get(VLLM_DEPLOYMENTS, ns, name)
         result = await loop.check(kube, None, obj or {})
-        return (obj, result) if result is not None and result.decision.rung_changes else None
+        return (obj, result) if result is not None and result.rung_changes else None
 
     obj, result = await eventually(kv_seen, timeout=20)
     raced = await kube.patch_status(VLLM_DEPLOYMENTS, ns, name, {"status": {"ready": "controller-was-here"}})

@@ -113,7 +113,7 @@ async def test_children_are_applied_and_a_resync_writes_nothing(kube: Cluster, n
     obj = await create(api, chat(namespace))
     first = Recording(api)
     outcome: ReconcileOutcome = await reconcile(first, obj)  # type: ignore[arg-type]
-    assert outcome.plan is not None and not outcome.updated and not outcome.deleted
+    assert outcome.spec_error is None and not outcome.updated and not outcome.deleted
     kinds = Counter(label.split()[0] for label in outcome.created)
     assert kinds == Counter({"Deployment": 3, "Service": 3, "PodDisruptionBudget": 3, "ConfigMap": 1,
                              "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "NetworkPolicy": 1}), kinds

@@ -333,7 +333,7 @@ def check_prometheus(url: str, proc: subprocess.Popen[bytes], log: Path, namespa
         body = get_json(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
-    for what, promql in (("up", health.up), ("running", health.running), ("kv_usage", health.kv_usage)):
+    for what, promql in (("up", health["up"]), ("running", health["running"]), ("kv_usage", health["kv_usage"])):
         result = wait_for(f"the health loop's {what} query to see the pod", lambda q=promql: query(q), timeout=30)
         assert [r["metric"] for r in result] == [{"pod": name, "pool": pool}], (what, promql, result)
-    assert query(health.up)[0]["value"][1] == "1"
+    assert query(health["up"])[0]["value"][1] == "1"

@@ -40,9 +40,9 @@ def test_the_alert_rules_threshold_the_health_loops_signals() -> None:
     assert rules["VLLMKVCacheUsageHigh"] == f"{Signals('ml', 'chat', by).kv_usage_avg(s.window_s)} >= 0.95"
     assert rules["VLLMEngineScrapeDown"] == f"{Signals('ml', 'chat', by).up()} == 0"
     assert rules["VLLMEngineUnresponsive"] == f"{Signals('ml', 'chat', by).unresponsive()} >= 1"
-    assert loop.unresponsive == Signals("ml", "chat", queries.BY_POD).unresponsive()
-    assert "vllm_operator_engine_unresponsive{" in loop.unresponsive and 'pool!=""' in loop.unresponsive
+    assert loop["unresponsive"] == Signals("ml", "chat", queries.BY_POD).unresponsive()
+    assert "vllm_operator_engine_unresponsive{" in loop["unresponsive"] and 'pool!=""' in loop["unresponsive"]
     # The loop's own are the same expressions, grouped by (pod, pool) instead.
-    assert loop.running_min == Signals("ml", "chat", queries.BY_POD).running_min(s.stall_s)
-    assert loop.kv_usage_avg.replace(queries.BY_POD, by) in rules["VLLMKVCacheUsageHigh"]
-    assert loop.finished_length.replace("by (pool)", f"by ({alerts.ENGINE_LABELS})") in rules["VLLMLengthShareHigh"]
+    assert loop["running_min"] == Signals("ml", "chat", queries.BY_POD).running_min(s.stall_s)
+    assert loop["kv_usage_avg"].replace(queries.BY_POD, by) in rules["VLLMKVCacheUsageHigh"]
+    assert loop["finished_length"].replace("by (pool)", f"by ({alerts.ENGINE_LABELS})") in rules["VLLMLengthShareHigh"]

@@ -74,23 +74,22 @@ def dependent(name: str, workload_class: str | None = "agent") -> dict[str, Any]
     return doc
 
 
-async def agent_edited(api: FakeKubeApi) -> tuple[
-        ClassIndex, dict[str, NamedClass], dict[str, dict[str, Any]], list[Mapping[str, Any]]]:
+async def agent_edited(api: FakeKubeApi) -> tuple[ClassIndex, dict[str, NamedClass], list[Mapping[str, Any]]]:
     """An index that has seen class `agent` at generation 1 and then its edit to generation 2 (maxModelLen 8192):
-    the index, its snapshot and objects before the edit, and the edit's dependents among `api`'s objects in ml."""
+    the index, its snapshot before the edit, and the edit's dependents among `api`'s objects in ml."""
     index = ClassIndex()
     index._loaded = True  # as after the first list
     index.observe(agent(1))
-    before, objects = index.snapshot(), index.objects()
+    before = index.snapshot()
     index.observe(agent(2, 8192))
-    return index, before, objects, dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
+    return index, before, dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
 
 
 async def test_a_pinned_dependent_keeps_the_class_it_had() -> None:
     index = ClassIndex()
     index._loaded = True
     index.observe(agent(1))
-    index.pin(dependent("b"), index.snapshot(), index.objects())
+    index.pin(dependent("b"), index.snapshot())
     index.observe(agent(2, 8192))
     spec = CHAT.model_copy(update={"workload_class": "agent"})
     assert (await index.resolve(NO_KUBE, ("ml", "b"), spec)).generation == 1
@@ -108,7 +107,7 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
     for name in ("a", "b"):
         await api.create(VLLM_DEPLOYMENTS, "ml", dependent(name))
     await api.create(VLLM_DEPLOYMENTS, "ml", dependent("c", "chat"))  # another class: not a dependent
-    index, before, objects, targets = await agent_edited(api)
+    index, before, targets = await agent_edited(api)
     assert [t["metadata"]["name"] for t in targets] == ["a", "b"]
     started = asyncio.Event()
 
@@ -116,7 +115,7 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
         started.set()
         await asyncio.Event().wait()  # the operator stops here, mid-roll-out
 
-    index.start_rollout("agent", targets, before, objects, hold, api)
+    index.start_rollout("agent", targets, before, hold, api)
     await started.wait()
     await index.close()
     for name in ("a", "b"):
@@ -151,11 +150,11 @@ async def test_pins_are_persisted_on_the_objects_and_a_restarted_index_plans_wit
 def test_a_pin_annotation_round_trips_and_a_hand_edited_one_is_refused() -> None:
     index = ClassIndex()
     index.observe(agent(4))
-    pin = index.pin(dependent("b"), index.snapshot(), index.objects())
+    pin = index.pin(dependent("b"), index.snapshot())
     assert pin is not None
     back = Pin.parse(pin.annotation())
     assert back.profile == pin.profile and back.for_class == "agent"
-    builtin = index.pin(dependent("c", "chat"), index.snapshot(), index.objects())
+    builtin = index.pin(dependent("c", "chat"), index.snapshot())
     assert builtin is not None and Pin.parse(builtin.annotation()).profile.name == "chat"
     with pytest.raises(ValueError, match="not a workload-class pin"):
         Pin.parse('{"class": "nonexistent-class", "object": null}')
@@ -185,7 +184,7 @@ async def test_a_dependent_that_did_not_resolve_before_plans_at_once_and_still_g
     await api.create(VLLM_DEPLOYMENTS, "ml", dependent("a"))
     index = ClassIndex()
     index._loaded = True
-    before, objects = index.snapshot(), index.objects()
+    before = index.snapshot()
     index.observe(agent(1))
     targets = dependents(await api.list(VLLM_DEPLOYMENTS, "ml"), {"agent"}, False)
     done = asyncio.Event()
@@ -199,7 +198,7 @@ async def test_a_dependent_that_did_not_resolve_before_plans_at_once_and_still_g
         await roll_out(index, api, api, "agent", targets, reconcile, lambda n: f"x={n}", timeout=1)
         done.set()
 
-    index.start_rollout("agent", targets, before, objects, run, api)
+    index.start_rollout("agent", targets, before, run, api)
     spec = CHAT.model_copy(update={"workload_class": "agent"})
     assert (await index.resolve(NO_KUBE, ("ml", "a"), spec)).generation == 1, "the new class, at once"
     await done.wait()
@@ -230,7 +229,7 @@ async def test_a_roll_out_waits_on_the_watched_deployments_without_listing_them_
     await api.create(VLLM_DEPLOYMENTS, "ml", dependent("a"))
     labels = {**OWNED, constants.LABEL_DEPLOYMENT: "a"}
     await api.create(DEPLOYMENTS, "ml", {"metadata": {"name": "a-short", "labels": labels}, "spec": {"replicas": 1}})
-    index, before, objects, targets = await agent_edited(api)
+    index, before, targets = await agent_edited(api)
     api.calls.clear()
     children = WatchedChildren(api, watcher, ("ml",), watched=OWNED_DEPLOYMENTS)
     watching = asyncio.create_task(children.run())
@@ -254,7 +253,7 @@ async def test_a_roll_out_waits_on_the_watched_deployments_without_listing_them_
             await roll_out(index, api, reader, "agent", targets, reconcile, child_selector, timeout=60)
             done.set()
 
-        index.start_rollout("agent", targets, before, objects, run, api)
+        index.start_rollout("agent", targets, before, run, api)
         await asyncio.wait_for(replanned.wait(), 30)
         # it polled twice: the Deployment had not rolled out at the first
         await eventually(when(lambda: reader.reads + api.calls["list"] >= 2), timeout=30)

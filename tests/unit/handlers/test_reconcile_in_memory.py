@@ -70,7 +70,7 @@ async def test_children_are_applied_owned_by_the_vllmdeployment_and_a_resync_wri
     obj = await create(api, chat())
     api.calls.clear()
     outcome = await reconcile(api, obj)
-    assert outcome.plan is not None and not outcome.updated and not outcome.deleted
+    assert outcome.spec_error is None and not outcome.updated and not outcome.deleted
     assert Counter(label.split()[0] for label in outcome.created) == Counter({
         "Deployment": 3, "Service": 3, "PodDisruptionBudget": 3, "ConfigMap": 1, "ServiceAccount": 1, "Role": 1,
         "RoleBinding": 1, "NetworkPolicy": 1}), "PodMonitor and PrometheusRule: not served, so not rendered"

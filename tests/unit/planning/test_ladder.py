@@ -17,6 +17,12 @@ def at(step: int = 0, kv: int = 0, pool: str = "long", **patch: Any) -> Plan:
     return make_plan(RemediationState({pool: PoolRemediation(step, kv)}), **patch)
 
 
+def next_level(p: Plan, **kw: Any) -> int | None:
+    """The level of the long pool's next rung (`ladder.next_rung`), None when there is none."""
+    rung = ladder.next_rung(p, "long", **kw)
+    return None if rung is None else rung[0]
+
+
 @pytest.mark.parametrize(("level", "expected"), [
     (0, {"--gpu-memory-utilization": "0.9", "--max-num-batched-tokens": "8192", "--max-num-seqs": "32",
          "--kv-cache-dtype": "auto"}),
@@ -55,10 +61,10 @@ def test_cpu_memory_rung_lowers_kv_bytes() -> None:
 
 def test_fp8_rung_is_skipped_where_already_fp8() -> None:
     p = at(0, workloadClass="long-doc")  # long-doc long pool is fp8 on an H100 already
-    assert ladder.next_step_down_level(p, "long") == 1
-    assert ladder.next_step_down_level(at(2, workloadClass="long-doc"), "long") == 3
+    assert next_level(p) == 1
+    assert next_level(at(2, workloadClass="long-doc")) == 3
     p3 = at(3, workloadClass="long-doc")
-    assert ladder.next_step_down_level(p3, "long") is None
+    assert next_level(p3) is None
 
 
 def test_fp8_rung_refused_by_explicit_backend_is_skipped() -> None:
@@ -66,24 +72,27 @@ def test_fp8_rung_refused_by_explicit_backend_is_skipped() -> None:
              "pools": {"long": {"extraArgs": ["--attention-backend=FLASH_ATTN"]}}}
     p = at(0, **flash)
     assert (p.pools["long"].attention_backend, p.pools["long"].fp8_kv_allowed) == ("FLASH_ATTN", False)
-    assert ladder.next_step_down_level(at(3, **flash), "long") is None
-    assert ladder.next_step_down_level(at(3, accelerator={"type": "nvidia-a100-80gb"}), "long") == 4
+    assert next_level(at(3, **flash)) is None
+    assert next_level(at(3, accelerator={"type": "nvidia-a100-80gb"})) == 4
 
 
 def test_describe_rung() -> None:
     p = at(0)
-    assert ladder.describe_rung(p, "long", 1) == "gpu-memory-utilization 0.9->0.85"
-    assert ladder.describe_rung(p, "long", 2) == "gpu-memory-utilization 0.9->0.85, max-num-batched-tokens 8192->4096"
-    assert ladder.describe_rung(at(1), "long", 2) == "max-num-batched-tokens 8192->4096"
-    assert ladder.describe_rung(at(2), "long", 3) == "max-num-seqs 32->16"
-    assert ladder.describe_rung(at(3), "long", 4) == "kv-cache-dtype auto->fp8"
-    assert ladder.describe_rung(at(4), "long", 4) == "no change"
+    assert ladder.next_rung(p, "long") == (1, "gpu-memory-utilization 0.9->0.85")
+    settings = ladder.settings_of(p, "long")
+    assert ladder.describe_change(settings, ladder.apply_levels(ladder.STEP_DOWN_LADDER, settings, 2)) == (
+        "gpu-memory-utilization 0.9->0.85, max-num-batched-tokens 8192->4096")
+    assert ladder.next_rung(at(1), "long") == (2, "max-num-batched-tokens 8192->4096")
+    assert ladder.next_rung(at(2), "long") == (3, "max-num-seqs 32->16")
+    assert ladder.next_rung(at(3), "long") == (4, "kv-cache-dtype auto->fp8")
+    assert ladder.next_rung(at(4), "long") is None
+    assert ladder.describe_change(settings, settings) == "no change"
 
 
 def test_floors_end_the_ladder() -> None:
     p = at(0, pools={"long": {"gpuMemoryUtilization": 0.5, "maxNumBatchedTokens": 512, "maxNumSeqs": 1,
                               "kvCacheDtype": "fp8"}})
-    assert ladder.next_step_down_level(p, "long") is None
+    assert next_level(p) is None
 
 
 @pytest.mark.parametrize(("kv", "allow", "length", "dtype"), [
@@ -99,12 +108,15 @@ def test_kv_ladder(kv: int, allow: bool, length: int, dtype: str) -> None:
 
 def test_kv_ladder_queries() -> None:
     p = at(0)
-    assert ladder.next_kv_level(p, "long", False) == 1
-    assert ladder.next_kv_level(at(0, 1), "long", False) is None
-    assert ladder.next_kv_level(at(0, 1), "long", True) == 2
-    assert ladder.describe_kv_rung(p, "long", 2, True) == "kv-cache-dtype auto->fp8, max-model-len 16384->8192"
+    assert ladder.next_rung(p, "long", kv=True) == (1, "kv-cache-dtype auto->fp8")
+    assert next_level(at(0, 1), kv=True) is None
+    assert ladder.next_rung(at(0, 1), "long", kv=True, allow_lower_max_model_len=True) == (
+        2, "max-model-len 16384->8192")
+    settings = ladder.settings_of(p, "long")
+    assert ladder.describe_change(settings, ladder.apply_levels(ladder.kv_ladder_for(True), settings, 2)) == (
+        "kv-cache-dtype auto->fp8, max-model-len 16384->8192")
     # the long pool never drops below the short pool's length
-    assert ladder.next_kv_level(at(0, 1, pools={"long": {"maxModelLen": 4096}}), "long", True) is None
+    assert next_level(at(0, 1, pools={"long": {"maxModelLen": 4096}}), kv=True, allow_lower_max_model_len=True) is None
 
 
 def test_remediation_state_from_status() -> None:
