@@ -53,6 +53,7 @@ from tests.support.e2e_stack import (
     NS,
     PodContainer,
     Stack,
+    Termination,
     Traffic,
     cond,
     counter,
@@ -172,13 +173,12 @@ def oom_run(stack: Stack, pool: str) -> dict[str, float]:
     level = rung(stack, pool)
     container = stack.engine(pool)
     pod = container.pod
-    with Traffic(stack) as traffic:
+    with Traffic(stack) as traffic, Termination(container, "OOMKilled") as termination:
         stack.wait(lambda: traffic.first(0, pool), 60, what="traffic on the pool")
         oom = exceed_memory_limit(stack, pool)
         t0 = oom.killed
         wall0 = time.time() - (time.monotonic() - t0)
-        stack.wait(lambda: (container.last_terminated or {}).get("reason") == "OOMKilled", 60, interval=0.1,
-                   what="OOMKilled reported")
+        stack.wait(lambda: termination.found, 60, interval=0.05, what="OOMKilled reported")
         t_reported = time.monotonic()
         stack.wait(lambda: rung(stack, pool) > level, 120, interval=0.2, what="the pool stepped down")
         t_stepped = time.monotonic()

@@ -30,6 +30,7 @@ from tests.support.e2e_stack import (
     RESTART_READY_TIMEOUT_S,
     PodContainer,
     Stack,
+    Termination,
     Traffic,
     cond,
     engine_core_pid,
@@ -126,11 +127,11 @@ def test_engine_oomkilled_by_the_kernel_steps_the_pool_down_and_the_next_rung_se
     healthy.call(lambda k: k.patch(VLLM_DEPLOYMENTS, NS, NAME,
                                    {"spec": {"remediation": {"thresholds": {"oomCount": 1}}}}))
     try:
-        with Traffic(healthy) as traffic:
+        with Traffic(healthy) as traffic, Termination(container, "OOMKilled") as termination:
             healthy.wait(lambda: traffic.first(0, pool), 60, what="traffic on the short pool")
             oom = exceed_memory_limit(healthy, pool)
-            exited = healthy.wait(lambda: (t := container.last_terminated) and t.get("reason") == "OOMKilled" and t,
-                                  60, interval=0.2, what=f"{pod}'s engine container reported OOMKilled")
+            exited = healthy.wait(lambda: termination.found, 60, interval=0.2,
+                                  what=f"{pod}'s engine container reported OOMKilled")
             healthy.wait(lambda: any(e.get("reason") == "ObservedHostOOMKilled" and pod in e.get("message", "")
                                      for e in healthy.events()), 60, interval=0.5,
                          what=f"the operator observed {pod} HostOOMKilled")

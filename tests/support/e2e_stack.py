@@ -708,6 +708,36 @@ class Answer:
     pool: str
 
 
+class Termination:
+    """The first termination of a container with `reason`, caught by looking at its status every `interval` from a
+    thread of its own: a pod the operator replaces at once can be gone before a later look (a pool on a ladder rung
+    rolls without a surge pod, so the step-down deletes the OOMKilled pod seconds after the kubelet reported it).
+    Both places the kubelet writes it count: `state.terminated` (not restarted yet) and `lastState.terminated`."""
+
+    def __init__(self, container: PodContainer, reason: str, interval: float = 0.05) -> None:
+        self.container, self.reason, self.interval = container, reason, interval
+        self.found: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and self.found is None:
+            status = self.container.status()
+            for terminated in ((status.get("state") or {}).get("terminated"),
+                               (status.get("lastState") or {}).get("terminated")):
+                if terminated and terminated.get("reason") == self.reason:
+                    self.found = dict(terminated)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> Termination:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 class Traffic:
     """Short prompts through the router from a background thread; every answer recorded with its time and pool."""
 
