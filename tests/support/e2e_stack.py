@@ -727,6 +727,7 @@ class Termination:
                                (status.get("lastState") or {}).get("terminated")):
                 if terminated and terminated.get("reason") == self.reason:
                     self.found = dict(terminated)
+                    break
             self._stop.wait(self.interval)
 
     def __enter__(self) -> Termination:
