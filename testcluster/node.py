@@ -346,6 +346,28 @@ def proxies_kubernetes_service(node: Node) -> bool:
     return proc.returncode == 0 and '"default/kubernetes:https"' in proc.stdout and "-j KUBE-SVC-" in proc.stdout
 
 
+def cpus_of(index: int, nodes: int, allowed: Sequence[int] | None = None) -> str:
+    """The CPUs node `index` of `nodes` may run its pods on: the machine's `allowed` CPUs (this process's affinity)
+    dealt out in contiguous shares, one share per node (at least one CPU each: with more nodes than CPUs, node k gets
+    CPU k mod n; a node started beyond the `nodes` planned shares node `index mod nodes`'s CPUs), as a cpuset list
+    ("0", "2,3").
+
+    Why: the nodes of a test cluster are namespaces on one machine, and without this every node's pods run on every
+    core. A real kubelet's node owns its cores; here, on 2 cores, an engine restarting on one node competed for both
+    cores with the other node's engine serving the fallback traffic, and vLLM's own thread binding put both engines
+    on core 0. With a share each, a restart on one node is as fast as on a machine of its own."""
+    cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    if not cpus or nodes < 1 or index < 0:
+        raise NodeError(f"no CPU share for node {index} of {nodes} on CPUs {cpus}")
+    if nodes >= len(cpus):
+        return str(cpus[index % len(cpus)])
+    index %= nodes
+    per, extra = divmod(len(cpus), nodes)
+    first = index * per + min(index, extra)
+    share = cpus[first:first + per + (1 if index < extra else 0)]
+    return str(share[0]) if len(share) == 1 else ",".join(str(c) for c in share)
+
+
 def _make_cgroups(root: str) -> None:
     """The node's cgroup root in every mounted hierarchy (the kubelet requires it to exist); cpuset's needs the
     parent's CPUs and memory nodes before anything can join it."""
@@ -390,12 +412,14 @@ def _save(state: NodeState) -> None:
     tmp.replace(path)
 
 
-def _spawn(node: Node, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+def _spawn(node: Node, name: str, argv: Sequence[str], *, cpus: str | None = None) -> subprocess.Popen[bytes]:
+    """Start a component of the node in its namespaces (on `cpus` only, when given), its output to its log."""
     log = node.log(name).open("ab")
-    proc = subprocess.Popen([*node.enter(), *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    pinned = ["taskset", "--cpu-list", cpus] if cpus is not None else []
+    proc = subprocess.Popen([*node.enter(), *pinned, *argv], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
-    node.state.pids[name] = proc.pid  # nsenter execs the command: the PID is the component's own
+    node.state.pids[name] = proc.pid  # nsenter (and taskset) exec the command: the PID is the component's own
     node.state.binaries[name] = str(argv[0])
     _save(node.state)
     return proc
@@ -460,10 +484,14 @@ def _mount_namespace(state: NodeState) -> None:
 
 def start(cluster: Cluster, name: str, *, index: int, directory: Path,
           archives: Sequence[images.Archive] = (), labels: dict[str, str] | None = None,
-          taints: Sequence[dict[str, str]] = (), ready_timeout: float = 180) -> Node:
+          taints: Sequence[dict[str, str]] = (), cpus: str | None = None, ready_timeout: float = 180) -> Node:
     """Start node `name` (the `index`th of the cluster, 0..MAX_NODES-1) with `archives` imported, and wait until its
     Node is Ready. `taints` ({key, value, effect}) are registered with the Node (a node on a shared cluster takes only
-    the pods that tolerate them). On any failure everything started so far is stopped and `NodeError`/`NetnsError`
+    the pods that tolerate them). `cpus` (a CPU list, `cpus_of`) confines the node's pods to those CPUs: the node's
+    containerd starts with that CPU affinity, which its shims, runc and so every container inherit (a cpuset on the
+    node's cgroup root cannot do it: the kubelet's default CPU manager policy writes every CPU of the machine into
+    its `kubepods` cpuset, which the kernel refuses under a smaller parent, and the kubelet then does not start);
+    None lets them run on every CPU. On any failure everything started so far is stopped and `NodeError`/`NetnsError`
     raised."""
     if not 0 <= index < MAX_NODES:
         raise NodeError(f"node index {index} is outside 0..{MAX_NODES - 1} (each node takes one /24 of the "
@@ -492,7 +520,8 @@ def start(cluster: Cluster, name: str, *, index: int, directory: Path,
         with node.log("images").open("a") as log:
             log.write(f"containerd root from the image store ({how}) in {time.monotonic() - t0:.1f} s: "
                       f"{', '.join(a.name for a in [pause, *archives])}\n")
-        containerd = _spawn(node, "containerd", [binaries.CONTAINERD, f"--config={d / 'containerd.toml'}"])
+        containerd = _spawn(node, "containerd", [binaries.CONTAINERD, f"--config={d / 'containerd.toml'}"],
+                            cpus=cpus)
         # CRI answers "server is not initialized yet" until it has recovered its images and containers, later than
         # containerd's own API: a kubelet started before that exits at once
         _wait(lambda: _containerd_up(node) and "Start streaming server" in _tail(node.log("containerd"), 200),

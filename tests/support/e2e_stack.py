@@ -87,8 +87,10 @@ NODE = "cpu-0"
 NODES: tuple[tuple[str, Mapping[str, str]], ...] = ((NODE, {}), ("cpu-1", {}))
 """The stack's real nodes (testcluster.node: kubelet, containerd, kube-proxy each). Two, because a real kubelet
 reports the machine's own 2 cores as each node's allocatable CPU, and cpu-dev's two engines request one core each
-(Guaranteed QoS) beside the router's 250m and the operator's 50m: on one node one engine would stay Pending. Both
-nodes share the machine's cores, as the process node's 8 advertised cores did."""
+(Guaranteed QoS) beside the router's 250m and the operator's 50m: on one node one engine would stay Pending. Each
+node's pods run on a share of the machine's cores of their own (testcluster.node.cpus_of: one core each here), as on
+two machines: an engine restarting on one node does not compete with the other node's busy engine; the control
+plane, Prometheus and the test run on every core."""
 IMAGES = ("operator", "router", "engine-cpu")
 """The images `make images` built (scripts/build-images.sh) that the stack's pods run: the chart's operator pod, the
 router, the engines; every node's containerd starts with them (testcluster.imagestore: imported once, shared)."""
@@ -357,8 +359,10 @@ class Stack:
     def start_node(self, name: str, labels: Mapping[str, str]) -> real_node.Node:
         """A real node (testcluster.node) with the stack's images, its Node Ready; stopped with the stack."""
         assert self.kube_cluster is not None
-        node = real_node.start(self.kube_cluster, name, index=len(self.nodes), directory=self.root / f"node-{name}",
-                               archives=image_archives(), labels=dict(labels))
+        index = len(self.nodes)
+        node = real_node.start(self.kube_cluster, name, index=index, directory=self.root / f"node-{name}",
+                               archives=image_archives(), labels=dict(labels),
+                               cpus=real_node.cpus_of(index, len(self.node_specs)))
         self.nodes.append(node)
         self._exits.callback(node.stop)
         return node

@@ -4,7 +4,7 @@ names is missing: the kubelet enforcing a restricted securityContext, its probes
 is), the kernel's OOM kill under the pod's memory limit and its reason in the status, `terminationMessagePath`,
 `kubectl logs` and `kubectl exec` authorized by the kubelet for real, cross-node pod traffic, Services (the API server's
 included) through each node's kube-proxy, and a node whose kubelet, kube-proxy, containerd and containers are killed
-going NotReady.
+going NotReady, and each node's pods confined to that node's CPUs.
 
 What each container reports is read back through `kubectl logs`/`exec`, the status through the API server: the same
 paths the operator's health loop and its tests read.
@@ -12,6 +12,7 @@ paths the operator's health loop and its tests read.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -54,9 +55,11 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     before = set(os.listdir("/run/netns"))
     kernel = {key: Path("/proc/sys", key).read_text() for key in node.KERNEL_TUNABLES}
     with cluster.running(root / "kube", kwok=False, heartbeats=PROCESS_NODE_HEARTBEATS) as kube:
-        a = node.start(kube, "node-a", index=0, directory=root / "node-a", archives=[busybox])
+        a = node.start(kube, "node-a", index=0, directory=root / "node-a", archives=[busybox],
+                       cpus=node.cpus_of(0, 2))
         try:
-            b = node.start(kube, "node-b", index=1, directory=root / "node-b", archives=[busybox])
+            b = node.start(kube, "node-b", index=1, directory=root / "node-b", archives=[busybox],
+                           cpus=node.cpus_of(1, 2))
             try:
                 kube.kubectl("create", "namespace", NS)
                 yield Nodes(kube, a, b, kernel)
@@ -193,6 +196,23 @@ def test_restricted_security_context_is_enforced_and_logs_and_exec_work(nodes: N
     assert kexec(kube, "restricted", "cat", f"{sa}/namespace").stdout == NS
     assert kexec(kube, "restricted", "cat", f"{sa}/token").stdout.count(".") == 2
     assert f"started as {images.TEST_UID}" in kube.kubectl("logs", "-n", NS, "restricted").stdout
+
+
+def test_each_nodes_pods_run_on_that_nodes_cpus_only(nodes: Nodes) -> None:
+    """A node started with `cpus` runs its pods there (containerd's affinity, inherited by every container), as a
+    machine of its own would: two nodes' shares do not overlap while the machine has a CPU for each."""
+    kube = nodes.kube
+    allowed: dict[str, str] = {}
+    for n in (nodes.a, nodes.b):
+        pod = f"cpus-{n.name}"
+        apply_pod(kube, pod, n, [{"name": "main", "command": ["sleep", "3600"], "securityContext": RESTRICTED}])
+        wait_for(f"pod {pod} running", functools.partial(running, kube, pod))
+        line = kexec(kube, pod, "grep", "^Cpus_allowed_list:", "/proc/self/status").stdout.split()
+        allowed[n.name] = line[1]
+        kube.kubectl("delete", "pod", "-n", NS, pod, "--wait=false")
+    assert allowed == {"node-a": node.cpus_of(0, 2), "node-b": node.cpus_of(1, 2)}, allowed
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert allowed["node-a"] != allowed["node-b"]
 
 
 def test_running_as_root_is_refused_under_run_as_non_root(nodes: Nodes) -> None:
