@@ -22,7 +22,10 @@ started), vLLM's first line, the wrapper's start-up phases, and "Application sta
 kubelet's own times (container started, pod Ready) from its status.
 
     flock /tmp/vllm-e2e.lock .venv/bin/python benchmarks/e2e/faults.py [--runs 3] [--faults kill,stall,oom]
-        [--baseline-env NAME=VALUE [--baseline-faults kill]] [--json benchmarks/e2e/faults.json]
+        [--baseline-env NAME=VALUE [--baseline-faults kill]] [--shared-cores] [--json benchmarks/e2e/faults.json]
+
+Each node's pods run on a core of their own (`testcluster.node.cpus_of`); `--shared-cores` runs the stack as it ran
+before 2026-12-06, every pod on every core, for the baseline.
 
 Medians are printed as a Markdown table. Measurements, not assertions.
 """
@@ -253,6 +256,9 @@ def main() -> int:
                              "--baseline-faults again as many rounds: a same-stack comparison, e.g. "
                              "VLLM_OPERATOR_CPU_BIND=0 for vLLM's own CPU binding")
     parser.add_argument("--baseline-faults", default="kill")
+    parser.add_argument("--shared-cores", action="store_true",
+                        help="every node's pods on every CPU of the machine, as the stack ran before 2026-12-06 "
+                             "(the baseline of the nodes' own cores)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     runs = {"kill": kill_run, "stall": stall_run, "oom": oom_run}
@@ -267,7 +273,7 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="e2e-faults-") as tmp:  # the stack pins the engine image's files
         model = vllm_cpu.make_model("tiny", Path(tmp) / "models" / "tiny-llama")
-        with running_stack(Path(tmp) / "stack", model, benchmark_example()) as stack:
+        with running_stack(Path(tmp) / "stack", model, benchmark_example(), own_cores=not args.shared_cores) as stack:
             print(f"stack Ready after {time.monotonic() - started:.1f} s", flush=True)
             for i in range(args.runs):
                 for fault in faults:

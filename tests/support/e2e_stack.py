@@ -308,9 +308,13 @@ class Stack:
     """A running system; API reads and writes go through `call` (a loop thread of the test's own)."""
 
     def __init__(self, root: Path, model_dir: Path, example: dict[str, Any] | None = None, *, keda: bool = False,
-                 sleeping: Sequence[str] = (), nodes: Sequence[tuple[str, Mapping[str, str]]] = NODES) -> None:
+                 sleeping: Sequence[str] = (), nodes: Sequence[tuple[str, Mapping[str, str]]] = NODES,
+                 own_cores: bool = True) -> None:
         self.example = example if example is not None else EXAMPLE
         self.node_specs = tuple(nodes)
+        self.own_cores = own_cores
+        """Each node's pods on a share of the machine's CPUs of their own (NODES); False: on every CPU, as the stack
+        ran before (a benchmark's baseline)."""
         self.nodes: list[real_node.Node] = []
         """The real nodes running, in start order (`nodes` first, then those of `start_node`)."""
         self.with_keda = keda
@@ -362,7 +366,7 @@ class Stack:
         index = len(self.nodes)
         node = real_node.start(self.kube_cluster, name, index=index, directory=self.root / f"node-{name}",
                                archives=image_archives(), labels=dict(labels),
-                               cpus=real_node.cpus_of(index, len(self.node_specs)))
+                               cpus=real_node.cpus_of(index, len(self.node_specs)) if self.own_cores else None)
         self.nodes.append(node)
         self._exits.callback(node.stop)
         return node
@@ -633,11 +637,12 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
 
 @contextlib.contextmanager
 def running_stack(root: Path, model_dir: Path, example: dict[str, Any] | None = None, *, keda: bool = False,
-                  sleeping: Sequence[str] = (), inside: bool = True) -> Iterator[Stack]:
+                  sleeping: Sequence[str] = (), inside: bool = True, own_cores: bool = True) -> Iterator[Stack]:
     """The stack, cpu-dev.yaml (or `example`, a variant of it) applied and Ready (or a failure with every pod's log
-    tail); stopped afterwards. `keda` and `sleeping`: see the module's docstring. With `inside` the calling thread
-    stays in the cluster's namespace for the block; without, it is back on the host (enter with `Stack.inside`)."""
-    stack = Stack(root, model_dir, example, keda=keda, sleeping=sleeping)
+    tail); stopped afterwards. `keda` and `sleeping`: see the module's docstring; `own_cores`: `Stack`'s. With
+    `inside` the calling thread stays in the cluster's namespace for the block; without, it is back on the host
+    (enter with `Stack.inside`)."""
+    stack = Stack(root, model_dir, example, keda=keda, sleeping=sleeping, own_cores=own_cores)
     try:
         stack.start()
         with stack.inside():

@@ -144,6 +144,9 @@ class PoolPlan(ApiModel):
                                    "GPU's KV table refuses it with this attention backend).")
     step_down_level: int = Field(ge=0, description="Step-down rung applied.")
     kv_level: int = Field(default=0, ge=0, description="KVCacheTooSmall-path rung applied.")
+    ladder_moved: bool = Field(
+        default=False, description="Whether the health loop has moved the pool on a ladder before (a step-down, a KV "
+                                   "rung, a step back up or a reset): such a CPU pool rolls replace-first.")
     warnings: list[Text] = Field(default_factory=list, description="Warnings for this pool.")
     lora_slots: int = Field(
         default=0, ge=0, description="LoRA adapter slots the pool's engines allocate (--max-loras); 0: LoRA off.")

@@ -90,10 +90,12 @@ GRAPH_HEADROOM_BYTES = GIB // 4
 
 @dataclass(frozen=True)
 class PoolRemediation:
-    """A pool's rungs on the two ladders (from status.pools.<p>.stepDown)."""
+    """A pool's rungs on the two ladders (from status.pools.<p>.stepDown), and whether the health loop has ever
+    moved it on one (its history is not empty: a step-down, a KV rung, a step back up, a reset)."""
 
     step_down_level: int = 0
     kv_level: int = 0
+    moved: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class RemediationState:
         for name in constants.POOLS:
             entry = getattr(status.pools, name)
             if entry is not None:
-                pools[name] = PoolRemediation(entry.step_down.level, entry.step_down.kv_level)
+                step = entry.step_down
+                pools[name] = PoolRemediation(step.level, step.kv_level, moved=bool(step.history))
         return cls(pools)
 
 
@@ -565,7 +568,8 @@ def _plan_pool(spec: VLLMDeploymentSpec, draft: _PoolDraft, model: ModelInfo, ac
                   concurrency_at_full_length=full, typical_sequence_tokens=typical,
                   concurrency_at_typical_length=kvcache.concurrency(tokens, typical), breakdown=b),
         attention_backend=backend.value if backend is not None else None, fp8_kv_allowed=fp8_ok,
-        step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, warnings=warnings,
+        step_down_level=remedy.step_down_level, kv_level=remedy.kv_level, ladder_moved=remedy.moved,
+        warnings=warnings,
         lora_slots=pool_lora.max_loras if pool_lora else 0, adapters=list(pool_lora.adapters) if pool_lora else [])
 
 

@@ -38,7 +38,10 @@ memory is usually there, and capacity never dips — except a CPU pool the healt
 step-down after OOM, a KV rung after KVCacheTooSmall), which rolls like a GPU pool: its pods are crash-looping, so
 there is no capacity to keep, and the node's room is what ran out. A surge pod beside the failing one can find no
 node (seen on real kubelets: the next rung's pod Pending while `maxUnavailable: 0` kept the OOMKilled pod, until the
-rollout deadline); without the surge the Deployment controller removes the failing pod first.
+rollout deadline); without the surge the Deployment controller removes the failing pod first. It keeps rolling so
+once it has moved, back to rung 0 included (a reset, a step back up): its node has shown it has no room to spare, and
+the rung-0 pod needs more than the rung's pod it replaces (seen on real kubelets: after a reset the rung-0 surge pod
+stayed Pending beside the healthy rung-1 pod and the router, and `maxUnavailable: 0` held the roll-out there for good).
 `progressDeadlineSeconds` covers the longest startup probe window, so a slow but healthy model load is not reported as
 a failed rollout.
 
@@ -372,7 +375,7 @@ def deployment(plan: Plan, pool: PoolPlan) -> common.Manifest:
         pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]
     if pool.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in pool.image_pull_secrets]
-    replace_first = gpu or pool.step_down_level > 0 or pool.kv_level > 0
+    replace_first = gpu or pool.step_down_level > 0 or pool.kv_level > 0 or pool.ladder_moved
     strategy = {"maxSurge": 0, "maxUnavailable": 1} if replace_first else {"maxSurge": 1, "maxUnavailable": 0}
     name = names.pool(plan.name, pool.name)
     return {

@@ -8,7 +8,7 @@ import pytest
 
 from tests.unit.planning.helpers import arg, make_plan
 from vllm_operator.api.plan import Plan
-from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownStatus, VLLMDeploymentStatus
+from vllm_operator.api.status import PoolsStatus, PoolStatus, StepDownRecord, StepDownStatus, VLLMDeploymentStatus
 from vllm_operator.health.rungs import ladder_views
 from vllm_operator.planning import PoolRemediation, RemediationState, ladder
 
@@ -127,6 +127,18 @@ def test_remediation_state_from_status() -> None:
     p = make_plan(state)
     assert (p.pools["long"].step_down_level, p.pools["long"].kv_level) == (2, 1)
     assert any("remediation applied" in w for w in p.pools["long"].warnings)
+
+
+def test_a_pool_moved_before_is_marked_in_its_plan_also_back_on_rung_0() -> None:
+    """A reset leaves rung 0 and the move in the history: the plan says the pool has moved (rendering rolls it
+    replace-first); a pool never moved is not marked."""
+    reset = StepDownRecord(level=0, rung="", reason="resetToken t", time="2026-12-06T09:30:00Z")
+    status = VLLMDeploymentStatus(pools=PoolsStatus(long=PoolStatus(step_down=StepDownStatus(history=[reset]))))
+    state = RemediationState.from_status(status)
+    assert state.pool("long") == PoolRemediation(0, 0, moved=True)
+    p = make_plan(state)
+    assert (p.pools["long"].step_down_level, p.pools["long"].ladder_moved) == (0, True)
+    assert not p.pools["short"].ladder_moved
 
 
 def test_next_rung_pairs_for_the_health_policy() -> None:

@@ -208,11 +208,14 @@ def test_cpu_pool_specifics() -> None:
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "1Gi"
 
 
-@pytest.mark.parametrize("rung", [{"step_down_level": 1}, {"kv_level": 1}], ids=["step-down", "kv-rung"])
-def test_a_cpu_pool_moved_on_its_ladder_replaces_its_failing_pod_instead_of_surging(rung: dict[str, int]) -> None:
+@pytest.mark.parametrize("rung", [{"step_down_level": 1}, {"kv_level": 1}, {"ladder_moved": True}],
+                         ids=["step-down", "kv-rung", "back-on-rung-0"])
+def test_a_cpu_pool_moved_on_its_ladder_replaces_its_failing_pod_instead_of_surging(rung: dict[str, Any]) -> None:
     """A rung is taken because the pool's pods crash-loop (OOM, KV cache too small): a surge pod beside the failing
-    one may find no node, and `maxUnavailable: 0` would keep the failing pod until the rollout deadline. The other
-    pool, on rung 0, keeps its surge."""
+    one may find no node, and `maxUnavailable: 0` would keep the failing pod until the rollout deadline. Back on rung
+    0 after a move (a reset, a step back up) the pool still replaces first: the rung-0 pod needs more room than the
+    rung's pod beside it (on real kubelets the reset's surge pod stayed Pending for good). The other pool, never
+    moved, keeps its surge."""
     plan, _ = cpu_case()
     moved = plan.model_copy(update={"pools": {**plan.pools, "short": plan.pools["short"].model_copy(update=rung)}})
     deps = by_kind(render(moved), "Deployment")
