@@ -57,6 +57,10 @@ def hub_files() -> dict[str, bytes]:
     return {"config.json": json.dumps(config).encode(), "tokenizer.json": b'{"version": "1.0"}' * 40,
             "tokenizer_config.json": b"{}", "model.safetensors": WEIGHTS}
 
+BINDING = ("import os, time; print('binding:', os.environ.get('VLLM_CPU_OMP_THREADS_BIND'), "
+           "os.environ.get('OMP_NUM_THREADS'), flush=True); time.sleep(100000)")
+"""An engine child that prints the OpenMP variables the wrapper (engine/cpubind.py) started it with."""
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
@@ -250,6 +254,30 @@ def test_a_crash_looping_engine_renews_its_lease_and_a_step_down_fetches_nothing
     assert s.hub.state.bytes_sent == 0 and s.hub.state.requests == {"info": 1}, s.hub.state.requests
     report("one pool, stepped down a rung (new pods)", s, seconds_to_init_complete=took)
     delete(s, stepped)
+
+
+def test_an_engine_limited_below_its_nodes_cores_leaves_openmp_threads_to_the_kernel(stack: Stack) -> None:
+    """engine/cpubind.py under a real kubelet. This module's node runs its pods on every core of the machine, and the
+    kubelet's default CPU manager policy holds a 1-CPU container to its limit by the CFS quota, not a cpuset: the
+    wrapper reads the quota from the container's own cgroup and starts its child with `nobind` and one OpenMP thread
+    (vLLM's own binding would pin every engine of the node to the node's first core). On a node of one core (the e2e
+    stack's) the wrapper keeps vLLM's binding: tests/e2e/test_operator_vllm.py."""
+    s = stack
+    doc = spec_doc("binding")
+    doc["spec"]["pools"]["short"]["enabled"] = False
+    (pod,) = engine_pods(s, rendered(s, doc), "binding", child=BINDING)
+    engine = pod["spec"]["containers"][0]
+    engine["resources"] = {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    name = pod["metadata"]["name"]
+    until_fetched(s, [pod], start(s, [pod]))
+    printed = wait_for("the child's OpenMP variables", lambda: next(
+        (line.split()[1:] for line in engine_log(s, name).splitlines() if line.startswith("binding:")), None))
+    if len(os.sched_getaffinity(0)) > 1:
+        assert printed == ["nobind", "1"], engine_log(s, name)
+        assert "under a quota of 1 (no cores of its own)" in engine_log(s, name)
+    else:  # one CPU: the quota covers every CPU the container may run on, vLLM's binding is kept
+        assert printed == ["None", "None"], engine_log(s, name)
+    delete(s, [pod])
 
 
 def test_a_fetch_killed_halfway_is_resumed(stack: Stack) -> None:
