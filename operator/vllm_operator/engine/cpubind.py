@@ -10,8 +10,8 @@ Under the kubelet's default CPU manager policy (`none`) a container may run on e
 its CPU limit by the CFS quota instead. There `auto` binds every CPU engine of the node to the same cores — the
 first ones of the node, one thread for each of them — whatever the pod's limit: two 1-CPU engines on a 2-core node
 both put their worker on core 0 while core 1 is left to everything else, so an engine restarting beside a busy one
-starts on a shared core (measured on real kubelets: kill → serving 68.9 s against 33.8 s with `nobind`); on a 64-core node a 4-CPU engine runs 63 pinned threads under
-a 4-CPU quota, every parallel region throttled.
+starts on a shared core (measured on real kubelets: kill → serving 68.9 s against 33.8 s with `nobind`); on a
+64-core node a 4-CPU engine runs 63 pinned threads under a 4-CPU quota, every parallel region throttled.
 
 So for a CPU engine (the image's `VLLM_TARGET_DEVICE=cpu`) that may run on more CPUs than its quota allows, the
 wrapper sets `VLLM_CPU_OMP_THREADS_BIND=nobind` (vLLM leaves the placement to the kernel's scheduler, which spreads
