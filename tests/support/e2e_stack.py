@@ -36,6 +36,7 @@ idleSeconds).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import json
@@ -718,34 +719,57 @@ class Answer:
 
 
 class Termination:
-    """The first termination of a container with `reason`, caught by looking at its status every `interval` from a
-    thread of its own: a pod the operator replaces at once can be gone before a later look (a pool on a ladder rung
-    rolls without a surge pod, so the step-down deletes the OOMKilled pod seconds after the kubelet reported it).
-    Both places the kubelet writes it count: `state.terminated` (not restarted yet) and `lastState.terminated`."""
+    """The first termination of a container with `reason`, from a watch of its pod started on entering: every status
+    the kubelet writes arrives, in order, also when the pod is deleted right after (a pool on a ladder rung rolls
+    without a surge pod, so the step-down deletes the OOMKilled pod seconds after the kubelet reported it, before a
+    later look could see it). Both places the kubelet writes it count: `state.terminated` (not restarted yet) and
+    `lastState.terminated`. `found` raises if the watch failed, rather than leaving a wait to time out."""
 
-    def __init__(self, container: PodContainer, reason: str, interval: float = 0.05) -> None:
-        self.container, self.reason, self.interval = container, reason, interval
-        self.found: dict[str, Any] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+    def __init__(self, container: PodContainer, reason: str) -> None:
+        self.container, self.reason = container, reason
+        self._found: dict[str, Any] | None = None
+        self._watch: concurrent.futures.Future[None] | None = None
 
-    def _loop(self) -> None:
-        while not self._stop.is_set() and self.found is None:
-            status = self.container.status()
-            for terminated in ((status.get("state") or {}).get("terminated"),
-                               (status.get("lastState") or {}).get("terminated")):
-                if terminated and terminated.get("reason") == self.reason:
-                    self.found = dict(terminated)
-                    break
-            self._stop.wait(self.interval)
+    @property
+    def found(self) -> dict[str, Any] | None:
+        if self._watch is not None and self._watch.done() and not self._watch.cancelled():
+            error = self._watch.exception()
+            if error is not None:
+                raise AssertionError(f"the watch of pod {self.container.namespace}/{self.container.pod} failed: "
+                                     f"{error!r}") from error
+        return self._found
+
+    def _look(self, pod: Mapping[str, Any]) -> bool:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        status: dict[str, Any] = next((c for c in statuses if c["name"] == self.container.container), {})
+        for terminated in ((status.get("state") or {}).get("terminated"),
+                           (status.get("lastState") or {}).get("terminated")):
+            if terminated and terminated.get("reason") == self.reason:
+                self._found = dict(terminated)
+                return True
+        return False
+
+    async def _follow(self) -> None:
+        c, kube = self.container, self.container.stack.kube
+        assert kube is not None, "the stack has not started"
+        pod = await kube.get(PODS, c.namespace, c.pod)
+        if pod is None or self._look(pod):
+            return
+        version = str(pod["metadata"]["resourceVersion"])
+        while True:  # the server ends a watch after its timeout: resume where it stopped
+            async for event in kube.watch(PODS, c.namespace, resource_version=version,
+                                          field_selector=f"metadata.name={c.pod}"):
+                version = event.resource_version or version
+                if event.type != "BOOKMARK" and (self._look(event.object) or event.type == "DELETED"):
+                    return
 
     def __enter__(self) -> Termination:
-        self._thread.start()
+        self._watch = asyncio.run_coroutine_threadsafe(self._follow(), self.container.stack.loop)
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        assert self._watch is not None
+        self._watch.cancel()
 
 
 class Traffic:
